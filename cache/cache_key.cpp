@@ -1,0 +1,39 @@
+#include "cache/cache_key.h"
+
+#include "support/sha256.h"
+
+namespace kiln {
+
+CacheKey CacheKey::make(const KernelSource& src, const Compiler& compiler) {
+  CacheKey k;
+  k.op = src.spec.op;
+  k.dtype = std::string(dtype_name(src.spec.dtype));
+  k.out_dtype = std::string(dtype_name(src.spec.out_dtype));
+  k.params = src.spec.params;
+  k.config = src.config;
+  k.target = std::string(src.target->name);
+  k.compiler = std::string(compiler.name());
+  k.compiler_version = compiler.version();
+  k.flags = compiler.flags(*src.target);
+  k.template_sha256 = src.template_sha256;
+  return k;
+}
+
+nlohmann::json CacheKey::to_json() const {
+  return nlohmann::json{{"op", op},
+                        {"dtype", dtype},
+                        {"out_dtype", out_dtype},
+                        {"params", params},
+                        {"config", config},
+                        {"target", target},
+                        {"compiler", compiler},
+                        {"compiler_version", compiler_version},
+                        {"flags", flags},
+                        {"template_sha256", template_sha256},
+                        {"codegen_version", codegen_version},
+                        {"format_version", format_version}};
+}
+
+std::string CacheKey::digest() const { return sha256_hex(to_json().dump()); }
+
+}  // namespace kiln

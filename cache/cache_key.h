@@ -1,0 +1,40 @@
+// The cache key: everything a code object depends on, and nothing else.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <string>
+
+#include "codegen/codegen.h"
+#include "runtime/compile/compiler.h"
+
+namespace kiln {
+
+/// Bump when the layout of a cache entry or of this key changes: old entries then miss instead of
+/// being misread.
+inline constexpr int kCacheFormatVersion = 1;
+
+/// Typed key. Never holds an absolute path, a host name or a time: a cache built on one machine is
+/// valid on another with the same compiler.
+struct CacheKey {
+  std::string op;
+  std::string dtype;
+  std::string out_dtype;
+  std::map<std::string, int64_t> params;  ///< Baked parameters only.
+  TileConfig config;                      ///< Baked tile configuration.
+  std::string target;                     ///< "gfx942", "sm_90a", ...
+  std::string compiler;                   ///< "clang" / "nvrtc".
+  std::string compiler_version;
+  std::string flags;
+  std::string template_sha256;            ///< Prelude + helpers + device template text.
+  int codegen_version = kCodegenVersion;
+  int format_version = kCacheFormatVersion;
+
+  static CacheKey make(const KernelSource& source, const Compiler& compiler);
+  /// Canonical JSON (sorted keys).
+  nlohmann::json to_json() const;
+  /// SHA-256 of the canonical JSON, hex: the entry's name on disk.
+  std::string digest() const;
+};
+
+}  // namespace kiln

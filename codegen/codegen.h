@@ -1,0 +1,38 @@
+// Codegen: KernelSpec + target -> KernelSource, the complete device source of one kernel.
+//
+// The source is, in order: a header comment naming the spec, the target prelude
+// (codegen/preludes/<amdgpu|nvptx>.prelude: thread indices, barriers, shuffles, conversions, math),
+// the target-neutral helpers (common.prelude), the baked constants of the spec and its tile
+// configuration, and the op's device template. Codegen is deterministic: the same spec and target
+// give the same bytes (no time stamps, no paths).
+#pragma once
+
+#include <string>
+
+#include "kiln/result.h"
+#include "kiln/spec.h"
+#include "kiln/target.h"
+#include "templates/op_template.h"
+
+namespace kiln {
+
+/// Version of Kiln's generated-code conventions; part of every cache key.
+inline constexpr int kCodegenVersion = 1;
+
+struct KernelSource {
+  KernelSpec spec;             ///< The baked spec (runtime parameters removed).
+  const OpTemplate* op = nullptr;
+  const TargetInfo* target = nullptr;
+  TileConfig config;           ///< The heuristic's choice, baked into the text.
+  std::string kernel_name;     ///< The `extern "C"` entry point.
+  std::string text;            ///< The complete source.
+  std::string template_sha256; ///< SHA-256 of prelude + common helpers + device template.
+};
+
+/// Validates the spec for the target and generates its source.
+Result<KernelSource> generate(const KernelSpec& spec, const TargetInfo& target);
+
+/// The prelude text of a target (empty for an unknown vendor).
+std::string_view prelude_for(const TargetInfo& target);
+
+}  // namespace kiln

@@ -1,0 +1,52 @@
+// Checks a kernel on the GPU against the op's CPU reference, and times it. Used by `kiln run`,
+// the GPU tests and the examples: fresh random inputs (never zeros), outputs poisoned with NaN
+// before the launch, a float64 reference on the dtype-rounded inputs, and the accuracy gates of
+// shared/reference/BENCHMARKS.md:
+//   fp32 output:       |out - ref| <= 1e-4 + 1e-4 * |ref| for every element
+//   bf16/fp16 output:  |out - ref| <= 1e-2 + 1e-2 * |ref| for every element, and
+//                      ||out - ref||_F / ||ref||_F < 1e-2
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "kiln/runtime.h"
+
+namespace kiln {
+
+struct CheckOptions {
+  uint64_t seed = 0;          ///< 0: a fresh seed from std::random_device.
+  int64_t sample_rows = 0;    ///< Output rows compared with the reference (0: all rows).
+  std::map<std::string, float> scalars;
+  int bench_iterations = 0;   ///< > 0: also time this many launches (median of 5 batches).
+};
+
+struct CheckReport {
+  std::string spec;            ///< to_string(spec).
+  bool pass = false;
+  int64_t compared = 0;        ///< Elements compared.
+  int64_t nonfinite = 0;       ///< Non-finite outputs (e.g. poison left unwritten).
+  int64_t gate_failures = 0;   ///< Elements outside the per-element gate.
+  double max_abs_err = 0;
+  double max_rel_err = 0;      ///< max |out - ref| / max(|ref|, 1e-6).
+  double rel_frobenius = 0;    ///< ||out - ref||_F / ||ref||_F.
+  double snr_db = 0;           ///< 10 log10(||ref||^2 / ||ref - out||^2).
+  std::string gate;            ///< The gate applied, in words.
+  double first_call_ms = 0;    ///< kernel(): compile or cache load + module load, host wall time.
+  double cached_call_ms = 0;   ///< A second kernel() call (memory hit), host wall time.
+  double kernel_ms = 0;        ///< Median device time per launch (with bench_iterations).
+  double bytes = 0;            ///< Bytes moved by one launch (inputs read + outputs written).
+  double flops = 0;            ///< Floating-point operations of one launch (GEMM: 2*M*N*K).
+  std::string origin;          ///< "compiled", "disk" or "memory".
+};
+
+/// Allocates the op's tensors on the runtime's device, runs the kernel of `spec` and compares it.
+/// Errors: driver_unavailable (no GPU), anything kernel() or launch() returns.
+Result<CheckReport> check_on_device(Runtime& runtime, const KernelSpec& spec, const CheckOptions& options = {});
+
+/// One-line summary: "PASS gemm bf16 ... max_abs 1.2e-03 max_rel ... rel_fro ... snr ... dB".
+std::string format_report(const CheckReport& report);
+
+}  // namespace kiln

@@ -1,0 +1,124 @@
+// The Kiln runtime: compiles kernels for exact specs, caches them in memory and on disk, and
+// launches them.
+//
+//   auto rt = kiln::Runtime::create({}).value();          // first GPU, default cache directory
+//   kiln::KernelSpec spec{"gemm", kiln::DType::bf16, kiln::DType::bf16,
+//                         {{"M", 8192}, {"N", 6144}, {"K", 4096}, {"trans_a", 0}, {"trans_b", 1}}};
+//   auto kernel = rt->kernel(spec).value();               // compiled once, then cached
+//   kernel->launch(spec, {A, B, C}, {}, stream);          // device pointers, op's tensor order
+//
+// Thread-safety: every member function of Runtime and Kernel may be called from any thread.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kiln/device.h"
+#include "kiln/result.h"
+#include "kiln/spec.h"
+#include "kiln/target.h"
+
+namespace kiln {
+
+struct RuntimeOptions {
+  /// Which GPU: "auto" (NVIDIA if libcuda finds one, else AMD), "cuda", "hip" or "none"
+  /// (compile-only: compile/prewarm/inspect work, launches return Errc::driver_unavailable).
+  std::string backend = "auto";
+  int device = 0;            ///< Device ordinal.
+  /// Cache root; empty = KILN_CACHE_DIR, else $XDG_CACHE_HOME/kiln, else ~/.cache/kiln.
+  std::string cache_dir;
+  bool disk_cache = true;    ///< false: memory only (also KILN_DISABLE_DISK_CACHE=1).
+  /// Compiler for NVIDIA targets: "nvrtc" (default) or "clang"; empty = KILN_NVIDIA_COMPILER.
+  std::string nvidia_compiler;
+};
+
+/// Cache and compile counters (per Runtime).
+struct CacheStats {
+  uint64_t memory_hits = 0;  ///< Requests served by the in-memory cache.
+  uint64_t disk_hits = 0;    ///< Requests served by a verified disk entry.
+  uint64_t compiles = 0;     ///< Codegen + compile runs.
+  double compile_ms = 0;     ///< Wall time spent compiling, summed.
+  uint64_t lock_waits = 0;   ///< Times another process held the kernel's compile lock.
+  uint64_t corrupt_entries = 0;  ///< Disk entries that failed verification (moved aside, rebuilt).
+  uint64_t disk_errors = 0;  ///< Failed disk writes (the kernel is still served from memory).
+};
+
+/// Resource usage of a compiled kernel (-1 = unknown). See `kiln inspect --emit meta`.
+struct KernelInfo {
+  std::string kernel;        ///< Entry point name.
+  std::string target;
+  std::string compiler;      ///< "clang 22.1.8" / "nvrtc 13.0".
+  std::string code_format;   ///< "hsaco", "cubin", "ptx".
+  size_t code_bytes = 0;
+  int registers = -1;        ///< Per thread (NVIDIA registers / AMD VGPRs).
+  int sgprs = -1;            ///< AMD scalar registers.
+  int shared_bytes = -1;     ///< Static LDS / shared memory per block.
+  int scratch_bytes = -1;    ///< Private segment / stack frame per thread.
+  int spill_stores = -1;
+  int spill_loads = -1;
+  int wave_size = -1;
+  std::string cache_key;     ///< SHA-256 of the cache key.
+  std::string config;        ///< Tile configuration ("BM=128 BN=128 ...").
+  double compile_ms = 0;     ///< Time of the compile that produced it (possibly another process).
+  std::string assembler_report;
+};
+
+/// A compiled kernel for one target: its source, code object and metadata. Needs no device.
+class CompiledKernel {
+ public:
+  virtual ~CompiledKernel() = default;
+  virtual const KernelInfo& info() const = 0;
+  virtual const std::string& source() const = 0;
+  virtual std::span<const uint8_t> code_object() const = 0;
+  /// Where the result came from: "memory", "disk" or "compiled".
+  virtual std::string_view origin() const = 0;
+};
+
+/// A kernel loaded on the runtime's device.
+class Kernel {
+ public:
+  virtual ~Kernel() = default;
+  virtual const CompiledKernel& compiled() const = 0;
+  /// Launches on `stream`. `call` is the spec of this call: its baked parameters must equal the
+  /// kernel's, its runtime parameters (rmsnorm/swiglu `rows`) set the grid. `buffers` are device
+  /// pointers in the op's tensor order (`kiln ops`), inputs first. `scalars` are runtime fp32
+  /// arguments by name (rmsnorm "eps"; missing ones take their defaults).
+  /// Errors: Errc::invalid_argument (wrong buffer count, spec mismatch), driver_error.
+  virtual Result<void> launch(const KernelSpec& call, std::span<void* const> buffers,
+                              const std::map<std::string, float>& scalars = {},
+                              Stream stream = nullptr) const = 0;
+};
+
+class Runtime {
+ public:
+  /// Opens the device (unless backend is "none") and the disk cache. A missing driver or GPU with
+  /// backend "auto" gives a compile-only runtime, not an error. An unusable cache directory
+  /// (read-only, owned by another user, world-writable) degrades to memory-only with one warning.
+  static Result<std::unique_ptr<Runtime>> create(const RuntimeOptions& options = {});
+  virtual ~Runtime() = default;
+
+  /// The device, or nullptr for a compile-only runtime.
+  virtual Device* device() = 0;
+  /// The cache root in use, or "" when memory-only.
+  virtual std::string cache_dir() const = 0;
+
+  /// Compiles (or finds in the memory or disk cache) the kernel of `spec` for `target`
+  /// ("gfx942", "gfx950", "sm_90a"). Needs no GPU. Errors: Errc::unknown (op, target),
+  /// invalid_argument (the spec), unsupported (AMD without LLVM), compile_failed (with the log).
+  virtual Result<std::shared_ptr<const CompiledKernel>> compile(const KernelSpec& spec,
+                                                                std::string_view target) = 0;
+  /// Compiles for the device's target and loads it. A repeated request is one hash lookup.
+  virtual Result<std::shared_ptr<const Kernel>> kernel(const KernelSpec& spec) = 0;
+  /// kernel(spec) then launch: the one-call form.
+  virtual Result<void> launch(const KernelSpec& spec, std::span<void* const> buffers,
+                              const std::map<std::string, float>& scalars = {},
+                              Stream stream = nullptr) = 0;
+
+  virtual CacheStats stats() const = 0;
+};
+
+}  // namespace kiln

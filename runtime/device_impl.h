@@ -1,0 +1,33 @@
+// Internal side of kiln::Device: loading code objects and launching their kernels.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "kiln/device.h"
+#include "runtime/compile/compiler.h"
+#include "templates/op_template.h"
+
+namespace kiln {
+
+/// A code object loaded on a device (CUmodule / hipModule_t) and its one kernel function.
+class LoadedModule {
+ public:
+  virtual ~LoadedModule() = default;
+  /// `args` is the kernel-parameter array of cuLaunchKernel / hipModuleLaunchKernel.
+  virtual Result<void> launch(const LaunchGeometry& geometry, void** args, Stream stream) const = 0;
+  /// The raw function handle (CUfunction / hipFunction_t), for benchmarks against the driver.
+  virtual void* function() const = 0;
+};
+
+class DeviceImpl : public Device {
+ public:
+  virtual Result<std::unique_ptr<LoadedModule>> load(const CodeObject& code, const std::string& kernel) = 0;
+};
+
+/// Opens NVIDIA device `ordinal` through libcuda (primary context). Errors name what is missing.
+Result<std::unique_ptr<DeviceImpl>> open_cuda_device(int ordinal);
+/// Opens AMD device `ordinal` through libamdhip64 (Errc::unsupported in builds without HIP headers).
+Result<std::unique_ptr<DeviceImpl>> open_hip_device(int ordinal);
+
+}  // namespace kiln

@@ -1,0 +1,173 @@
+#include <fmt/format.h>
+
+#include "runtime/device_impl.h"
+#include "runtime/driver/cuda_api.h"
+#include "support/log.h"
+
+namespace kiln {
+namespace {
+
+class CudaModule final : public LoadedModule {
+ public:
+  CudaModule(const CudaApi* api, CUcontext ctx, CUmodule module, CUfunction fn)
+      : api_(api), ctx_(ctx), module_(module), fn_(fn) {}
+  ~CudaModule() override {
+    api_->cuCtxSetCurrent(ctx_);
+    api_->cuModuleUnload(module_);
+  }
+  Result<void> launch(const LaunchGeometry& g, void** args, Stream stream) const override {
+    // The primary context must be current on the calling thread; reading it is cheap and makes
+    // launches from any thread (and after other libraries switched contexts) work.
+    CUcontext current = nullptr;
+    if (api_->cuCtxGetCurrent(&current) != CUDA_SUCCESS || current != ctx_) KILN_CU(*api_, cuCtxSetCurrent(ctx_));
+    KILN_CU(*api_, cuLaunchKernel(fn_, g.grid.x, g.grid.y, g.grid.z, g.block.x, g.block.y, g.block.z,
+                                  g.dynamic_shared_bytes, static_cast<CUstream>(stream), args, nullptr));
+    return ok();
+  }
+  void* function() const override { return fn_; }
+
+ private:
+  const CudaApi* api_;
+  CUcontext ctx_;
+  CUmodule module_;
+  CUfunction fn_;
+};
+
+class CudaDevice final : public DeviceImpl {
+ public:
+  CudaDevice(const CudaApi* api, CUdevice dev, CUcontext ctx, std::string name, int sms, const TargetInfo* target)
+      : api_(api), dev_(dev), ctx_(ctx), name_(std::move(name)), sms_(sms), target_(target) {}
+  ~CudaDevice() override { api_->cuDevicePrimaryCtxRelease(dev_); }
+
+  std::string name() const override { return name_; }
+  const TargetInfo& target() const override { return *target_; }
+  int compute_units() const override { return sms_; }
+
+  Result<void*> malloc(size_t bytes) override {
+    KILN_TRY(bind());
+    CUdeviceptr p = 0;
+    KILN_CU(*api_, cuMemAlloc(&p, bytes));
+    return reinterpret_cast<void*>(p);
+  }
+  Result<void> free(void* ptr) override {
+    KILN_TRY(bind());
+    KILN_CU(*api_, cuMemFree(reinterpret_cast<CUdeviceptr>(ptr)));
+    return ok();
+  }
+  Result<void> copy_to_device(void* dst, const void* src, size_t bytes) override {
+    KILN_TRY(bind());
+    KILN_CU(*api_, cuMemcpyHtoD(reinterpret_cast<CUdeviceptr>(dst), src, bytes));
+    return ok();
+  }
+  Result<void> copy_to_host(void* dst, const void* src, size_t bytes) override {
+    KILN_TRY(bind());
+    KILN_CU(*api_, cuMemcpyDtoH(dst, reinterpret_cast<CUdeviceptr>(src), bytes));
+    return ok();
+  }
+  Result<void> memset(void* dst, uint8_t value, size_t bytes) override {
+    KILN_TRY(bind());
+    KILN_CU(*api_, cuMemsetD8(reinterpret_cast<CUdeviceptr>(dst), value, bytes));
+    return ok();
+  }
+  Result<void> synchronize(Stream stream) override {
+    KILN_TRY(bind());
+    if (stream) {
+      KILN_CU(*api_, cuStreamSynchronize(static_cast<CUstream>(stream)));
+    } else {
+      KILN_CU(*api_, cuCtxSynchronize());
+    }
+    return ok();
+  }
+  Result<float> time_ms(Stream stream, const std::function<Result<void>()>& body) override {
+    KILN_TRY(bind());
+    CUevent start = nullptr, stop = nullptr;
+    KILN_CU(*api_, cuEventCreate(&start, CU_EVENT_DEFAULT));
+    KILN_CU(*api_, cuEventCreate(&stop, CU_EVENT_DEFAULT));
+    struct Guard {
+      const CudaApi* api;
+      CUevent a, b;
+      ~Guard() {
+        api->cuEventDestroy(a);
+        api->cuEventDestroy(b);
+      }
+    } guard{api_, start, stop};
+    KILN_CU(*api_, cuEventRecord(start, static_cast<CUstream>(stream)));
+    KILN_TRY(body());
+    KILN_CU(*api_, cuEventRecord(stop, static_cast<CUstream>(stream)));
+    KILN_CU(*api_, cuEventSynchronize(stop));
+    float ms = 0;
+    KILN_CU(*api_, cuEventElapsedTime(&ms, start, stop));
+    return ms;
+  }
+
+  Result<std::unique_ptr<LoadedModule>> load(const CodeObject& code, const std::string& kernel) override {
+    KILN_TRY(bind());
+    CUmodule module = nullptr;
+    // The JIT log matters when the driver compiles PTX: keep it for the error message.
+    char error_log[8192] = {0};
+    CUjit_option opts[] = {CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES};
+    void* vals[] = {error_log, reinterpret_cast<void*>(sizeof(error_log))};
+    std::vector<uint8_t> data = code.bytes;
+    if (code.format == "ptx") data.push_back(0);  // PTX is loaded as a NUL-terminated string
+    CUresult rc = api_->cuModuleLoadDataEx(&module, data.data(), 2, opts, vals);
+    if (rc != CUDA_SUCCESS) {
+      Error e = cuda_error(*api_, rc, "cuModuleLoadDataEx", __FILE__, __LINE__);
+      e.message += fmt::format(" loading a {} of {} bytes for kernel '{}' on {}", code.format, code.bytes.size(),
+                               kernel, name_);
+      if (error_log[0]) e.message += fmt::format("; JIT log:\n{}", error_log);
+      return e;
+    }
+    CUfunction fn = nullptr;
+    rc = api_->cuModuleGetFunction(&fn, module, kernel.c_str());
+    if (rc != CUDA_SUCCESS) {
+      api_->cuModuleUnload(module);
+      return cuda_error(*api_, rc, ("cuModuleGetFunction(" + kernel + ")").c_str(), __FILE__, __LINE__);
+    }
+    return std::unique_ptr<LoadedModule>(new CudaModule(api_, ctx_, module, fn));
+  }
+
+ private:
+  Result<void> bind() {
+    KILN_CU(*api_, cuCtxSetCurrent(ctx_));
+    return ok();
+  }
+  const CudaApi* api_;
+  CUdevice dev_;
+  CUcontext ctx_;
+  std::string name_;
+  int sms_;
+  const TargetInfo* target_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<DeviceImpl>> open_cuda_device(int ordinal) {
+  KILN_ASSIGN_OR_RETURN(const CudaApi* api, cuda_api());
+  KILN_CU(*api, cuInit(0));
+  int count = 0;
+  KILN_CU(*api, cuDeviceGetCount(&count));
+  if (ordinal < 0 || ordinal >= count)
+    return make_error(Errc::driver_unavailable,
+                      fmt::format("NVIDIA device {} does not exist ({} device(s) found)", ordinal, count));
+  CUdevice dev = 0;
+  KILN_CU(*api, cuDeviceGet(&dev, ordinal));
+  char name[256] = {0};
+  KILN_CU(*api, cuDeviceGetName(name, sizeof(name), dev));
+  int major = 0, minor = 0, sms = 0;
+  KILN_CU(*api, cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev));
+  KILN_CU(*api, cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev));
+  KILN_CU(*api, cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev));
+  const std::string arch = fmt::format("sm_{}{}a", major, minor);
+  auto target = find_target(arch);
+  if (!target)
+    return make_error(Errc::unsupported, fmt::format("{} is {} (compute capability {}.{}); Kiln has no "
+                                                     "target for it yet (supported: sm_90a)",
+                                                     name, arch, major, minor));
+  CUcontext ctx = nullptr;
+  KILN_CU(*api, cuDevicePrimaryCtxRetain(&ctx, dev));
+  KILN_CU(*api, cuCtxSetCurrent(ctx));
+  KILN_LOG_INFO("using {} ({}, {} SMs) through {}", name, arch, sms, api->path);
+  return std::unique_ptr<DeviceImpl>(new CudaDevice(api, dev, ctx, name, sms, *target));
+}
+
+}  // namespace kiln

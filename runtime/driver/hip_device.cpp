@@ -1,0 +1,134 @@
+// AMD devices through the HIP runtime. Built and checked statically here; no AMD GPU has run it.
+#include <fmt/format.h>
+
+#include "runtime/device_impl.h"
+#include "runtime/driver/hip_api.h"
+#include "support/log.h"
+
+namespace kiln {
+
+#if KILN_WITH_HIP
+namespace {
+
+class HipModule final : public LoadedModule {
+ public:
+  HipModule(const HipApi* api, hipModule_t module, hipFunction_t fn) : api_(api), module_(module), fn_(fn) {}
+  ~HipModule() override { api_->hipModuleUnload(module_); }
+  Result<void> launch(const LaunchGeometry& g, void** args, Stream stream) const override {
+    KILN_HIP(*api_, hipModuleLaunchKernel(fn_, g.grid.x, g.grid.y, g.grid.z, g.block.x, g.block.y, g.block.z,
+                                          g.dynamic_shared_bytes, static_cast<hipStream_t>(stream), args, nullptr));
+    return ok();
+  }
+  void* function() const override { return fn_; }
+
+ private:
+  const HipApi* api_;
+  hipModule_t module_;
+  hipFunction_t fn_;
+};
+
+class HipDevice final : public DeviceImpl {
+ public:
+  HipDevice(const HipApi* api, int ordinal, std::string name, int cus, const TargetInfo* target)
+      : api_(api), ordinal_(ordinal), name_(std::move(name)), cus_(cus), target_(target) {}
+  std::string name() const override { return name_; }
+  const TargetInfo& target() const override { return *target_; }
+  int compute_units() const override { return cus_; }
+  Result<void*> malloc(size_t bytes) override {
+    KILN_HIP(*api_, hipSetDevice(ordinal_));
+    void* p = nullptr;
+    KILN_HIP(*api_, hipExtMallocWithFlags(&p, bytes, hipDeviceMallocDefault));
+    return p;
+  }
+  Result<void> free(void* ptr) override {
+    KILN_HIP(*api_, hipFree(ptr));
+    return ok();
+  }
+  Result<void> copy_to_device(void* dst, const void* src, size_t bytes) override {
+    KILN_HIP(*api_, hipMemcpyHtoD(dst, const_cast<void*>(src), bytes));
+    return ok();
+  }
+  Result<void> copy_to_host(void* dst, const void* src, size_t bytes) override {
+    KILN_HIP(*api_, hipMemcpyDtoH(dst, const_cast<void*>(src), bytes));
+    return ok();
+  }
+  Result<void> memset(void* dst, uint8_t value, size_t bytes) override {
+    KILN_HIP(*api_, hipMemset(dst, value, bytes));
+    return ok();
+  }
+  Result<void> synchronize(Stream stream) override {
+    if (stream) {
+      KILN_HIP(*api_, hipStreamSynchronize(static_cast<hipStream_t>(stream)));
+    } else {
+      KILN_HIP(*api_, hipDeviceSynchronize());
+    }
+    return ok();
+  }
+  Result<float> time_ms(Stream stream, const std::function<Result<void>()>& body) override {
+    hipEvent_t start = nullptr, stop = nullptr;
+    KILN_HIP(*api_, hipEventCreate(&start));
+    KILN_HIP(*api_, hipEventCreate(&stop));
+    KILN_HIP(*api_, hipEventRecord(start, static_cast<hipStream_t>(stream)));
+    auto r = body();
+    KILN_HIP(*api_, hipEventRecord(stop, static_cast<hipStream_t>(stream)));
+    KILN_HIP(*api_, hipEventSynchronize(stop));
+    float ms = 0;
+    KILN_HIP(*api_, hipEventElapsedTime(&ms, start, stop));
+    api_->hipEventDestroy(start);
+    api_->hipEventDestroy(stop);
+    if (!r) return r.take_error();
+    return ms;
+  }
+  Result<std::unique_ptr<LoadedModule>> load(const CodeObject& code, const std::string& kernel) override {
+    KILN_HIP(*api_, hipSetDevice(ordinal_));
+    hipModule_t module = nullptr;
+    KILN_HIP(*api_, hipModuleLoadData(&module, code.bytes.data()));
+    hipFunction_t fn = nullptr;
+    hipError_t rc = api_->hipModuleGetFunction(&fn, module, kernel.c_str());
+    if (rc != hipSuccess) {
+      api_->hipModuleUnload(module);
+      return hip_error(*api_, rc, ("hipModuleGetFunction(" + kernel + ")").c_str(), __FILE__, __LINE__);
+    }
+    return std::unique_ptr<LoadedModule>(new HipModule(api_, module, fn));
+  }
+
+ private:
+  const HipApi* api_;
+  int ordinal_;
+  std::string name_;
+  int cus_;
+  const TargetInfo* target_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<DeviceImpl>> open_hip_device(int ordinal) {
+  KILN_ASSIGN_OR_RETURN(const HipApi* api, hip_api());
+  KILN_HIP(*api, hipInit(0));
+  int count = 0;
+  KILN_HIP(*api, hipGetDeviceCount(&count));
+  if (ordinal < 0 || ordinal >= count)
+    return make_error(Errc::driver_unavailable,
+                      fmt::format("AMD device {} does not exist ({} device(s) found)", ordinal, count));
+  hipDeviceProp_t props{};
+  KILN_HIP(*api, hipGetDeviceProperties(&props, ordinal));
+  // gcnArchName is e.g. "gfx942:sramecc+:xnack-"; the target is the part before the first ':'.
+  std::string arch = props.gcnArchName;
+  arch = arch.substr(0, arch.find(':'));
+  auto target = find_target(arch);
+  if (!target)
+    return make_error(Errc::unsupported, fmt::format("{} is {}; Kiln has no target for it yet (supported: "
+                                                     "gfx942, gfx950)",
+                                                     props.name, arch));
+  return std::unique_ptr<DeviceImpl>(new HipDevice(api, ordinal, props.name, props.multiProcessorCount, *target));
+}
+
+#else
+Result<std::unique_ptr<DeviceImpl>> open_hip_device(int) {
+  return make_error(Errc::unsupported,
+                    "this Kiln was built without the HIP headers (install libamdhip64-dev and rebuild) "
+                    "and cannot drive AMD GPUs");
+}
+#endif
+
+}  // namespace kiln

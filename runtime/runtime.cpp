@@ -1,0 +1,338 @@
+// Runtime: the pipeline KernelSpec -> KernelSource -> CodeObject -> LoadedModule -> Kernel, with an
+// in-memory cache in front of the disk cache.
+#include "kiln/runtime.h"
+
+#include <fmt/format.h>
+
+#include <mutex>
+#include <shared_mutex>
+#include <unordered_map>
+
+#include "cache/cache_key.h"
+#include "cache/disk_cache.h"
+#include "codegen/codegen.h"
+#include "runtime/compile/compiler.h"
+#include "runtime/device_impl.h"
+#include "support/env.h"
+#include "support/log.h"
+
+namespace kiln {
+namespace {
+
+class CompiledKernelImpl final : public CompiledKernel {
+ public:
+  CompiledKernelImpl(CacheEntry entry, const Compiler& compiler, std::string origin, const KernelSource& src)
+      : entry_(std::move(entry)), origin_(std::move(origin)), op_(src.op), config_(src.config), spec_(src.spec) {
+    const CodeObjectInfo& i = entry_.compiled.info;
+    info_.kernel = entry_.kernel_name;
+    info_.target = entry_.target;
+    info_.compiler = fmt::format("{} {}", compiler.name(), compiler.version());
+    info_.code_format = entry_.compiled.code.format;
+    info_.code_bytes = entry_.compiled.code.bytes.size();
+    info_.registers = i.registers;
+    info_.sgprs = i.sgprs;
+    info_.shared_bytes = i.shared_bytes;
+    info_.scratch_bytes = i.scratch_bytes;
+    info_.spill_stores = i.spill_stores;
+    info_.spill_loads = i.spill_loads;
+    info_.wave_size = i.wave_size;
+    info_.cache_key = entry_.key;
+    for (const auto& [k, v] : config_) info_.config += fmt::format("{}{}={}", info_.config.empty() ? "" : " ", k, v);
+    info_.compile_ms = entry_.compiled.compile_ms;
+    info_.assembler_report = i.extra;
+  }
+  const KernelInfo& info() const override { return info_; }
+  const std::string& source() const override { return entry_.source; }
+  std::span<const uint8_t> code_object() const override { return entry_.compiled.code.bytes; }
+  std::string_view origin() const override { return origin_; }
+
+  const CodeObject& code() const { return entry_.compiled.code; }
+  const OpTemplate* op() const { return op_; }
+  const TileConfig& config() const { return config_; }
+  const KernelSpec& spec() const { return spec_; }
+  void set_origin(std::string o) { origin_ = std::move(o); }
+
+ private:
+  CacheEntry entry_;
+  std::string origin_;
+  const OpTemplate* op_;
+  TileConfig config_;
+  KernelSpec spec_;
+  KernelInfo info_;
+};
+
+class KernelImpl final : public Kernel {
+ public:
+  KernelImpl(std::shared_ptr<const CompiledKernelImpl> compiled, std::unique_ptr<LoadedModule> module)
+      : compiled_(std::move(compiled)), module_(std::move(module)) {
+    const OpTemplate* op = compiled_->op();
+    tensor_count_ = op->tensors(compiled_->spec()).size();
+    for (const ParamInfo& p : op->params())
+      if (!p.baked) runtime_params_.emplace_back(p.name);
+    for (const ScalarInfo& s : op->scalars()) scalars_.push_back(&s);
+    if (runtime_params_.empty()) fixed_geometry_ = op->geometry(compiled_->spec(), compiled_->config());
+  }
+  const CompiledKernel& compiled() const override { return *compiled_; }
+
+  Result<void> launch(const KernelSpec& call, std::span<void* const> buffers,
+                      const std::map<std::string, float>& scalars, Stream stream) const override {
+    if (buffers.size() != tensor_count_)
+      return make_error(Errc::invalid_argument,
+                        fmt::format("{} takes {} device buffers ({}), got {}", compiled_->op()->name(), tensor_count_,
+                                    tensor_names(), buffers.size()));
+    // Kernel arguments: tensor pointers, then runtime int parameters, then fp32 scalars.
+    constexpr size_t kMax = 16;
+    void* args[kMax];
+    void* ptrs[kMax];
+    int ints[kMax];
+    float floats[kMax];
+    size_t n = 0;
+    for (size_t i = 0; i < buffers.size(); ++i) {
+      ptrs[i] = buffers[i];
+      args[n++] = &ptrs[i];
+    }
+    for (size_t i = 0; i < runtime_params_.size(); ++i) {
+      auto it = call.params.find(runtime_params_[i]);
+      if (it == call.params.end() || it->second < 1 || it->second > INT32_MAX)
+        return make_error(Errc::invalid_argument, fmt::format("{}: the call needs runtime parameter '{}' in [1, {}]",
+                                                              compiled_->op()->name(), runtime_params_[i], INT32_MAX));
+      ints[i] = static_cast<int>(it->second);
+      args[n++] = &ints[i];
+    }
+    for (size_t i = 0; i < scalars_.size(); ++i) {
+      auto it = scalars.find(std::string(scalars_[i]->name));
+      floats[i] = it == scalars.end() ? scalars_[i]->default_value : it->second;
+      args[n++] = &floats[i];
+    }
+    const LaunchGeometry geometry =
+        fixed_geometry_ ? *fixed_geometry_ : compiled_->op()->geometry(call, compiled_->config());
+    return module_->launch(geometry, args, stream);
+  }
+
+  const LoadedModule& module() const { return *module_; }
+
+ private:
+  std::string tensor_names() const {
+    std::string s;
+    for (const auto& t : compiled_->op()->tensors(compiled_->spec())) s += (s.empty() ? "" : ", ") + t.name;
+    return s;
+  }
+  std::shared_ptr<const CompiledKernelImpl> compiled_;
+  std::unique_ptr<LoadedModule> module_;
+  size_t tensor_count_ = 0;
+  std::vector<std::string> runtime_params_;
+  std::vector<const ScalarInfo*> scalars_;
+  std::optional<LaunchGeometry> fixed_geometry_;
+};
+
+class RuntimeImpl final : public Runtime {
+ public:
+  RuntimeImpl(const RuntimeOptions& options, std::unique_ptr<DeviceImpl> device, std::unique_ptr<DiskCache> disk)
+      : device_(std::move(device)), disk_(std::move(disk)) {
+    nvidia_compiler_ = options.nvidia_compiler.empty() ? env().nvidia_compiler : options.nvidia_compiler;
+  }
+  ~RuntimeImpl() override {
+    // Modules go before the device (and its context).
+    std::unique_lock lock(mu_);
+    kernels_.clear();
+  }
+
+  Device* device() override { return device_.get(); }
+  std::string cache_dir() const override { return disk_ ? disk_->root() : std::string(); }
+
+  Result<std::shared_ptr<const CompiledKernel>> compile(const KernelSpec& spec, std::string_view target_name) override {
+    KILN_ASSIGN_OR_RETURN(const TargetInfo* target, find_target(target_name));
+    KILN_ASSIGN_OR_RETURN(auto compiled, get_compiled(spec, *target));
+    return std::shared_ptr<const CompiledKernel>(std::move(compiled));
+  }
+
+  Result<std::shared_ptr<const Kernel>> kernel(const KernelSpec& spec) override {
+    if (!device_)
+      return make_error(Errc::driver_unavailable,
+                        "no GPU: this runtime is compile-only (no driver or no device was found; "
+                        "compile, prewarm and inspect still work)");
+    KILN_ASSIGN_OR_RETURN(const std::string memo, memo_key(spec, device_->target()));
+    {
+      std::shared_lock lock(mu_);
+      auto it = kernels_.find(memo);
+      if (it != kernels_.end()) {
+        ++stats_.memory_hits;
+        return std::shared_ptr<const Kernel>(it->second);
+      }
+    }
+    KILN_ASSIGN_OR_RETURN(auto compiled, get_compiled(spec, device_->target()));
+    std::lock_guard load_lock(load_mu_);  // one module load per kernel, even under contention
+    {
+      std::shared_lock lock(mu_);
+      auto it = kernels_.find(memo);
+      if (it != kernels_.end()) return std::shared_ptr<const Kernel>(it->second);
+    }
+    auto module = device_->load(compiled->code(), compiled->info().kernel);
+    if (!module) return module.take_error();
+    auto k = std::make_shared<KernelImpl>(compiled, std::move(module).value());
+    std::unique_lock lock(mu_);
+    kernels_.emplace(memo, k);
+    return std::shared_ptr<const Kernel>(k);
+  }
+
+  Result<void> launch(const KernelSpec& spec, std::span<void* const> buffers,
+                      const std::map<std::string, float>& scalars, Stream stream) override {
+    KILN_ASSIGN_OR_RETURN(auto k, kernel(spec));
+    return k->launch(spec, buffers, scalars, stream);
+  }
+
+  CacheStats stats() const override {
+    CacheStats s;
+    s.memory_hits = stats_.memory_hits;
+    s.disk_hits = stats_.disk_hits;
+    s.compiles = stats_.compiles;
+    s.compile_ms = stats_.compile_us / 1000.0;
+    s.lock_waits = stats_.lock_waits;
+    s.disk_errors = stats_.disk_errors;
+    s.corrupt_entries = disk_ ? disk_->corrupt_entries() : 0;
+    return s;
+  }
+
+ private:
+  // The in-memory key: the baked spec, the target and the compiler. Computing it costs an op
+  // lookup and a short string; no codegen, no SHA-256.
+  Result<std::string> memo_key(const KernelSpec& spec, const TargetInfo& target) const {
+    KILN_ASSIGN_OR_RETURN(const OpTemplate* op, find_op(spec.op));
+    std::string key = fmt::format("{}|{}|{}|{}|{}", target.name, target.vendor == Vendor::nvidia ? nvidia_compiler_ : "clang",
+                                  spec.op, dtype_name(spec.dtype), dtype_name(spec.out_dtype));
+    for (const ParamInfo& p : op->params()) {
+      if (!p.baked) continue;
+      auto it = spec.params.find(std::string(p.name));
+      key += fmt::format("|{}", it == spec.params.end() ? std::string("-") : std::to_string(it->second));
+    }
+    if (spec.params.size() > op->params().size()) key += "|extra";  // unknown names: validation reports them
+    return key;
+  }
+
+  Result<std::shared_ptr<CompiledKernelImpl>> get_compiled(const KernelSpec& spec, const TargetInfo& target) {
+    KILN_ASSIGN_OR_RETURN(const std::string memo, memo_key(spec, target));
+    {
+      std::shared_lock lock(mu_);
+      auto it = compiled_.find(memo);
+      if (it != compiled_.end()) {
+        ++stats_.memory_hits;
+        return it->second;
+      }
+    }
+    // Single flight within the process: one thread builds a key, the others wait for it.
+    std::shared_ptr<std::mutex> key_mu;
+    {
+      std::unique_lock lock(mu_);
+      auto& slot = inflight_[memo];
+      if (!slot) slot = std::make_shared<std::mutex>();
+      key_mu = slot;
+    }
+    std::lock_guard key_lock(*key_mu);
+    {
+      std::shared_lock lock(mu_);
+      auto it = compiled_.find(memo);
+      if (it != compiled_.end()) {
+        ++stats_.memory_hits;
+        return it->second;
+      }
+    }
+    KILN_ASSIGN_OR_RETURN(auto built, build(spec, target));
+    std::unique_lock lock(mu_);
+    compiled_.emplace(memo, built);
+    inflight_.erase(memo);
+    return built;
+  }
+
+  Result<std::shared_ptr<CompiledKernelImpl>> build(const KernelSpec& spec, const TargetInfo& target) {
+    KILN_ASSIGN_OR_RETURN(KernelSource src, generate(spec, target));
+    KILN_ASSIGN_OR_RETURN(Compiler * compiler, compiler_for(target, nvidia_compiler_));
+    const CacheKey key = CacheKey::make(src, *compiler);
+    const std::string digest = key.digest();
+    if (env().dump_source) KILN_LOG_INFO("source of {} for {}:\n{}", to_string(src.spec), target.name, src.text);
+
+    FileLock lock;
+    if (disk_) {
+      if (auto hit = disk_->load(digest)) return from_disk(std::move(*hit), *compiler, src);
+      // Single flight across processes: take the key's lock, then look again.
+      bool waited = false;
+      auto locked = disk_->lock(digest, env().lock_timeout_s, &waited);
+      if (!locked) return locked.take_error();
+      lock = std::move(locked).value();
+      if (waited) ++stats_.lock_waits;
+      if (auto hit = disk_->load(digest)) return from_disk(std::move(*hit), *compiler, src);
+    }
+
+    KILN_LOG_DEBUG("compiling {} for {} with {} {}", to_string(src.spec), target.name, compiler->name(), compiler->version());
+    KILN_ASSIGN_OR_RETURN(CompiledCode code, compiler->compile(src));
+    ++stats_.compiles;
+    stats_.compile_us += static_cast<uint64_t>(code.compile_ms * 1000);
+    CacheEntry entry;
+    entry.key = digest;
+    entry.key_json = key.to_json();
+    entry.target = std::string(target.name);
+    entry.kernel_name = src.kernel_name;
+    entry.source = src.text;
+    entry.compiled = std::move(code);
+    if (disk_) {
+      if (auto stored = disk_->store(entry); !stored) {
+        ++stats_.disk_errors;
+        KILN_LOG_WARN("could not write the cache entry of {} ({}); serving it from memory", to_string(src.spec),
+                      stored.error().message);
+      }
+    }
+    return std::make_shared<CompiledKernelImpl>(std::move(entry), *compiler, "compiled", src);
+  }
+
+  std::shared_ptr<CompiledKernelImpl> from_disk(CacheEntry entry, const Compiler& compiler, const KernelSource& src) {
+    ++stats_.disk_hits;
+    return std::make_shared<CompiledKernelImpl>(std::move(entry), compiler, "disk", src);
+  }
+
+  struct Counters {
+    std::atomic<uint64_t> memory_hits{0}, disk_hits{0}, compiles{0}, compile_us{0}, lock_waits{0}, disk_errors{0};
+  };
+
+  std::unique_ptr<DeviceImpl> device_;
+  std::unique_ptr<DiskCache> disk_;
+  std::string nvidia_compiler_;
+  mutable std::shared_mutex mu_;
+  std::mutex load_mu_;
+  std::unordered_map<std::string, std::shared_ptr<CompiledKernelImpl>> compiled_;
+  std::unordered_map<std::string, std::shared_ptr<std::mutex>> inflight_;
+  std::unordered_map<std::string, std::shared_ptr<KernelImpl>> kernels_;
+  mutable Counters stats_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Runtime>> Runtime::create(const RuntimeOptions& options) {
+  std::unique_ptr<DeviceImpl> device;
+  const std::string& backend = options.backend;
+  if (backend == "cuda" || backend == "hip") {
+    auto d = backend == "cuda" ? open_cuda_device(options.device) : open_hip_device(options.device);
+    if (!d) return d.take_error();
+    device = std::move(d).value();
+  } else if (backend == "auto") {
+    auto d = open_cuda_device(options.device);
+    if (!d) {
+      KILN_LOG_DEBUG("no NVIDIA device: {}", d.error().message);
+      d = open_hip_device(options.device);
+      if (!d) KILN_LOG_DEBUG("no AMD device: {}", d.error().message);
+    }
+    if (d) device = std::move(d).value();
+    else KILN_LOG_INFO("no GPU found; the runtime is compile-only");
+  } else if (backend != "none") {
+    return make_error(Errc::unknown, fmt::format("unknown backend '{}'; use auto, cuda, hip or none", backend));
+  }
+
+  std::unique_ptr<DiskCache> disk;
+  if (options.disk_cache && env().disk_cache) {
+    const std::string root = options.cache_dir.empty() ? env().cache_dir : options.cache_dir;
+    auto opened = DiskCache::open(root);
+    if (opened) disk = std::move(opened).value();
+    else KILN_LOG_WARN("disk cache disabled, kernels are cached in memory only: {}", opened.error().message);
+  }
+  return std::unique_ptr<Runtime>(new RuntimeImpl(options, std::move(device), std::move(disk)));
+}
+
+}  // namespace kiln

@@ -1,0 +1,26 @@
+// Every environment variable Kiln reads, read in one place (documented in README.md's table).
+#pragma once
+
+#include <string>
+
+namespace kiln {
+
+struct Env {
+  std::string cache_dir;        ///< KILN_CACHE_DIR, else $XDG_CACHE_HOME/kiln, else ~/.cache/kiln.
+  bool disk_cache = true;       ///< KILN_DISABLE_DISK_CACHE=1 turns the disk cache off.
+  std::string log_level = "warn";  ///< KILN_LOG: trace, debug, info, warn, error, off.
+  std::string nvidia_compiler = "nvrtc";  ///< KILN_NVIDIA_COMPILER: nvrtc or clang.
+  bool dump_source = false;     ///< KILN_DUMP_SOURCE=1 logs generated source at info level.
+  double lock_timeout_s = 600;  ///< KILN_LOCK_TIMEOUT: seconds to wait for another compile.
+  std::string cuda_lib;         ///< KILN_CUDA_LIB: path of libcuda.so to dlopen first.
+  std::string hip_lib;          ///< KILN_HIP_LIB: path of libamdhip64.so to dlopen first.
+  std::string nvrtc_lib;        ///< KILN_NVRTC_LIB: path of libnvrtc.so to dlopen first.
+  std::string nvjitlink_lib;    ///< KILN_NVJITLINK_LIB: path of libnvJitLink.so to dlopen first.
+};
+
+/// The environment as read at first use (cached: Kiln reads it once per process).
+const Env& env();
+/// Reads the environment now (tests use it after setenv).
+Env read_env();
+
+}  // namespace kiln

@@ -1,0 +1,34 @@
+// gemm: C[M,N] = op(A) @ op(B), fp32 accumulation (see gemm.kernel for layouts and algorithm).
+#pragma once
+
+#include "templates/op_template.h"
+
+namespace kiln {
+
+/// Parameters (all baked): M, N, K >= 1; trans_a, trans_b (0/1).
+/// Tensors: A [M,K] (or [K,M] with trans_a), B [K,N] (or [N,K] with trans_b), C [M,N], all
+/// row-major. Inputs bf16/fp16/fp32; out_dtype any of the three.
+class GemmOp final : public OpTemplate {
+ public:
+  std::string_view name() const override { return "gemm"; }
+  std::string_view summary() const override {
+    return "C[M,N] = op(A) @ op(B); NT forward, NN dgrad, TN wgrad; fp32 accumulation";
+  }
+  std::span<const ParamInfo> params() const override;
+  std::span<const DType> dtypes() const override;
+  bool supports_out_dtype(DType, DType) const override { return true; }
+  std::string_view device_template() const override;
+  std::string_view kernel_name() const override { return "kiln_gemm"; }
+  TileConfig choose_config(const KernelSpec& spec, const TargetInfo& target) const override;
+  std::string specialize(const KernelSpec& spec, const TileConfig& config) const override;
+  LaunchGeometry geometry(const KernelSpec& spec, const TileConfig& config) const override;
+  std::vector<TensorInfo> tensors(const KernelSpec& spec) const override;
+  void reference(const KernelSpec& spec, const Scalars& scalars,
+                 std::span<const std::vector<float>> inputs, std::span<const int64_t> rows,
+                 std::vector<double>& out) const override;
+
+ protected:
+  Result<void> check(const KernelSpec& spec, const TargetInfo& target) const override;
+};
+
+}  // namespace kiln
