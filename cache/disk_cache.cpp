@@ -143,6 +143,9 @@ Result<CacheEntry> DiskCache::read_entry(const std::string& dir, const std::stri
       if (name == code_name) e.compiled.code.bytes.assign(data.begin(), data.end());
       if (name == src_name) e.source = std::move(data);
     }
+    auto target = find_target(e.target);
+    if (!target) return make_error(Errc::corrupt, "meta.json names an unknown target");
+    KILN_TRY(check_code_object(e.compiled.code, **target));
     return e;
   } catch (const nlohmann::json::exception& ex) {
     return make_error(Errc::corrupt, fmt::format("meta.json is malformed: {}", ex.what()));
@@ -248,7 +251,8 @@ std::vector<EntryStatus> DiskCache::list(bool verify) const {
       const auto kf = meta.value("key_fields", nlohmann::json::object());
       s.summary = fmt::format("{} {}", kf.value("op", "?"), kf.value("dtype", "?"));
       if (kf.value("out_dtype", "") != kf.value("dtype", "")) s.summary += "->" + kf.value("out_dtype", "?");
-      for (const auto& [k, v] : kf.value("params", nlohmann::json::object()).items()) s.summary += fmt::format(" {}={}", k, v.dump());
+      const nlohmann::json params = kf.value("params", nlohmann::json::object());
+      for (const auto& [k, v] : params.items()) s.summary += fmt::format(" {}={}", k, v.dump());
       s.summary += " [" + kf.value("compiler", "?") + "]";
     }
     if (verify) {

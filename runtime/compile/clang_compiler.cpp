@@ -27,6 +27,7 @@
 #include <mutex>
 
 #include "runtime/compile/amdgpu_metadata.h"
+#include "runtime/compile/clang_options.h"
 #include "runtime/compile/compiler.h"
 #include "runtime/driver/nvrtc_api.h"
 #include "support/log.h"
@@ -36,38 +37,13 @@ LLD_HAS_DRIVER(elf)
 namespace kiln {
 namespace {
 
-enum class Action { object, assembly, llvm_ir };
+using Action = ClangAction;
 
 // lld keeps global state: one link at a time per process.
 std::mutex g_lld_mutex;
 
-std::vector<std::string> cc1_args(const TargetInfo& target, Action action) {
-  // The device half of `clang++ -x hip --offload-arch=gfx942 -nogpulib -nogpuinc
-  // --cuda-device-only -O3` (and of `-x cuda --cuda-gpu-arch=sm_90a -nocudainc -nocudalib`), as
-  // clang's driver expands it (`-###`), minus paths: the preludes need no headers.
-  std::vector<std::string> a = {"-triple", std::string(target.llvm_triple), "-aux-triple",
-                                "x86_64-unknown-linux-gnu", "-target-cpu", std::string(target.cpu),
-                                "-O3", "-std=c++17", "-fcuda-is-device",
-                                "-fcuda-allow-variadic-functions", "-fno-threadsafe-statics",
-                                "-discard-value-names", "-nostdsysteminc", "-nobuiltininc"};
-  if (target.vendor == Vendor::amd) {
-    a.insert(a.end(), {"-x", "hip", "-fhip-new-launch-api", "-mrelocation-model", "pic",
-                       "-pic-level", "2", "-fvisibility=hidden", "-fapply-global-visibility-to-externs",
-                       "-mllvm", "-amdgpu-internalize-symbols"});
-  } else {
-    a.insert(a.end(), {"-x", "cuda", "-mrelocation-model", "static", "-target-feature", "+ptx88",
-                       "-mllvm", "-enable-memcpyopt-without-libcalls"});
-  }
-  switch (action) {
-    case Action::object: a.push_back("-emit-obj"); break;
-    case Action::assembly: a.push_back("-S"); break;
-    case Action::llvm_ir: a.insert(a.end(), {"-emit-llvm", "-S"}); break;
-  }
-  return a;
-}
-
 Result<std::string> run_frontend(const KernelSource& src, Action action) {
-  const std::vector<std::string> args = cc1_args(*src.target, action);
+  const std::vector<std::string> args = clang_cc1_args(*src.target, action);
   std::vector<const char*> argv;
   for (const auto& s : args) argv.push_back(s.c_str());
 
@@ -98,9 +74,9 @@ Result<std::string> run_frontend(const KernelSource& src, Action action) {
   llvm::LLVMContext context;
   std::unique_ptr<clang::CodeGenAction> act;
   switch (action) {
-    case Action::object: act = std::make_unique<clang::EmitObjAction>(&context); break;
-    case Action::assembly: act = std::make_unique<clang::EmitAssemblyAction>(&context); break;
-    case Action::llvm_ir: act = std::make_unique<clang::EmitLLVMAction>(&context); break;
+    case ClangAction::object: act = std::make_unique<clang::EmitObjAction>(&context); break;
+    case ClangAction::assembly: act = std::make_unique<clang::EmitAssemblyAction>(&context); break;
+    case ClangAction::llvm_ir: act = std::make_unique<clang::EmitLLVMAction>(&context); break;
   }
   const bool ok = ci.ExecuteAction(*act);
   diag_os.flush();
@@ -211,26 +187,20 @@ class ClangCompiler final : public Compiler {
     LLVMInitializeNVPTXAsmPrinter();
   }
   std::string_view name() const override { return "clang"; }
-  std::string version() const override { return CLANG_VERSION_STRING; }
-  std::string flags(const TargetInfo& target) const override {
-    std::string s;
-    for (const auto& a : cc1_args(target, Action::object)) s += (s.empty() ? "" : " ") + a;
-    if (target.vendor == Vendor::amd) s += " | ld.lld -m elf64_amdgpu --no-undefined -shared";
-    else s += " | nvJitLink -arch=" + std::string(target.cpu);
-    return s;
-  }
+  std::string version() const override { return clang_version(); }
+  std::string flags(const TargetInfo& target) const override { return clang_flags(target); }
   bool supports(const TargetInfo&) const override { return true; }
 
   Result<CompiledCode> compile(const KernelSource& src) override {
     const auto start = std::chrono::steady_clock::now();
     CompiledCode out;
     if (src.target->vendor == Vendor::amd) {
-      KILN_ASSIGN_OR_RETURN(std::string object, run_frontend(src, Action::object));
+      KILN_ASSIGN_OR_RETURN(std::string object, run_frontend(src, ClangAction::object));
       KILN_ASSIGN_OR_RETURN(out.code.bytes, link_hsaco(object));
       out.code.format = "hsaco";
       KILN_ASSIGN_OR_RETURN(out.info, read_amdgpu_metadata(out.code.bytes, src.kernel_name));
     } else {
-      KILN_ASSIGN_OR_RETURN(std::string ptx, run_frontend(src, Action::assembly));
+      KILN_ASSIGN_OR_RETURN(std::string ptx, run_frontend(src, ClangAction::assembly));
       KILN_ASSIGN_OR_RETURN(out, assemble_cubin(ptx, src));
     }
     out.info.kernel = src.kernel_name;
@@ -240,7 +210,7 @@ class ClangCompiler final : public Compiler {
   }
 
   Result<std::string> emit(const KernelSource& src, Emit what) override {
-    return run_frontend(src, what == Emit::llvm_ir ? Action::llvm_ir : Action::assembly);
+    return run_frontend(src, what == Emit::llvm_ir ? ClangAction::llvm_ir : ClangAction::assembly);
   }
 };
 

@@ -67,6 +67,11 @@ Result<Compiler*> compiler_for(const TargetInfo& target, std::string_view nvidia
 Result<Compiler*> clang_compiler();
 Result<Compiler*> nvrtc_compiler();
 
+/// Checks that a code object is what its target loads: a 64-bit little-endian ELF for EM_AMDGPU
+/// (hsaco, a shared object) or EM_CUDA (cubin), or PTX text. Catches a wrong-target or truncated
+/// object before a driver sees it.
+Result<void> check_code_object(const CodeObject& code, const TargetInfo& target);
+
 /// Parses a ptxas -v report ("Used 64 registers, ... 8320 bytes smem", "0 bytes stack frame, ...").
 void parse_ptxas_report(const std::string& log, CodeObjectInfo& info);
 

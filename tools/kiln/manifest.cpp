@@ -1,1 +1,99 @@
+// kiln manifest: write the kernel manifest of a model's training step; --list shows the models.
+#include <fmt/format.h>
 
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+
+#include "tools/kiln/cli.h"
+#include "tools/kiln/models.h"
+
+namespace kiln::cli {
+namespace {
+
+struct ManifestOptions {
+  std::string model;
+  std::vector<int64_t> micro_batches;
+  int64_t seq = 0;
+  std::string dtype = "bf16";
+  std::string output;
+  bool list = false;
+};
+
+int list_models(const ModelTable& table) {
+  fmt::print("Models (models/models.json, built in)\n");
+  Table t({"model", "hidden", "intermediate", "heads", "kv_heads", "head_dim", "vocab", "seq"});
+  for (const Model& m : table.models)
+    t.add({m.name, std::to_string(m.hidden), std::to_string(m.intermediate), std::to_string(m.heads),
+           std::to_string(m.kv_heads), std::to_string(m.head_dim), std::to_string(m.vocab), std::to_string(m.seq)});
+  fmt::print("{}\n", t.render({1, 2, 3, 4, 5, 6, 7}, "  "));
+  fmt::print("Per-layer GEMMs, forward y[M,N] = x[M,K] @ W[N,K]^T (gemm trans_b), M = seq * micro_batch:\n");
+  for (const auto& [name, formula] : table.gemms) fmt::print("  {:<9} {}\n", name, formula);
+  fmt::print(
+      "Each also as dgrad dx[M,K] = dy[M,N] @ W[N,K] (gemm M=M N=K K=N, NN) and wgrad dW[N,K] = dy[M,N]^T @ x[M,K] "
+      "(gemm M=N N=K K=M, trans_a);\nplus rmsnorm {{rows=M, hidden}} and swiglu {{rows=M, intermediate}}.\n");
+  return 0;
+}
+
+int run_manifest(const ManifestOptions& o) {
+  auto table = load_models();
+  if (!table) return fail(table.error());
+  if (o.list) return list_models(*table);
+  if (o.model.empty()) return fail("give a model (see 'kiln manifest --list'), or --list", 2);
+  auto model = find_model(*table, o.model);
+  if (!model) return fail(model.error());
+  auto dtype = parse_dtype(o.dtype);
+  if (!dtype) return fail("--dtype: " + dtype.error().message);
+  std::vector<int64_t> mbs = o.micro_batches.empty() ? std::vector<int64_t>{1} : o.micro_batches;
+  std::vector<int64_t> unique;
+  for (int64_t mb : mbs) {
+    if (mb < 1) return fail(fmt::format("--micro-batch {}: a micro batch is at least 1", mb));
+    if (std::find(unique.begin(), unique.end(), mb) == unique.end()) unique.push_back(mb);
+  }
+  if (o.seq < 0) return fail(fmt::format("--seq {}: the sequence length is at least 1", o.seq));
+  const int64_t seq = o.seq ? o.seq : model->seq;
+
+  Manifest manifest = training_manifest(*model, unique, seq, *dtype);
+  // Every kernel must be buildable for every target, or prewarm would fail later.
+  std::vector<const TargetInfo*> targets;
+  for (const TargetInfo& t : all_targets()) targets.push_back(&t);
+  if (auto valid = validate_manifest(manifest, targets, o.model); !valid)
+    return fail(fmt::format("{} at seq {}: {}", o.model, seq, valid.error().message));
+
+  const std::string text = write_manifest(manifest);
+  if (o.output.empty() || o.output == "-") {
+    fmt::print("{}", text);
+    return 0;
+  }
+  {
+    std::ofstream f(o.output, std::ios::binary | std::ios::trunc);
+    if (!f) return fail(fmt::format("cannot write '{}': {}", o.output, std::strerror(errno)));
+    f << text;
+    f.close();
+    if (!f) return fail(fmt::format("cannot write '{}': {}", o.output, std::strerror(errno)));
+  }
+  size_t gemms = 0;
+  for (const ManifestEntry& e : manifest.kernels) gemms += e.spec.op == "gemm";
+  fmt::print("wrote {}: {} kernels ({} gemm, {} other) for {} (seq {}, micro batch {}, {})\n", o.output,
+             manifest.kernels.size(), gemms, manifest.kernels.size() - gemms, o.model, seq, fmt::join(unique, ","),
+             dtype_name(*dtype));
+  return 0;
+}
+
+}  // namespace
+
+Command add_manifest_command(CLI::App& app) {
+  auto o = std::make_shared<ManifestOptions>();
+  auto* cmd = app.add_subcommand("manifest", "Write the kernel manifest of a model's training step (for prewarm)");
+  cmd->add_option("model", o->model, "Model name (see --list)");
+  cmd->add_option("-b,--micro-batch", o->micro_batches,
+                  "Micro batch size(s); M = seq * micro_batch; several give kernels for each (default 1)")
+      ->delimiter(',');
+  cmd->add_option("--seq", o->seq, "Sequence length (default: the model's)");
+  cmd->add_option("--dtype", o->dtype, "Dtype of every kernel: bf16, fp16 or fp32")->capture_default_str();
+  cmd->add_option("-o,--output", o->output, "Output file (default: stdout)");
+  cmd->add_flag("--list", o->list, "List the known models and the GEMM formulas");
+  return [o] { return run_manifest(*o); };
+}
+
+}  // namespace kiln::cli

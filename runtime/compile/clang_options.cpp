@@ -1,0 +1,46 @@
+#include "runtime/compile/clang_options.h"
+
+#ifndef KILN_CLANG_VERSION
+#error "KILN_CLANG_VERSION must be defined by the build"
+#endif
+
+namespace kiln {
+
+std::vector<std::string> clang_cc1_args(const TargetInfo& target, ClangAction action) {
+  // The device half of `clang++ -x hip --offload-arch=gfx942 -nogpulib -nogpuinc
+  // --cuda-device-only -O3` (and of `-x cuda --cuda-gpu-arch=sm_90a -nocudainc -nocudalib`), as
+  // clang's driver expands it (`-###`), minus paths: the preludes need no headers.
+  std::vector<std::string> a = {"-triple", std::string(target.llvm_triple), "-aux-triple",
+                                "x86_64-unknown-linux-gnu", "-target-cpu", std::string(target.cpu),
+                                "-O3", "-std=c++17", "-fcuda-is-device",
+                                "-fcuda-allow-variadic-functions", "-fno-threadsafe-statics",
+                                "-discard-value-names", "-nostdsysteminc", "-nobuiltininc"};
+  if (target.vendor == Vendor::amd) {
+    a.insert(a.end(), {"-x", "hip", "-fhip-new-launch-api", "-mrelocation-model", "pic",
+                       "-pic-level", "2", "-fvisibility=hidden", "-fapply-global-visibility-to-externs",
+                       "-mllvm", "-amdgpu-internalize-symbols"});
+  } else {
+    a.insert(a.end(), {"-x", "cuda", "-mrelocation-model", "static", "-target-feature", "+ptx88",
+                       "-mllvm", "-enable-memcpyopt-without-libcalls"});
+  }
+  switch (action) {
+    case ClangAction::object: a.push_back("-emit-obj"); break;
+    case ClangAction::assembly: a.push_back("-S"); break;
+    case ClangAction::llvm_ir: a.push_back("-emit-llvm"); break;
+  }
+  return a;
+}
+
+std::string clang_flags(const TargetInfo& target) {
+  // NVIDIA keys use the assembly action (PTX), AMD keys the object action.
+  std::string s;
+  for (const auto& a : clang_cc1_args(target, target.vendor == Vendor::amd ? ClangAction::object : ClangAction::assembly))
+    s += (s.empty() ? "" : " ") + a;
+  if (target.vendor == Vendor::amd) s += " | ld.lld -m elf64_amdgpu --no-undefined -shared";
+  else s += " | nvJitLink -arch=" + std::string(target.cpu);
+  return s;
+}
+
+std::string clang_version() { return KILN_CLANG_VERSION; }
+
+}  // namespace kiln

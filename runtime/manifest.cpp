@@ -1,0 +1,261 @@
+// Kernel manifests: parse (nlohmann::json), validate against targets, write.
+#include "kiln/manifest.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <regex>
+
+#include "support/fs.h"
+#include "templates/op_template.h"
+
+namespace kiln {
+namespace {
+
+using json = nlohmann::json;
+
+constexpr std::string_view kKernelFields[] = {"op", "dtype", "out_dtype", "label", "params"};
+constexpr std::string_view kTopFields[] = {"model", "kernels"};
+
+template <class Range>
+std::string join(const Range& items, std::string_view sep = ", ") {
+  std::string out;
+  for (const auto& item : items) {
+    if (!out.empty()) out += sep;
+    out += item;
+  }
+  return out;
+}
+
+std::string op_names() {
+  std::vector<std::string> names;
+  for (const OpTemplate* op : all_ops()) names.emplace_back(op->name());
+  return join(names);
+}
+
+/// A JSON value as the user wrote it, shortened, for "got ..." in messages.
+std::string shown(const json& v) {
+  std::string s = v.dump();
+  if (s.size() > 40) s = s.substr(0, 37) + "...";
+  return s;
+}
+
+bool is_comment(const std::string& key) { return !key.empty() && key[0] == '_'; }
+
+/// "line 4, column 7: syntax error ..." out of nlohmann's parse_error text.
+std::string parse_error_text(const json::parse_error& e) {
+  const std::string what = e.what();
+  static const std::regex kAt(R"(line (\d+), column (\d+): (.*))");
+  std::smatch m;
+  if (std::regex_search(what, m, kAt))
+    return fmt::format("line {}, column {}: invalid JSON ({})", m[1].str(), m[2].str(), m[3].str());
+  // No position in the message: fall back to the byte offset.
+  const std::string detail = what.substr(std::min(what.size(), what.find("] ") + 2));
+  return fmt::format("byte {}: invalid JSON ({})", e.byte, detail);
+}
+
+Error kernel_error(Errc code, std::string_view source, size_t index, std::string_view message) {
+  return make_error(code, fmt::format("'{}': kernel {}: {}", source, index, message));
+}
+
+Result<int64_t> param_value(const json& v, const ParamInfo& p, std::string_view source, size_t index) {
+  if (v.is_boolean()) return v.get<bool>() ? int64_t{1} : int64_t{0};
+  if (v.is_number_integer() && !v.is_number_unsigned()) return v.get<int64_t>();
+  if (v.is_number_unsigned()) {
+    const uint64_t u = v.get<uint64_t>();
+    if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+      return kernel_error(Errc::invalid_argument, source, index,
+                          fmt::format("params.{} = {} is too large; it must be in [{}, {}]", p.name, u,
+                                      p.min_value, p.max_value));
+    return static_cast<int64_t>(u);
+  }
+  return kernel_error(Errc::corrupt, source, index,
+                      p.is_bool ? fmt::format("params.{} must be true or false (got {})", p.name, shown(v))
+                                : fmt::format("params.{} must be an integer (got {})", p.name, shown(v)));
+}
+
+Result<ManifestEntry> parse_kernel(const json& k, std::string_view source, size_t index) {
+  if (!k.is_object())
+    return kernel_error(Errc::corrupt, source, index,
+                        fmt::format("must be an object like {{\"op\": \"gemm\", \"dtype\": \"bf16\", "
+                                    "\"params\": {{...}}}} (got {})",
+                                    shown(k)));
+  for (const auto& [key, value] : k.items()) {
+    if (is_comment(key)) continue;
+    if (std::find(std::begin(kKernelFields), std::end(kKernelFields), key) == std::end(kKernelFields))
+      return kernel_error(Errc::corrupt, source, index,
+                          fmt::format("unknown field '{}' (fields: {})", key, join(kKernelFields)));
+  }
+  ManifestEntry entry;
+  // op
+  auto op_it = k.find("op");
+  if (op_it == k.end())
+    return kernel_error(Errc::corrupt, source, index, fmt::format("missing field \"op\" (one of: {})", op_names()));
+  if (!op_it->is_string())
+    return kernel_error(Errc::corrupt, source, index,
+                        fmt::format("op must be a string, one of: {} (got {})", op_names(), shown(*op_it)));
+  entry.spec.op = op_it->get<std::string>();
+  auto op = find_op(entry.spec.op);
+  if (!op) return kernel_error(Errc::unknown, source, index, op.error().message);
+  // dtype, out_dtype
+  auto dt_it = k.find("dtype");
+  if (dt_it == k.end())
+    return kernel_error(Errc::corrupt, source, index, "missing field \"dtype\" (one of: bf16, fp16, fp32)");
+  if (!dt_it->is_string())
+    return kernel_error(Errc::corrupt, source, index,
+                        fmt::format("dtype must be a string, one of: bf16, fp16, fp32 (got {})", shown(*dt_it)));
+  auto dtype = parse_dtype(dt_it->get<std::string>());
+  if (!dtype) return kernel_error(Errc::unknown, source, index, dtype.error().message);
+  entry.spec.dtype = entry.spec.out_dtype = *dtype;
+  if (auto it = k.find("out_dtype"); it != k.end()) {
+    if (!it->is_string())
+      return kernel_error(Errc::corrupt, source, index,
+                          fmt::format("out_dtype must be a string, one of: bf16, fp16, fp32 (got {})", shown(*it)));
+    auto out = parse_dtype(it->get<std::string>());
+    if (!out) return kernel_error(Errc::unknown, source, index, "out_dtype: " + out.error().message);
+    entry.spec.out_dtype = *out;
+  }
+  // label
+  if (auto it = k.find("label"); it != k.end()) {
+    if (!it->is_string())
+      return kernel_error(Errc::corrupt, source, index, fmt::format("label must be a string (got {})", shown(*it)));
+    entry.label = it->get<std::string>();
+  }
+  // params
+  std::vector<std::string> param_names;
+  for (const ParamInfo& p : (*op)->params()) param_names.emplace_back(p.name);
+  auto params_it = k.find("params");
+  if (params_it == k.end())
+    return kernel_error(Errc::corrupt, source, index,
+                        fmt::format("missing field \"params\" ({} takes: {})", entry.spec.op, join(param_names)));
+  if (!params_it->is_object())
+    return kernel_error(Errc::corrupt, source, index,
+                        fmt::format("params must be an object like {{\"{}\": ...}} (got {})", param_names.front(),
+                                    shown(*params_it)));
+  for (const auto& [key, value] : params_it->items()) {
+    auto ps = (*op)->params();
+    auto p = std::find_if(ps.begin(), ps.end(), [&](const ParamInfo& i) { return i.name == key; });
+    if (p == ps.end())
+      return kernel_error(Errc::invalid_argument, source, index,
+                          fmt::format("unknown parameter params.{}; {} takes: {}", key, entry.spec.op,
+                                      join(param_names)));
+    KILN_ASSIGN_OR_RETURN(entry.spec.params[key], param_value(value, *p, source, index));
+  }
+  for (const ParamInfo& p : (*op)->params())
+    if (!entry.spec.params.count(std::string(p.name)))
+      return kernel_error(Errc::invalid_argument, source, index,
+                          fmt::format("missing params.{} ({})", p.name, p.doc));
+  return entry;
+}
+
+}  // namespace
+
+Result<Manifest> parse_manifest(std::string_view text, std::string_view source) {
+  json doc;
+  try {
+    doc = json::parse(text.begin(), text.end());
+  } catch (const json::parse_error& e) {
+    return make_error(Errc::corrupt, fmt::format("'{}': {}", source, parse_error_text(e)));
+  } catch (const std::exception& e) {
+    return make_error(Errc::corrupt, fmt::format("'{}': invalid JSON ({})", source, e.what()));
+  }
+  if (!doc.is_object())
+    return make_error(Errc::corrupt,
+                      fmt::format("'{}': a manifest is a JSON object {{\"model\": ..., \"kernels\": [...]}} "
+                                  "(got {})",
+                                  source, shown(doc)));
+  for (const auto& [key, value] : doc.items()) {
+    if (is_comment(key)) continue;
+    if (std::find(std::begin(kTopFields), std::end(kTopFields), key) == std::end(kTopFields))
+      return make_error(Errc::corrupt,
+                        fmt::format("'{}': unknown top-level field '{}' (fields: {})", source, key, join(kTopFields)));
+  }
+  Manifest m;
+  if (auto it = doc.find("model"); it != doc.end()) {
+    if (!it->is_string())
+      return make_error(Errc::corrupt, fmt::format("'{}': \"model\" must be a string (got {})", source, shown(*it)));
+    m.model = it->get<std::string>();
+  }
+  if (auto it = doc.find("_about"); it != doc.end() && it->is_string()) m.about = it->get<std::string>();
+  auto kernels = doc.find("kernels");
+  if (kernels == doc.end())
+    return make_error(Errc::corrupt,
+                      fmt::format("'{}': missing field \"kernels\": an array of kernels like {{\"op\": \"gemm\", "
+                                  "\"dtype\": \"bf16\", \"params\": {{...}}}}",
+                                  source));
+  if (!kernels->is_array())
+    return make_error(Errc::corrupt,
+                      fmt::format("'{}': \"kernels\" must be an array (got {})", source, shown(*kernels)));
+  m.kernels.reserve(kernels->size());
+  for (size_t i = 0; i < kernels->size(); ++i) {
+    KILN_ASSIGN_OR_RETURN(ManifestEntry entry, parse_kernel((*kernels)[i], source, i));
+    m.kernels.push_back(std::move(entry));
+  }
+  return m;
+}
+
+Result<Manifest> read_manifest(const std::string& path) {
+  auto text = read_file(path);
+  if (!text) return make_error(Errc::io_error, fmt::format("cannot read manifest {}", text.error().message));
+  return parse_manifest(*text, path);
+}
+
+Result<void> validate_manifest(const Manifest& manifest, std::span<const TargetInfo* const> targets,
+                               std::string_view source) {
+  for (size_t i = 0; i < manifest.kernels.size(); ++i) {
+    const ManifestEntry& e = manifest.kernels[i];
+    const std::string where =
+        e.label.empty() ? fmt::format("kernel {}", i) : fmt::format("kernel {} ({})", i, e.label);
+    auto op = find_op(e.spec.op);
+    if (!op) return make_error(Errc::unknown, fmt::format("'{}': {}: {}", source, where, op.error().message));
+    std::optional<Error> first;
+    std::vector<std::string> failing;
+    for (const TargetInfo* t : targets) {
+      auto r = (*op)->validate(e.spec, *t);
+      if (r) continue;
+      if (!first) first = r.error();
+      failing.emplace_back(t->name);
+    }
+    if (!first) continue;
+    std::string msg = fmt::format("'{}': {}: {}", source, where, first->message);
+    if (failing.size() < targets.size()) msg += fmt::format(" (for {})", join(failing));
+    return make_error(first->code, std::move(msg));
+  }
+  return ok();
+}
+
+std::string write_manifest(const Manifest& m) {
+  std::string out = "{\n";
+  if (!m.about.empty()) out += fmt::format("  \"_about\": {},\n", json(m.about).dump());
+  if (!m.model.empty()) out += fmt::format("  \"model\": {},\n", json(m.model).dump());
+  out += "  \"kernels\": [";
+  for (size_t i = 0; i < m.kernels.size(); ++i) {
+    const ManifestEntry& e = m.kernels[i];
+    std::string line = fmt::format("{{\"op\": {}, \"dtype\": \"{}\"", json(e.spec.op).dump(), dtype_name(e.spec.dtype));
+    if (e.spec.out_dtype != e.spec.dtype || e.spec.op == "gemm")
+      line += fmt::format(", \"out_dtype\": \"{}\"", dtype_name(e.spec.out_dtype));
+    if (!e.label.empty()) line += fmt::format(", \"label\": {}", json(e.label).dump());
+    // Parameters in the op's order (booleans as true/false), then any the op does not know.
+    std::vector<std::string> params;
+    std::map<std::string, int64_t> rest = e.spec.params;
+    if (auto op = find_op(e.spec.op)) {
+      for (const ParamInfo& p : (*op)->params()) {
+        auto it = rest.find(std::string(p.name));
+        if (it == rest.end()) continue;
+        params.push_back(p.is_bool && (it->second == 0 || it->second == 1)
+                             ? fmt::format("\"{}\": {}", p.name, it->second ? "true" : "false")
+                             : fmt::format("\"{}\": {}", p.name, it->second));
+        rest.erase(it);
+      }
+    }
+    for (const auto& [k, v] : rest) params.push_back(fmt::format("{}: {}", json(k).dump(), v));
+    line += fmt::format(", \"params\": {{{}}}}}", join(params));
+    out += fmt::format("{}\n    {}", i ? "," : "", line);
+  }
+  out += m.kernels.empty() ? "]\n}\n" : "\n  ]\n}\n";
+  return out;
+}
+
+}  // namespace kiln

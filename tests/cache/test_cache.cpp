@@ -1,0 +1,250 @@
+// The disk cache: round trips with hit and miss counts, integrity checks, atomic publication,
+// permissions, and one compile per key across threads and processes.
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "cache/disk_cache.h"
+#include "kiln/runtime.h"
+#include "support/sha256.h"
+#include "test_util.h"
+
+namespace fs = std::filesystem;
+
+namespace kiln {
+namespace {
+using testing::gemm_spec;
+using testing::rmsnorm_spec;
+using testing::swiglu_spec;
+using testing::TempDir;
+
+std::unique_ptr<Runtime> make_runtime(const std::string& dir) {
+  RuntimeOptions o;
+  o.backend = "none";
+  o.cache_dir = dir;
+  auto rt = Runtime::create(o);
+  EXPECT_TRUE(rt.ok()) << rt.error().message;
+  return std::move(rt).value();
+}
+
+std::vector<fs::path> entry_dirs(const std::string& root) {
+  std::vector<fs::path> out;
+  for (auto it = fs::recursive_directory_iterator(root + "/v1/entries"); it != fs::recursive_directory_iterator(); ++it)
+    if (it.depth() == 1) out.push_back(it->path());
+  return out;
+}
+
+fs::path code_file(const fs::path& entry) {
+  for (const auto& f : fs::directory_iterator(entry))
+    if (f.path().filename().string().rfind("code.", 0) == 0) return f.path();
+  return {};
+}
+
+TEST(DiskCache, RoundTripCountsHitsAndMisses) {
+  TempDir dir;
+  const KernelSpec spec = gemm_spec(96, 80, 40, false, true);
+  {
+    auto rt = make_runtime(dir.path());
+    auto first = rt->compile(spec, "gfx942");
+    ASSERT_TRUE(first.ok()) << first.error().message;
+    EXPECT_EQ((*first)->origin(), "compiled");
+    auto again = rt->compile(spec, "gfx942");
+    ASSERT_TRUE(again.ok());
+    EXPECT_EQ(again->get(), first->get()) << "a repeated request is served from memory";
+    const CacheStats s = rt->stats();
+    EXPECT_EQ(s.compiles, 1u);
+    EXPECT_EQ(s.memory_hits, 1u);
+    EXPECT_EQ(s.disk_hits, 0u);
+  }
+  // A new runtime (a new process, in effect) finds the entry on disk.
+  auto rt = make_runtime(dir.path());
+  auto loaded = rt->compile(spec, "gfx942");
+  ASSERT_TRUE(loaded.ok()) << loaded.error().message;
+  EXPECT_EQ((*loaded)->origin(), "disk");
+  EXPECT_EQ(rt->stats().compiles, 0u);
+  EXPECT_EQ(rt->stats().disk_hits, 1u);
+  EXPECT_GT((*loaded)->info().registers, 0) << "metadata survives the round trip";
+  EXPECT_NE((*loaded)->source().find("kiln_gemm"), std::string::npos);
+
+  // The entry keeps the source and the metadata next to the code object; nothing is left in tmp/.
+  auto entries = entry_dirs(dir.path());
+  ASSERT_EQ(entries.size(), 1u);
+  EXPECT_TRUE(fs::exists(entries[0] / "code.hsaco"));
+  EXPECT_TRUE(fs::exists(entries[0] / "source.hip"));
+  EXPECT_TRUE(fs::exists(entries[0] / "meta.json"));
+  EXPECT_TRUE(fs::is_empty(dir.path() + "/v1/tmp"));
+  EXPECT_EQ(entries[0].filename().string(), (*loaded)->info().cache_key);
+}
+
+TEST(DiskCache, DirectoryIsPrivate) {
+  TempDir dir;
+  auto rt = make_runtime(dir / "cache");
+  struct stat st{};
+  ASSERT_EQ(stat((dir / "cache").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+}
+
+TEST(DiskCache, WorldWritableDirectoryIsRefusedAndTheRuntimeGoesOn) {
+  TempDir dir;
+  const std::string root = dir / "shared";
+  fs::create_directories(root);
+  chmod(root.c_str(), 0777);
+  auto refused = DiskCache::open(root);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.error().message.find("writable by group or others"), std::string::npos);
+  auto rt = make_runtime(root);
+  EXPECT_EQ(rt->cache_dir(), "") << "memory-only";
+  auto c = rt->compile(swiglu_spec(1, 64), "sm_90a");
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  EXPECT_EQ(rt->stats().compiles, 1u);
+}
+
+TEST(DiskCache, UnwritableDirectoryDegradesToMemory) {
+  if (geteuid() == 0) GTEST_SKIP() << "root ignores directory permissions";
+  TempDir dir;
+  const std::string root = dir / "ro";
+  fs::create_directories(root);
+  chmod(root.c_str(), 0500);
+  auto rt = make_runtime(root);
+  EXPECT_EQ(rt->cache_dir(), "");
+  EXPECT_TRUE(rt->compile(swiglu_spec(1, 64), "sm_90a").ok());
+}
+
+// Each corruption is detected on load, moved aside, counted, and the kernel rebuilt.
+class Corruption : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(Corruption, IsDetectedAndRebuilt) {
+  const std::string kind = GetParam();
+  TempDir dir;
+  const KernelSpec spec = rmsnorm_spec(4, 1024);
+  { ASSERT_TRUE(make_runtime(dir.path())->compile(spec, "sm_90a").ok()); }
+  auto entries = entry_dirs(dir.path());
+  ASSERT_EQ(entries.size(), 1u);
+  const fs::path entry = entries[0];
+  const fs::path code = code_file(entry);
+  if (kind == "flipped_byte") {
+    std::fstream f(code, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(100);
+    char c;
+    f.read(&c, 1);
+    f.seekp(100);
+    c = static_cast<char>(c ^ 0x5a);
+    f.write(&c, 1);
+  } else if (kind == "truncated") {
+    fs::resize_file(code, fs::file_size(code) / 2);
+  } else if (kind == "missing_file") {
+    fs::remove(code);
+  } else if (kind == "garbage_metadata") {
+    std::ofstream(entry / "meta.json") << "{\"format_version\": 1, \"key\": [";
+  } else if (kind == "wrong_target_code") {
+    // An hsaco in place of the cubin, with meta.json's checksum updated to match: only the
+    // code-object check can tell.
+    TempDir other;
+    auto amd = make_runtime(other.path())->compile(spec, "gfx942");
+    ASSERT_TRUE(amd.ok());
+    auto bytes = (*amd)->code_object();
+    std::ofstream(code, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+    std::ifstream in(entry / "meta.json");
+    nlohmann::json meta = nlohmann::json::parse(in);
+    std::string data(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+    meta["files"]["code.cubin"] = {{"sha256", sha256_hex(data)}, {"bytes", bytes.size()}};
+    std::ofstream(entry / "meta.json") << meta.dump();
+  }
+  auto rt = make_runtime(dir.path());
+  auto again = rt->compile(spec, "sm_90a");
+  ASSERT_TRUE(again.ok()) << again.error().message;
+  EXPECT_EQ((*again)->origin(), "compiled") << "rebuilt, not loaded";
+  EXPECT_EQ(rt->stats().corrupt_entries, 1u);
+  EXPECT_EQ(rt->stats().compiles, 1u);
+  EXPECT_FALSE(fs::is_empty(dir.path() + "/v1/corrupt")) << "the bad entry was moved aside";
+  // The rebuilt entry verifies.
+  auto cache = DiskCache::open(dir.path());
+  ASSERT_TRUE(cache.ok());
+  for (const auto& e : (*cache)->list(true)) EXPECT_TRUE(e.ok) << e.path << ": " << e.problem;
+}
+
+INSTANTIATE_TEST_SUITE_P(Kinds, Corruption,
+                         ::testing::Values("flipped_byte", "truncated", "missing_file", "garbage_metadata",
+                                           "wrong_target_code"));
+
+TEST(DiskCache, VerifyFindsEveryBadEntry) {
+  TempDir dir;
+  {
+    auto rt = make_runtime(dir.path());
+    ASSERT_TRUE(rt->compile(swiglu_spec(1, 64), "sm_90a").ok());
+    ASSERT_TRUE(rt->compile(swiglu_spec(1, 128), "sm_90a").ok());
+  }
+  auto cache = DiskCache::open(dir.path());
+  ASSERT_TRUE(cache.ok());
+  auto all = (*cache)->list(true);
+  ASSERT_EQ(all.size(), 2u);
+  fs::resize_file(code_file(all[0].path), 10);
+  all = (*cache)->list(true);
+  EXPECT_FALSE(all[0].ok);
+  EXPECT_TRUE(all[1].ok);
+  auto cleared = (*cache)->clear();
+  ASSERT_TRUE(cleared.ok());
+  EXPECT_EQ(*cleared, 2u);
+  EXPECT_TRUE((*cache)->list(false).empty());
+}
+
+TEST(DiskCache, ThreadsAskingForOneKernelCompileItOnce) {
+  TempDir dir;
+  auto rt = make_runtime(dir.path());
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int i = 0; i < 8; ++i)
+    threads.emplace_back([&] {
+      if (!rt->compile(gemm_spec(64, 64, 64, false, true), "sm_90a").ok()) ++failures;
+    });
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(rt->stats().compiles, 1u);
+}
+
+TEST(DiskCache, ProcessesAskingForOneKernelCompileItOnce) {
+  // Forked processes share the cache directory; the per-key file lock lets exactly one compile.
+  TempDir dir;
+  const int kProcesses = 6;
+  const std::string counts = dir / "counts";
+  fs::create_directories(counts);
+  std::vector<pid_t> children;
+  for (int p = 0; p < kProcesses; ++p) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      RuntimeOptions o;
+      o.backend = "none";
+      o.cache_dir = dir / "cache";
+      auto rt = Runtime::create(o);
+      int code = 1;
+      if (rt.ok()) {
+        bool all = true;
+        for (int k = 0; k < 5; ++k) all &= (*rt)->compile(swiglu_spec(1, 64 + k), "sm_90a").ok();
+        std::ofstream(counts + "/" + std::to_string(getpid())) << (*rt)->stats().compiles;
+        code = all ? 0 : 2;
+      }
+      _exit(code);
+    }
+    children.push_back(pid);
+  }
+  for (pid_t pid : children) {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  }
+  int total = 0;
+  for (const auto& f : fs::directory_iterator(counts)) {
+    int n = 0;
+    std::ifstream(f.path()) >> n;
+    total += n;
+  }
+  EXPECT_EQ(total, 5) << "one compile per distinct kernel across all processes";
+  EXPECT_TRUE(fs::is_empty(dir / "cache/v1/tmp"));
+}
+
+}  // namespace
+}  // namespace kiln

@@ -1,0 +1,133 @@
+// Codegen and the cache key: determinism, and exactly the right things change the key.
+#include "cache/cache_key.h"
+#include "codegen/codegen.h"
+#include "runtime/compile/compiler.h"
+#include "support/embedded.h"
+#include "support/sha256.h"
+#include "test_util.h"
+
+namespace kiln {
+namespace {
+using testing::gemm_spec;
+using testing::rmsnorm_spec;
+using testing::swiglu_spec;
+
+const TargetInfo& target(const char* name) { return **find_target(name); }
+
+std::string key_of(const KernelSpec& spec, const char* t, const char* compiler = "nvrtc") {
+  auto src = generate(spec, target(t));
+  EXPECT_TRUE(src.ok()) << src.error().message;
+  Compiler* c = target(t).vendor == Vendor::amd ? *clang_compiler()
+                                                  : *compiler_for(target(t), compiler);
+  return CacheKey::make(*src, *c).digest();
+}
+
+TEST(Codegen, IsDeterministic) {
+  for (const char* t : {"gfx942", "gfx950", "sm_90a"}) {
+    auto a = generate(gemm_spec(100, 70, 33, false, true), target(t));
+    auto b = generate(gemm_spec(100, 70, 33, false, true), target(t));
+    ASSERT_TRUE(a.ok() && b.ok());
+    EXPECT_EQ(a->text, b->text);
+    EXPECT_EQ(a->template_sha256, b->template_sha256);
+  }
+}
+
+TEST(Codegen, SourceHoldsPreludeConstantsAndTemplate) {
+  auto amd = generate(gemm_spec(100, 70, 33, false, true), target("gfx942"));
+  ASSERT_TRUE(amd.ok());
+  EXPECT_NE(amd->text.find("constexpr long long M = 100, N = 70, K = 33;"), std::string::npos);
+  EXPECT_NE(amd->text.find("constexpr bool TRANS_A = false, TRANS_B = true;"), std::string::npos);
+  EXPECT_NE(amd->text.find("kWaveSize = 64"), std::string::npos);
+  EXPECT_NE(amd->text.find("__builtin_amdgcn_s_barrier"), std::string::npos);
+  EXPECT_NE(amd->text.find("void kiln_gemm("), std::string::npos);
+  auto nv = generate(gemm_spec(100, 70, 33, false, true), target("sm_90a"));
+  ASSERT_TRUE(nv.ok());
+  EXPECT_NE(nv->text.find("kWaveSize = 32"), std::string::npos);
+  EXPECT_EQ(nv->text.find("__builtin_amdgcn"), std::string::npos);
+  // The template hash covers the prelude, the common helpers and the device template.
+  const std::string expect = sha256_hex(std::string(prelude_for(target("sm_90a"))) + "\n" +
+                                        std::string(embedded_file("codegen/preludes/common.prelude")) + "\n" +
+                                        std::string(embedded_file("templates/gemm/gemm.kernel")));
+  EXPECT_EQ(nv->template_sha256, expect);
+}
+
+TEST(Codegen, EveryTemplateAndPreludeIsEmbedded) {
+  for (const char* f : {"codegen/preludes/amdgpu.prelude", "codegen/preludes/nvptx.prelude",
+                        "codegen/preludes/common.prelude", "templates/gemm/gemm.kernel",
+                        "templates/rmsnorm/rmsnorm.kernel", "templates/swiglu/swiglu.kernel"})
+    EXPECT_FALSE(embedded_file(f).empty()) << f;
+  EXPECT_TRUE(embedded_file("no/such/file").empty());
+}
+
+TEST(Codegen, InvalidSpecsAreRejectedBeforeCodegen) {
+  auto bad = generate(gemm_spec(0, 1, 1, false, false), target("gfx942"));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.error().code, Errc::invalid_argument);
+  auto unknown = generate(KernelSpec{"attention", DType::bf16, DType::bf16, {}}, target("sm_90a"));
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_EQ(unknown.error().code, Errc::unknown);
+}
+
+TEST(CacheKey, EveryBakedParameterChangesTheKey) {
+  const std::string base = key_of(gemm_spec(64, 64, 64, false, true), "sm_90a");
+  EXPECT_EQ(base, key_of(gemm_spec(64, 64, 64, false, true), "sm_90a")) << "the key is stable";
+  EXPECT_NE(base, key_of(gemm_spec(65, 64, 64, false, true), "sm_90a"));
+  EXPECT_NE(base, key_of(gemm_spec(64, 65, 64, false, true), "sm_90a"));
+  EXPECT_NE(base, key_of(gemm_spec(64, 64, 65, false, true), "sm_90a"));
+  EXPECT_NE(base, key_of(gemm_spec(64, 64, 64, true, true), "sm_90a"));
+  EXPECT_NE(base, key_of(gemm_spec(64, 64, 64, false, false), "sm_90a"));
+  EXPECT_NE(base, key_of(gemm_spec(64, 64, 64, false, true, DType::f16, DType::bf16), "sm_90a"));
+  EXPECT_NE(base, key_of(gemm_spec(64, 64, 64, false, true, DType::bf16, DType::f32), "sm_90a"));
+  EXPECT_NE(key_of(rmsnorm_spec(8, 4096), "sm_90a"), key_of(rmsnorm_spec(8, 4097), "sm_90a"));
+  EXPECT_NE(key_of(swiglu_spec(8, 1024), "sm_90a"), key_of(swiglu_spec(8, 1025), "sm_90a"));
+}
+
+TEST(CacheKey, TargetAndCompilerChangeTheKey) {
+  const KernelSpec s = gemm_spec(64, 64, 64, false, true);
+  EXPECT_NE(key_of(s, "gfx942"), key_of(s, "gfx950"));
+  EXPECT_NE(key_of(s, "gfx942"), key_of(s, "sm_90a"));
+  EXPECT_NE(key_of(s, "sm_90a", "nvrtc"), key_of(s, "sm_90a", "clang"));
+}
+
+TEST(CacheKey, RuntimeArgumentsDoNotChangeTheKey) {
+  // rows is a runtime argument of rmsnorm and swiglu (and eps a runtime scalar): one kernel serves
+  // every token count.
+  EXPECT_EQ(key_of(rmsnorm_spec(8, 4096), "gfx942"), key_of(rmsnorm_spec(8192, 4096), "gfx942"));
+  EXPECT_EQ(key_of(swiglu_spec(1, 14336), "sm_90a"), key_of(swiglu_spec(16384, 14336), "sm_90a"));
+  auto a = generate(rmsnorm_spec(8, 4096), target("sm_90a"));
+  auto b = generate(rmsnorm_spec(8192, 4096), target("sm_90a"));
+  EXPECT_EQ(a->text, b->text);
+}
+
+TEST(CacheKey, TemplateTextVersionsAndFlagsChangeTheKey) {
+  auto src = generate(gemm_spec(64, 64, 64, false, true), target("sm_90a"));
+  ASSERT_TRUE(src.ok());
+  const CacheKey key = CacheKey::make(*src, **nvrtc_compiler());
+  const std::string base = key.digest();
+  auto changed = [&](auto mutate) {
+    CacheKey k = key;
+    mutate(k);
+    return k.digest() != base;
+  };
+  EXPECT_TRUE(changed([](CacheKey& k) { k.template_sha256 = sha256_hex(std::string("edited template")); }));
+  EXPECT_TRUE(changed([](CacheKey& k) { k.compiler_version += ".1"; }));
+  EXPECT_TRUE(changed([](CacheKey& k) { k.flags += " -G"; }));
+  EXPECT_TRUE(changed([](CacheKey& k) { k.format_version += 1; }));
+  EXPECT_TRUE(changed([](CacheKey& k) { k.codegen_version += 1; }));
+  EXPECT_TRUE(changed([](CacheKey& k) { k.config["BK"] = 32; }));
+}
+
+TEST(CacheKey, HoldsNoPathsOrHostNames) {
+  for (const char* t : {"gfx942", "sm_90a"}) {
+    auto src = generate(gemm_spec(64, 64, 64, false, true), target(t));
+    Compiler* c = std::string(t) == "sm_90a" ? *nvrtc_compiler() : *clang_compiler();
+    const std::string text = CacheKey::make(*src, *c).to_json().dump();
+    EXPECT_EQ(text.find("/usr"), std::string::npos) << text;
+    EXPECT_EQ(text.find("/home"), std::string::npos) << text;
+    EXPECT_EQ(text.find("/tmp"), std::string::npos) << text;
+    EXPECT_EQ(text.find(KILN_SOURCE_DIR), std::string::npos) << text;
+  }
+}
+
+}  // namespace
+}  // namespace kiln

@@ -1,0 +1,160 @@
+// Every op compiles for every target with every compiler, and the code objects are what the
+// drivers expect: AMDGPU ELF shared objects whose metadata notes name the kernel with its
+// registers and LDS, and CUDA ELF cubins that define the kernel symbol.
+#include <set>
+
+#include "codegen/codegen.h"
+#include "runtime/compile/compiler.h"
+#include "test_util.h"
+
+#if KILN_WITH_LLVM
+#include <llvm/Object/ELFObjectFile.h>
+
+#include "runtime/compile/amdgpu_metadata.h"
+#endif
+
+namespace kiln {
+namespace {
+using testing::gemm_spec;
+using testing::rmsnorm_spec;
+using testing::swiglu_spec;
+
+struct Case {
+  const char* target;
+  const char* compiler;
+};
+
+std::vector<KernelSpec> every_op_and_dtype() {
+  std::vector<KernelSpec> specs;
+  for (DType dt : {DType::bf16, DType::f16, DType::f32}) {
+    specs.push_back(gemm_spec(129, 67, 33, false, true, dt, dt));
+    specs.push_back(rmsnorm_spec(3, 4096, dt));
+    specs.push_back(swiglu_spec(3, 1000, dt));
+  }
+  specs.push_back(gemm_spec(8, 8, 8, true, false, DType::bf16, DType::f32));  // wgrad, fp32 out
+  specs.push_back(gemm_spec(8192, 6144, 4096, false, false));                 // big tiles, dgrad
+  return specs;
+}
+
+#if KILN_WITH_LLVM
+std::set<std::string> elf_symbols(std::span<const uint8_t> bytes) {
+  std::set<std::string> names;
+  auto file = llvm::object::ELF64LEObjectFile::create(
+      llvm::MemoryBufferRef(llvm::StringRef(reinterpret_cast<const char*>(bytes.data()), bytes.size()), "code"));
+  if (!file) {
+    llvm::consumeError(file.takeError());
+    return names;
+  }
+  for (const auto& sym : file->symbols())
+    if (auto name = sym.getName()) names.insert(name->str());
+    else llvm::consumeError(name.takeError());
+  return names;
+}
+#endif
+
+class CompileEveryTarget : public ::testing::TestWithParam<Case> {};
+
+TEST_P(CompileEveryTarget, ProducesAValidCodeObject) {
+  const Case c = GetParam();
+  const TargetInfo& target = **find_target(c.target);
+#if !KILN_WITH_LLVM
+  if (std::string(c.compiler) == "clang") GTEST_SKIP() << "built without LLVM (KILN_WITH_LLVM=OFF)";
+#endif
+  auto compiler = compiler_for(target, c.compiler);
+  if (!compiler && compiler.error().code == Errc::driver_unavailable) GTEST_SKIP() << compiler.error().message;
+  ASSERT_TRUE(compiler.ok()) << compiler.error().message;
+  for (const KernelSpec& spec : every_op_and_dtype()) {
+    SCOPED_TRACE(to_string(spec));
+    auto src = generate(spec, target);
+    ASSERT_TRUE(src.ok()) << src.error().message;
+    auto out = (*compiler)->compile(*src);
+    ASSERT_TRUE(out.ok()) << out.error().message;
+    const CodeObject& code = out->code;
+    EXPECT_TRUE(check_code_object(code, target).ok());
+    EXPECT_EQ(code.format, target.vendor == Vendor::amd ? "hsaco" : "cubin");
+    const auto& b = code.bytes;
+    ASSERT_GT(b.size(), 64u);
+    EXPECT_EQ(b[0], 0x7f);
+    EXPECT_EQ(b[1], 'E');
+    const unsigned e_machine = b[18] | (b[19] << 8);
+    EXPECT_EQ(e_machine, target.vendor == Vendor::amd ? 224u : 190u);  // EM_AMDGPU / EM_CUDA
+
+    const CodeObjectInfo& info = out->info;
+    EXPECT_EQ(info.kernel, src->kernel_name);
+    EXPECT_GT(info.registers, 0);
+    EXPECT_GE(info.shared_bytes, 0);
+    EXPECT_EQ(info.wave_size, target.wave_size);
+    if (spec.op == "gemm") {
+      // The LDS tiles: (BK x (BM + 1) + BK x (BN + 1)) fp32.
+      const int64_t expect = 4 * src->config.at("BK") * (src->config.at("BM") + 1 + src->config.at("BN") + 1);
+      EXPECT_EQ(info.shared_bytes, expect);
+    }
+    EXPECT_EQ(info.spill_stores, 0) << "no spills expected in these small kernels";
+#if KILN_WITH_LLVM
+    const auto symbols = elf_symbols(b);
+    EXPECT_TRUE(symbols.count(src->kernel_name)) << "kernel symbol missing from the ELF";
+    if (target.vendor == Vendor::amd) {
+      // The metadata note, read independently of the compile path's own parse.
+      auto meta = read_amdgpu_metadata(b, src->kernel_name);
+      ASSERT_TRUE(meta.ok()) << meta.error().message;
+      EXPECT_EQ(meta->wave_size, 64);
+      EXPECT_GT(meta->sgprs, 0);
+      EXPECT_EQ(meta->scratch_bytes, 0);
+    }
+#endif
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Targets, CompileEveryTarget,
+                         ::testing::Values(Case{"gfx942", "clang"}, Case{"gfx950", "clang"}, Case{"sm_90a", "nvrtc"},
+                                           Case{"sm_90a", "clang"}),
+                         [](const auto& info) { return std::string(info.param.target) + "_" + info.param.compiler; });
+
+TEST(Compile, CompilerErrorsCarryTheLogAndTheSource) {
+  const TargetInfo& target = **find_target("sm_90a");
+  auto src = generate(swiglu_spec(1, 64), target);
+  ASSERT_TRUE(src.ok());
+  src->text += "\nthis is not C++;\n";
+  for (const char* name : {"nvrtc", "clang"}) {
+#if !KILN_WITH_LLVM
+    if (std::string(name) == "clang") continue;
+#endif
+    auto compiler = compiler_for(target, name);
+    ASSERT_TRUE(compiler.ok());
+    auto out = (*compiler)->compile(*src);
+    ASSERT_FALSE(out.ok()) << name;
+    EXPECT_EQ(out.error().code, Errc::compile_failed);
+    EXPECT_NE(out.error().message.find("this is not C++"), std::string::npos) << "the source is attached";
+    EXPECT_NE(out.error().message.find("error"), std::string::npos) << "the compiler log is attached";
+  }
+}
+
+TEST(Compile, WrongTargetCodeObjectsAreCaught) {
+  CodeObject fake{"cubin", std::vector<uint8_t>(128, 0)};
+  EXPECT_FALSE(check_code_object(fake, **find_target("sm_90a")).ok());
+  fake.format = "hsaco";
+  EXPECT_FALSE(check_code_object(fake, **find_target("sm_90a")).ok()) << "an hsaco cannot serve sm_90a";
+}
+
+TEST(Compile, EmitsIsaPtxAndLlvmIr) {
+#if !KILN_WITH_LLVM
+  GTEST_SKIP() << "built without LLVM (KILN_WITH_LLVM=OFF)";
+#else
+  auto amd = generate(rmsnorm_spec(1, 1024), **find_target("gfx942"));
+  auto isa = (*clang_compiler())->emit(*amd, Emit::assembly);
+  ASSERT_TRUE(isa.ok()) << isa.error().message;
+  EXPECT_NE(isa->find("s_barrier"), std::string::npos);
+  EXPECT_NE(isa->find("ds_bpermute_b32"), std::string::npos) << "wavefront shuffle";
+  auto ir = (*clang_compiler())->emit(*amd, Emit::llvm_ir);
+  ASSERT_TRUE(ir.ok());
+  EXPECT_NE(ir->find("amdgpu_kernel void @kiln_rmsnorm("), std::string::npos);
+  auto nv = generate(rmsnorm_spec(1, 1024), **find_target("sm_90a"));
+  auto ptx = (*nvrtc_compiler())->emit(*nv, Emit::assembly);
+  ASSERT_TRUE(ptx.ok()) << ptx.error().message;
+  EXPECT_NE(ptx->find(".target sm_90a"), std::string::npos);
+  EXPECT_NE(ptx->find("shfl.sync.bfly"), std::string::npos);
+#endif
+}
+
+}  // namespace
+}  // namespace kiln

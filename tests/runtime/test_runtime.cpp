@@ -1,0 +1,96 @@
+// The public runtime API without a GPU: compile-only runtimes, errors as values, thread safety.
+#include <thread>
+
+#include "kiln/kiln.h"
+#include "test_util.h"
+
+namespace kiln {
+namespace {
+using testing::gemm_spec;
+using testing::rmsnorm_spec;
+using testing::TempDir;
+
+std::unique_ptr<Runtime> compile_only(const std::string& dir) {
+  RuntimeOptions o;
+  o.backend = "none";
+  o.cache_dir = dir;
+  return std::move(Runtime::create(o)).value();
+}
+
+TEST(Runtime, CompileOnlyRuntimeCompilesButCannotLaunch) {
+  TempDir dir;
+  auto rt = compile_only(dir.path());
+  EXPECT_EQ(rt->device(), nullptr);
+  EXPECT_TRUE(rt->compile(rmsnorm_spec(1, 128), "gfx950").ok());
+  auto k = rt->kernel(rmsnorm_spec(1, 128));
+  ASSERT_FALSE(k.ok());
+  EXPECT_EQ(k.error().code, Errc::driver_unavailable);
+  EXPECT_NE(k.error().message.find("compile-only"), std::string::npos);
+  auto launched = ops::rmsnorm(*rt, 1, 128, DType::bf16, nullptr, nullptr, nullptr);
+  ASSERT_FALSE(launched.ok());
+  EXPECT_EQ(launched.error().code, Errc::driver_unavailable);
+}
+
+TEST(Runtime, BadRequestsAreErrorsNotCrashes) {
+  TempDir dir;
+  auto rt = compile_only(dir.path());
+  auto unknown_target = rt->compile(rmsnorm_spec(1, 128), "gfx1100");
+  ASSERT_FALSE(unknown_target.ok());
+  EXPECT_EQ(unknown_target.error().code, Errc::unknown);
+  EXPECT_NE(unknown_target.error().message.find("known targets: gfx942, gfx950, sm_90a"), std::string::npos);
+  auto unknown_op = rt->compile(KernelSpec{"conv", DType::bf16, DType::bf16, {}}, "sm_90a");
+  ASSERT_FALSE(unknown_op.ok());
+  EXPECT_EQ(unknown_op.error().code, Errc::unknown);
+  auto bad_shape = rt->compile(gemm_spec(1, 1, 0, false, false), "sm_90a");
+  ASSERT_FALSE(bad_shape.ok());
+  EXPECT_EQ(bad_shape.error().code, Errc::invalid_argument);
+  EXPECT_EQ(rt->stats().compiles, 0u);
+  auto bad_backend = Runtime::create(RuntimeOptions{"opencl"});
+  ASSERT_FALSE(bad_backend.ok());
+  EXPECT_NE(bad_backend.error().message.find("unknown backend 'opencl'"), std::string::npos);
+}
+
+TEST(Runtime, ConcurrentRequestsForManyKernelsAreSafe) {
+  TempDir dir;
+  auto rt = compile_only(dir.path());
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 6; ++i)
+        if (!rt->compile(rmsnorm_spec(1, 64 * (1 + (i + t) % 6)), i % 2 ? "sm_90a" : "gfx942").ok()) ++failures;
+    });
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(rt->stats().compiles, 12u) << "6 hidden sizes x 2 targets, each compiled once";
+  EXPECT_EQ(rt->stats().compiles + rt->stats().memory_hits + rt->stats().disk_hits, 24u);
+}
+
+TEST(Runtime, DiskCacheCanBeTurnedOff) {
+  RuntimeOptions o;
+  o.backend = "none";
+  o.disk_cache = false;
+  auto rt = std::move(Runtime::create(o)).value();
+  EXPECT_EQ(rt->cache_dir(), "");
+  EXPECT_TRUE(rt->compile(rmsnorm_spec(1, 64), "sm_90a").ok());
+}
+
+TEST(Runtime, KernelInfoDescribesTheCodeObject) {
+  TempDir dir;
+  auto rt = compile_only(dir.path());
+  auto c = rt->compile(gemm_spec(256, 256, 64, false, true), "gfx942");
+  ASSERT_TRUE(c.ok());
+  const KernelInfo& i = (*c)->info();
+  EXPECT_EQ(i.kernel, "kiln_gemm");
+  EXPECT_EQ(i.target, "gfx942");
+  EXPECT_EQ(i.code_format, "hsaco");
+  EXPECT_EQ(i.code_bytes, (*c)->code_object().size());
+  EXPECT_EQ(i.wave_size, 64);
+  EXPECT_GT(i.sgprs, 0);
+  EXPECT_EQ(i.cache_key.size(), 64u);
+  EXPECT_NE(i.config.find("BM="), std::string::npos);
+  EXPECT_EQ(i.compiler.rfind("clang 22", 0), 0u) << i.compiler;
+}
+
+}  // namespace
+}  // namespace kiln

@@ -1,0 +1,45 @@
+// Helpers shared by the tests.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+
+#include <filesystem>
+#include <string>
+
+#include "kiln/spec.h"
+
+namespace kiln::testing {
+
+/// A fresh private directory, removed with everything in it at the end of the test.
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "kiln-test-XXXXXX").string();
+    path_ = mkdtemp(tmpl.data());
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::permissions(path_, std::filesystem::perms::owner_all, ec);
+    std::filesystem::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+  std::string operator/(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+inline KernelSpec gemm_spec(int64_t M, int64_t N, int64_t K, bool ta, bool tb, DType dt = DType::bf16,
+                            DType out = DType::bf16) {
+  return {"gemm", dt, out, {{"M", M}, {"N", N}, {"K", K}, {"trans_a", ta}, {"trans_b", tb}}};
+}
+inline KernelSpec rmsnorm_spec(int64_t rows, int64_t hidden, DType dt = DType::bf16) {
+  return {"rmsnorm", dt, dt, {{"rows", rows}, {"hidden", hidden}}};
+}
+inline KernelSpec swiglu_spec(int64_t rows, int64_t I, DType dt = DType::bf16) {
+  return {"swiglu", dt, dt, {{"rows", rows}, {"intermediate", I}}};
+}
+
+}  // namespace kiln::testing

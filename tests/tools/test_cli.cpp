@@ -1,0 +1,1 @@
+// placeholder (helper writes it)

@@ -1,0 +1,222 @@
+// kiln inspect: one kernel's generated source, LLVM IR, assembly (AMDGPU ISA; PTX and SASS) or
+// metadata (compiled through the Runtime, so the cache is used and filled).
+#include <fmt/format.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "codegen/codegen.h"
+#include "runtime/compile/compiler.h"
+#include "templates/op_template.h"
+#include "tools/kiln/cli.h"
+
+namespace kiln::cli {
+namespace {
+
+struct InspectOptions {
+  SpecOptions spec;
+  std::string arch;
+  std::string emit = "source";
+  std::string cache_dir;
+  std::string nvidia_compiler;
+};
+
+bool executable(const std::string& path) {
+  struct stat st{};
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(path.c_str(), X_OK) == 0;
+}
+
+/// The first of `names` found on PATH or in /usr/local/cuda/bin, or "".
+std::string find_tool(std::initializer_list<const char*> names, std::string* which = nullptr) {
+  std::vector<std::string> dirs;
+  if (const char* path = std::getenv("PATH")) {
+    std::string p = path;
+    for (size_t start = 0; start <= p.size();) {
+      size_t end = p.find(':', start);
+      if (end == std::string::npos) end = p.size();
+      if (end > start) dirs.push_back(p.substr(start, end - start));
+      start = end + 1;
+    }
+  }
+  dirs.emplace_back("/usr/local/cuda/bin");
+  for (const char* name : names)
+    for (const std::string& dir : dirs)
+      if (executable(dir + "/" + name)) {
+        if (which) *which = name;
+        return dir + "/" + name;
+      }
+  return {};
+}
+
+/// Runs `argv` and returns its stdout and stderr. Errors: io_error (could not start), the exit status.
+Result<std::string> capture(const std::vector<std::string>& argv) {
+  std::string cmd;
+  for (const std::string& a : argv) {
+    std::string quoted = "'";
+    for (char c : a) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    cmd += (cmd.empty() ? "" : " ") + quoted + "'";
+  }
+  cmd += " 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (!p) return make_error(Errc::io_error, fmt::format("cannot run {}: {}", argv[0], std::strerror(errno)));
+  std::string out;
+  char buf[65536];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
+  const int status = ::pclose(p);
+  if (status != 0)
+    return make_error(Errc::io_error, fmt::format("{} exited with status {}: {}", argv[0],
+                                                  WIFEXITED(status) ? WEXITSTATUS(status) : status, first_line(out)));
+  return out;
+}
+
+/// SASS of a cubin through cuobjdump -sass (or nvdisasm), via a private temporary file.
+std::string sass_of(std::span<const uint8_t> cubin) {
+  std::string which;
+  const std::string tool = find_tool({"cuobjdump", "nvdisasm"}, &which);
+  if (tool.empty())
+    return "// SASS: not shown: neither cuobjdump nor nvdisasm was found on PATH or in /usr/local/cuda/bin\n";
+  const char* tmpdir = std::getenv("TMPDIR");
+  std::string path = fmt::format("{}/kiln-inspect-XXXXXX.cubin", tmpdir && *tmpdir ? tmpdir : "/tmp");
+  const int fd = ::mkstemps(path.data(), 6);
+  if (fd < 0) return fmt::format("// SASS: not shown: cannot create a temporary file: {}\n", std::strerror(errno));
+  bool written = true;
+  for (size_t done = 0; done < cubin.size();) {
+    const ssize_t n = ::write(fd, cubin.data() + done, cubin.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      written = false;
+      break;
+    }
+    done += static_cast<size_t>(n);
+  }
+  ::close(fd);
+  std::string out;
+  if (!written) {
+    out = fmt::format("// SASS: not shown: cannot write '{}'\n", path);
+  } else {
+    auto r = which == "cuobjdump" ? capture({tool, "-sass", path}) : capture({tool, path});
+    out = r ? fmt::format("// SASS ({} of the cubin)\n{}", tool, *r)
+            : fmt::format("// SASS: not shown: {}\n", first_line(r.error().message));
+  }
+  ::unlink(path.c_str());
+  return out;
+}
+
+std::string entry_dir(const std::string& cache, const std::string& key) {
+  if (cache.empty() || key.size() < 2) return "(memory only: the disk cache is off or unusable)";
+  return fmt::format("{}/v1/entries/{}/{}", cache, key.substr(0, 2), key);
+}
+
+int print_meta(const KernelSpec& spec, const TargetInfo& target, const InspectOptions& o) {
+  RuntimeOptions ro;
+  ro.backend = "none";
+  ro.cache_dir = cache_root(o.cache_dir);
+  ro.nvidia_compiler = nvidia_compiler(o.nvidia_compiler);
+  auto rt = Runtime::create(ro);
+  if (!rt) return fail(rt.error());
+  auto compiled = (*rt)->compile(spec, target.name);
+  if (!compiled) return fail(compiled.error());
+  const KernelInfo& i = (*compiled)->info();
+  const bool amd = target.vendor == Vendor::amd;
+  auto line = [](std::string_view name, const std::string& value) { fmt::print("{:<13} {}\n", name, value); };
+  line("spec", to_string(spec));
+  line("kernel", i.kernel);
+  line("target", fmt::format("{} ({})", i.target, target.gpus));
+  line("compiler", i.compiler);
+  line("code", fmt::format("{}, {} bytes", i.code_format, i.code_bytes));
+  if (amd) {
+    line("registers", fmt::format("{} VGPRs, {} SGPRs", known(i.registers), known(i.sgprs)));
+    line("LDS", fmt::format("{} bytes", known(i.shared_bytes)));
+    line("scratch", fmt::format("{} bytes per lane", known(i.scratch_bytes)));
+    line("spills", fmt::format("{} (VGPR+SGPR spill count)", known(i.spill_stores)));
+  } else {
+    line("registers", fmt::format("{} per thread", known(i.registers)));
+    line("shared", fmt::format("{} bytes (static, per block)", known(i.shared_bytes)));
+    line("stack frame", fmt::format("{} bytes per thread", known(i.scratch_bytes)));
+    line("spills", fmt::format("{} bytes stored, {} bytes loaded", known(i.spill_stores), known(i.spill_loads)));
+  }
+  line("wave size", known(i.wave_size));
+  line("tile config", i.config);
+  line("cache key", i.cache_key);
+  line("compile ms", fmt::format("{:.1f}", i.compile_ms));
+  line("origin", std::string((*compiled)->origin()));
+  line("entry", entry_dir((*rt)->cache_dir(), i.cache_key));
+  if (!i.assembler_report.empty() && globals().verbose) fmt::print("assembler report:\n{}\n", i.assembler_report);
+  return 0;
+}
+
+int run_inspect(const InspectOptions& o) {
+  auto spec = make_spec(o.spec);
+  if (!spec) return fail(spec.error());
+  auto target = find_target(o.arch);
+  if (!target) return fail("--arch: " + target.error().message, 2);
+  auto op = find_op(spec->op);
+  if (!op) return fail(op.error());
+  if (auto valid = (*op)->validate(*spec, **target); !valid) return fail(valid.error());
+
+  if (o.emit == "meta") return print_meta(*spec, **target, o);
+  auto src = generate(*spec, **target);
+  if (!src) return fail(src.error());
+  if (o.emit == "source") {
+    fmt::print("{}", src->text);
+    if (!src->text.empty() && src->text.back() != '\n') fmt::print("\n");
+    return 0;
+  }
+  if (o.emit == "llvm") {
+    auto clang = clang_compiler();
+    if (!clang) return fail("--emit llvm needs clang: " + clang.error().message);
+    auto ir = (*clang)->emit(*src, Emit::llvm_ir);
+    if (!ir) return fail(ir.error());
+    fmt::print("{}", *ir);
+    return 0;
+  }
+  // asm
+  auto compiler = compiler_for(**target, nvidia_compiler(o.nvidia_compiler));
+  if (!compiler) return fail(compiler.error());
+  auto text = (*compiler)->emit(*src, Emit::assembly);
+  if (!text) return fail(text.error());
+  if ((*target)->vendor == Vendor::amd) {
+    fmt::print("{}", *text);
+    return 0;
+  }
+  fmt::print("// PTX ({} {})\n{}\n", (*compiler)->name(), (*compiler)->version(), *text);
+  // SASS of the cubin the runtime would load (through the cache).
+  RuntimeOptions ro;
+  ro.backend = "none";
+  ro.cache_dir = cache_root(o.cache_dir);
+  ro.nvidia_compiler = nvidia_compiler(o.nvidia_compiler);
+  auto rt = Runtime::create(ro);
+  if (!rt) return fail(rt.error());
+  auto compiled = (*rt)->compile(*spec, (*target)->name);
+  if (!compiled) return fail(compiled.error());
+  if ((*compiled)->info().code_format != "cubin") {
+    fmt::print("// SASS: not shown: the code object is {}, not a cubin\n", (*compiled)->info().code_format);
+    return 0;
+  }
+  fmt::print("{}", sass_of((*compiled)->code_object()));
+  return 0;
+}
+
+}  // namespace
+
+Command add_inspect_command(CLI::App& app) {
+  auto o = std::make_shared<InspectOptions>();
+  auto* cmd = app.add_subcommand("inspect", "Show one kernel's source, LLVM IR, assembly or metadata");
+  add_spec_options(*cmd, o->spec);
+  cmd->add_option("--arch", o->arch, "Target: gfx942, gfx950 or sm_90a")->required();
+  cmd->add_option("--emit", o->emit,
+                  "source: generated code; llvm: LLVM IR (clang); asm: AMDGPU ISA, or PTX and SASS; "
+                  "meta: compile (through the cache) and show registers, LDS/shared memory, spills, cache entry")
+      ->check(CLI::IsMember({"source", "llvm", "asm", "meta"}))
+      ->capture_default_str();
+  add_cache_dir_option(*cmd, o->cache_dir);
+  add_nvidia_compiler_option(*cmd, o->nvidia_compiler);
+  return [o] { return run_inspect(*o); };
+}
+
+}  // namespace kiln::cli

@@ -1,0 +1,185 @@
+// kiln prewarm: compile every kernel of a manifest for every --arch into the disk cache, with N
+// worker threads sharing one compile-only Runtime.
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "cache/disk_cache.h"
+#include "support/env.h"
+#include "tools/kiln/cli.h"
+
+namespace kiln::cli {
+namespace {
+
+struct PrewarmOptions {
+  std::string manifest;
+  std::vector<std::string> arch;
+  int jobs = 0;
+  std::string cache_dir;
+  std::string nvidia_compiler;
+};
+
+struct Job {
+  const ManifestEntry* kernel = nullptr;
+  size_t kernel_index = 0;
+  const TargetInfo* target = nullptr;
+  // Result
+  bool done = false;
+  std::shared_ptr<const CompiledKernel> compiled;
+  std::string error;
+};
+
+class Progress {
+ public:
+  Progress(size_t total, bool enabled) : total_(total), enabled_(enabled) {}
+  void update(size_t done, size_t compiled, size_t cached, size_t failed) {
+    if (!enabled_) return;
+    std::lock_guard lock(mu_);
+    constexpr size_t kWidth = 30;
+    const size_t fill = total_ ? done * kWidth / total_ : kWidth;
+    fmt::print(stderr, "\r[{}{}] {}/{}  compiled {}  cached {}  failed {}\033[K", std::string(fill, '#'),
+               std::string(kWidth - fill, '.'), done, total_, compiled, cached, failed);
+    std::fflush(stderr);
+  }
+  void finish() {
+    if (!enabled_) return;
+    std::lock_guard lock(mu_);
+    fmt::print(stderr, "\r\033[K");
+    std::fflush(stderr);
+  }
+
+ private:
+  std::mutex mu_;
+  size_t total_;
+  bool enabled_;
+};
+
+std::string spills(const KernelInfo& i) {
+  if (i.spill_stores < 0 && i.spill_loads < 0) return "-";
+  if (i.spill_loads < 0) return std::to_string(i.spill_stores);
+  return fmt::format("{}/{}", std::max(i.spill_stores, 0), i.spill_loads);
+}
+
+int run_prewarm(const PrewarmOptions& o) {
+  // 1. Everything that can be wrong is checked before the first compile and before the cache is
+  //    touched: the targets, the manifest, every kernel against every target.
+  auto targets = parse_targets(o.arch);
+  if (!targets) return fail(targets.error(), 2);
+  if (o.jobs < 0) return fail(fmt::format("-j {}: give a positive number of workers", o.jobs), 2);
+  auto manifest = read_manifest(o.manifest);
+  if (!manifest) return fail(manifest.error());
+  if (auto valid = validate_manifest(*manifest, *targets, o.manifest); !valid) return fail(valid.error());
+  if (manifest->kernels.empty()) return fail(fmt::format("'{}': the manifest has no kernels", o.manifest));
+  const std::string nvcc = nvidia_compiler(o.nvidia_compiler);
+  for (const TargetInfo* t : *targets) {
+    if (auto c = compiler_for(*t, nvcc); !c)
+      return fail(fmt::format("cannot compile for {}: {}", t->name, c.error().message));
+  }
+  if (!env().disk_cache)
+    return fail("the disk cache is disabled (KILN_DISABLE_DISK_CACHE); prewarm would keep nothing");
+  const std::string root = cache_root(o.cache_dir);
+  if (auto disk = DiskCache::open(root); !disk) return fail(disk.error());
+
+  RuntimeOptions ro;
+  ro.backend = "none";
+  ro.cache_dir = root;
+  ro.nvidia_compiler = nvcc;
+  auto runtime = Runtime::create(ro);
+  if (!runtime) return fail(runtime.error());
+  Runtime& rt = **runtime;
+
+  // 2. Compile every (kernel, target) pair; workers pull the next pair from an atomic index.
+  std::vector<Job> jobs;
+  for (size_t k = 0; k < manifest->kernels.size(); ++k)
+    for (const TargetInfo* t : *targets) jobs.push_back({&manifest->kernels[k], k, t});
+  const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+  const size_t workers = std::min<size_t>(o.jobs > 0 ? static_cast<size_t>(o.jobs) : hw, jobs.size());
+
+  Progress progress(jobs.size(), ::isatty(STDERR_FILENO) == 1);
+  std::atomic<size_t> next{0}, done{0}, compiled{0}, cached{0}, failed{0};
+  progress.update(0, 0, 0, 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto work = [&] {
+    for (size_t i = next.fetch_add(1); i < jobs.size(); i = next.fetch_add(1)) {
+      Job& job = jobs[i];
+      auto r = rt.compile(job.kernel->spec, job.target->name);
+      if (r) {
+        job.compiled = std::move(r).value();
+        (job.compiled->origin() == "compiled" ? compiled : cached)++;
+      } else {
+        job.error = r.error().message;
+        failed++;
+      }
+      job.done = true;
+      const size_t d = ++done;
+      progress.update(d, compiled.load(), cached.load(), failed.load());
+    }
+  };
+  std::vector<std::thread> pool;
+  for (size_t w = 0; w + 1 < workers; ++w) pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
+  const double wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  progress.finish();
+
+  // 3. Summary, then the table of what was built.
+  std::string names;
+  for (const TargetInfo* t : *targets) names += fmt::format("{}{}", names.empty() ? "" : ",", t->name);
+  fmt::print("kiln prewarm {}: {} kernels x {} targets ({}) = {} builds\n", o.manifest, manifest->kernels.size(),
+             targets->size(), names, jobs.size());
+  fmt::print("  compiled        {}\n", compiled.load());
+  fmt::print("  already cached  {}\n", cached.load());
+  fmt::print("  failed          {}\n", failed.load());
+  for (const Job& job : jobs) {
+    if (job.error.empty()) continue;
+    const std::string label = job.kernel->label.empty() ? spec_summary(job.kernel->spec) : job.kernel->label;
+    fmt::print("    kernel {} ({}) for {}: {}\n", job.kernel_index, label, job.target->name, first_line(job.error));
+  }
+  fmt::print("  wall time       {:.1f} s with {} worker{}\n", wall_s, workers, workers == 1 ? "" : "s");
+  fmt::print("  cache           {}\n", rt.cache_dir().empty() ? "(memory only: nothing was kept)" : rt.cache_dir());
+  const CacheStats stats = rt.stats();
+  if (stats.disk_errors) fmt::print("  cache writes that failed: {}\n", stats.disk_errors);
+  if (stats.corrupt_entries) fmt::print("  corrupt entries rebuilt:  {}\n", stats.corrupt_entries);
+
+  Table table({"label", "target", "kernel", "format", "bytes", "regs", "LDS/shared", "spills", "compile ms", "origin"});
+  for (const Job& job : jobs) {
+    if (!job.compiled) continue;
+    const KernelInfo& i = job.compiled->info();
+    table.add({job.kernel->label.empty() ? fmt::format("#{}", job.kernel_index) : job.kernel->label,
+               std::string(job.target->name), spec_summary(job.kernel->spec), i.code_format,
+               std::to_string(i.code_bytes), known(i.registers), known(i.shared_bytes), spills(i),
+               fmt::format("{:.0f}", i.compile_ms), std::string(job.compiled->origin())});
+  }
+  fmt::print("\n{}", table.render({4, 5, 6, 7, 8}));
+  std::fflush(stdout);
+  if (!failed.load()) return 0;
+  fail(fmt::format("{} of {} builds failed{}", failed.load(), jobs.size(),
+                   globals().verbose ? "" : " (--verbose prints the compiler logs)"));
+  if (globals().verbose) {
+    for (const Job& job : jobs)
+      if (!job.error.empty()) fmt::print(stderr, "--- kernel {} for {}:\n{}\n", job.kernel_index, job.target->name, job.error);
+  }
+  return 1;
+}
+
+}  // namespace
+
+Command add_prewarm_command(CLI::App& app) {
+  auto o = std::make_shared<PrewarmOptions>();
+  auto* cmd = app.add_subcommand("prewarm", "Compile every kernel of a manifest for the given targets into the cache");
+  cmd->add_option("manifest", o->manifest, "Manifest file (see 'kiln manifest')")->required();
+  cmd->add_option("--arch", o->arch, "Targets, comma-separated: gfx942, gfx950, sm_90a, or all")
+      ->required()
+      ->delimiter(',');
+  cmd->add_option("-j,--jobs", o->jobs, "Parallel compiles (default: the number of hardware threads)");
+  add_cache_dir_option(*cmd, o->cache_dir);
+  add_nvidia_compiler_option(*cmd, o->nvidia_compiler);
+  return [o] { return run_prewarm(*o); };
+}
+
+}  // namespace kiln::cli

@@ -1,0 +1,94 @@
+// kiln run: build one kernel for this machine's GPU, check it against the CPU reference and
+// optionally time it.
+#include <fmt/format.h>
+
+#include "kiln/check.h"
+#include "templates/op_template.h"
+#include "tools/kiln/cli.h"
+
+namespace kiln::cli {
+namespace {
+
+struct RunOptions {
+  SpecOptions spec;
+  bool check = false;
+  bool bench = false;
+  int64_t sample_rows = -1;
+  int iterations = 0;
+  std::vector<float> eps;
+  uint64_t seed = 0;
+  int device = 0;
+  std::string cache_dir;
+  std::string nvidia_compiler;
+};
+
+constexpr int64_t kDefaultSampleRows = 256;
+constexpr int kDefaultIterations = 100;
+
+int run_run(const RunOptions& o) {
+  auto spec = make_spec(o.spec);
+  if (!spec) return fail(spec.error());
+  auto op = find_op(spec->op);
+  if (!op) return fail(op.error());
+  CheckOptions co;
+  co.seed = o.seed;
+  co.sample_rows = o.sample_rows >= 0 ? o.sample_rows : (o.check ? 0 : kDefaultSampleRows);
+  if (o.iterations < 0) return fail(fmt::format("--iterations {}: give a positive count", o.iterations), 2);
+  co.bench_iterations = o.bench || o.iterations > 0 ? (o.iterations > 0 ? o.iterations : kDefaultIterations) : 0;
+  if (!o.eps.empty()) {
+    bool has_eps = false;
+    for (const ScalarInfo& s : (*op)->scalars()) has_eps |= s.name == "eps";
+    if (!has_eps) return fail(fmt::format("--eps: {} has no eps scalar (see 'kiln ops {}')", spec->op, spec->op), 2);
+    co.scalars["eps"] = o.eps.front();
+  }
+
+  RuntimeOptions ro;
+  ro.backend = "auto";
+  ro.device = o.device;
+  ro.cache_dir = cache_root(o.cache_dir);
+  ro.nvidia_compiler = nvidia_compiler(o.nvidia_compiler);
+  auto rt = Runtime::create(ro);
+  if (!rt) return fail(rt.error());
+  Device* device = (*rt)->device();
+  if (!device)
+    return fail("no GPU found: 'kiln run' needs an NVIDIA or AMD GPU (compile, prewarm and inspect work without one)");
+  if (auto valid = (*op)->validate(*spec, device->target()); !valid) return fail(valid.error());
+
+  fmt::print("device       {} ({}, {} compute units)\n", device->name(), device->target().name, device->compute_units());
+  auto report = check_on_device(**rt, *spec, co);
+  if (!report) return fail(report.error());
+  fmt::print("{}\n", format_report(*report));
+  fmt::print("compared     {} elements{}\n", report->compared,
+             co.sample_rows > 0 ? fmt::format(" ({} sampled rows; --check compares every row)", co.sample_rows) : "");
+  fmt::print("first call   {:.3f} ms ({})\n", report->first_call_ms, report->origin);
+  fmt::print("cached call  {:.4f} ms\n", report->cached_call_ms);
+  if (co.bench_iterations > 0 && report->kernel_ms > 0) {
+    const double s = report->kernel_ms * 1e-3;
+    std::string rate = fmt::format("{:.1f} GB/s", report->bytes / s / 1e9);
+    if (spec->op == "gemm") rate = fmt::format("{:.1f} TFLOP/s, {}", report->flops / s / 1e12, rate);
+    fmt::print("kernel       {:.4f} ms median ({} launches), {}\n", report->kernel_ms, co.bench_iterations, rate);
+  }
+  std::fflush(stdout);
+  if (!report->pass) return fail(fmt::format("check failed: {}", format_report(*report)));
+  return 0;
+}
+
+}  // namespace
+
+Command add_run_command(CLI::App& app) {
+  auto o = std::make_shared<RunOptions>();
+  auto* cmd = app.add_subcommand("run", "Check one kernel on this machine's GPU against the CPU reference (and time it)");
+  add_spec_options(*cmd, o->spec);
+  cmd->add_flag("--check", o->check, "Compare every output row (default: a sample of 256 rows)");
+  cmd->add_flag("--bench", o->bench, "Also time the kernel: median device time, TFLOP/s (gemm), GB/s");
+  cmd->add_option("--sample-rows", o->sample_rows, "Output rows compared with the reference (0: all)");
+  cmd->add_option("--iterations", o->iterations, "Launches timed with --bench (default 100)");
+  cmd->add_option("--eps", o->eps, "rmsnorm's eps (default 1e-5)")->expected(1);
+  cmd->add_option("--seed", o->seed, "Random seed of the inputs (default: a fresh one)");
+  cmd->add_option("--device", o->device, "GPU ordinal")->capture_default_str();
+  add_cache_dir_option(*cmd, o->cache_dir);
+  add_nvidia_compiler_option(*cmd, o->nvidia_compiler);
+  return [o] { return run_run(*o); };
+}
+
+}  // namespace kiln::cli

@@ -1,0 +1,178 @@
+// Helpers shared by the kiln commands.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cstdio>
+
+#include "support/env.h"
+#include "templates/op_template.h"
+#include "tools/kiln/cli.h"
+
+namespace kiln::cli {
+
+Globals& globals() {
+  static Globals g;
+  return g;
+}
+
+std::string first_line(std::string_view message) {
+  std::string_view line = message.substr(0, message.find('\n'));
+  while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) line.remove_suffix(1);
+  return std::string(line);
+}
+
+int fail(std::string_view message, int exit_code) {
+  std::string line = first_line(message);
+  if (line.empty()) line = "failed (no message)";
+  std::fflush(stdout);
+  fmt::print(stderr, "kiln: error: {}\n", line);
+  if (globals().verbose) {
+    const size_t nl = message.find('\n');
+    if (nl != std::string_view::npos) fmt::print(stderr, "{}\n", message.substr(nl + 1));
+  }
+  return exit_code;
+}
+
+void add_cache_dir_option(CLI::App& cmd, std::string& dir) {
+  cmd.add_option("--cache-dir", dir,
+                 "Cache directory (default: $KILN_CACHE_DIR, else $XDG_CACHE_HOME/kiln, else ~/.cache/kiln)");
+}
+
+void add_nvidia_compiler_option(CLI::App& cmd, std::string& compiler) {
+  cmd.add_option("--nvidia-compiler", compiler,
+                 "Compiler for NVIDIA targets: nvrtc or clang (default: $KILN_NVIDIA_COMPILER, else nvrtc)")
+      ->check(CLI::IsMember({"nvrtc", "clang"}));
+}
+
+std::string cache_root(const std::string& option) { return option.empty() ? env().cache_dir : option; }
+
+std::string nvidia_compiler(const std::string& option) {
+  return option.empty() ? env().nvidia_compiler : option;
+}
+
+void add_spec_options(CLI::App& cmd, SpecOptions& o) {
+  std::string ops;
+  for (const OpTemplate* op : all_ops()) ops += fmt::format("{}{}", ops.empty() ? "" : ", ", op->name());
+  cmd.add_option("op", o.op, fmt::format("The op ({}); see 'kiln ops'", ops))->required();
+  cmd.add_option("-p,--param", o.params,
+                 "A parameter, NAME=VALUE (VALUE an integer, true or false); repeat it or separate with commas")
+      ->delimiter(',');
+  cmd.add_option("--dtype", o.dtype, "Input dtype: bf16, fp16 or fp32")->capture_default_str();
+  cmd.add_option("--out-dtype", o.out_dtype, "Output dtype (default: the input dtype; gemm may differ)");
+}
+
+Result<KernelSpec> make_spec(const SpecOptions& o) {
+  KernelSpec spec;
+  KILN_ASSIGN_OR_RETURN(const OpTemplate* op, find_op(o.op));
+  spec.op = o.op;
+  auto dtype = parse_dtype(o.dtype);
+  if (!dtype) return make_error(dtype.error().code, "--dtype: " + dtype.error().message);
+  spec.dtype = spec.out_dtype = *dtype;
+  if (!o.out_dtype.empty()) {
+    auto out = parse_dtype(o.out_dtype);
+    if (!out) return make_error(out.error().code, "--out-dtype: " + out.error().message);
+    spec.out_dtype = *out;
+  }
+  std::string names;
+  for (const ParamInfo& p : op->params()) names += fmt::format("{}{}", names.empty() ? "" : ", ", p.name);
+  for (const std::string& kv : o.params) {
+    const size_t eq = kv.find('=');
+    if (eq == std::string::npos || eq == 0)
+      return make_error(Errc::invalid_argument,
+                        fmt::format("--param '{}': write NAME=VALUE; {} takes: {}", kv, o.op, names));
+    const std::string name = kv.substr(0, eq), text = kv.substr(eq + 1);
+    int64_t value = 0;
+    if (text == "true") {
+      value = 1;
+    } else if (text == "false") {
+      value = 0;
+    } else {
+      auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+      if (ec != std::errc() || end != text.data() + text.size() || text.empty())
+        return make_error(Errc::invalid_argument,
+                          fmt::format("--param '{}': the value must be an integer, true or false", kv));
+    }
+    if (spec.params.count(name))
+      return make_error(Errc::invalid_argument, fmt::format("--param '{}': '{}' is given twice", kv, name));
+    spec.params[name] = value;
+  }
+  return spec;
+}
+
+Result<std::vector<const TargetInfo*>> parse_targets(const std::vector<std::string>& names) {
+  std::vector<const TargetInfo*> out;
+  auto add = [&](const TargetInfo* t) {
+    if (std::find(out.begin(), out.end(), t) == out.end()) out.push_back(t);
+  };
+  for (const std::string& name : names) {
+    if (name == "all") {
+      for (const TargetInfo& t : all_targets()) add(&t);
+      continue;
+    }
+    auto t = find_target(name);
+    if (!t) return make_error(t.error().code, "--arch: " + t.error().message + " (or all)");
+    add(*t);
+  }
+  if (out.empty()) return make_error(Errc::invalid_argument, "--arch: no target given");
+  return out;
+}
+
+std::string spec_summary(const KernelSpec& spec) {
+  std::string s = fmt::format("{} {}", spec.op, dtype_name(spec.dtype));
+  if (spec.out_dtype != spec.dtype) s += fmt::format("->{}", dtype_name(spec.out_dtype));
+  const auto& p = spec.params;
+  if (spec.op == "gemm" && p.count("M") && p.count("N") && p.count("K") && p.size() == 5) {
+    return s + fmt::format(" {}x{}x{} {}{}", spec.param("M"), spec.param("N"), spec.param("K"),
+                           spec.param("trans_a") ? 'T' : 'N', spec.param("trans_b") ? 'T' : 'N');
+  }
+  // Other ops: the parameters in the op's order.
+  auto op = find_op(spec.op);
+  if (!op) {
+    for (const auto& [k, v] : p) s += fmt::format(" {}={}", k, v);
+    return s;
+  }
+  for (const ParamInfo& info : (*op)->params()) {
+    auto it = p.find(std::string(info.name));
+    if (it != p.end()) s += fmt::format(" {}={}", info.name, it->second);
+  }
+  return s;
+}
+
+std::string human_bytes(uint64_t bytes) {
+  if (bytes < 1024) return fmt::format("{} B", bytes);
+  if (bytes < 1024 * 1024) return fmt::format("{:.1f} KiB", bytes / 1024.0);
+  if (bytes < uint64_t{1024} * 1024 * 1024) return fmt::format("{:.1f} MiB", bytes / (1024.0 * 1024.0));
+  return fmt::format("{:.2f} GiB", bytes / (1024.0 * 1024.0 * 1024.0));
+}
+
+std::string known(long long value) { return value < 0 ? std::string("-") : std::to_string(value); }
+
+std::string Table::render(const std::vector<size_t>& right, std::string_view indent) const {
+  std::vector<size_t> width;
+  for (const auto& row : rows_) {
+    if (width.size() < row.size()) width.resize(row.size(), 0);
+    for (size_t c = 0; c < row.size(); ++c) width[c] = std::max(width[c], row[c].size());
+  }
+  auto is_right = [&](size_t c) { return std::find(right.begin(), right.end(), c) != right.end(); };
+  std::string out;
+  for (size_t r = 0; r < rows_.size(); ++r) {
+    std::string line(indent);
+    for (size_t c = 0; c < rows_[r].size(); ++c) {
+      const std::string& cell = rows_[r][c];
+      const bool last = c + 1 == rows_[r].size();
+      if (is_right(c)) line += std::string(width[c] - cell.size(), ' ') + cell;
+      else line += last ? cell : cell + std::string(width[c] - cell.size(), ' ');
+      if (!last) line += "  ";
+    }
+    out += line + "\n";
+    if (r == 0) {
+      size_t total = 0;
+      for (size_t c = 0; c < width.size(); ++c) total += width[c] + (c + 1 < width.size() ? 2 : 0);
+      out += std::string(indent) + std::string(total, '-') + "\n";
+    }
+  }
+  return out;
+}
+
+}  // namespace kiln::cli
