@@ -165,6 +165,30 @@ Result<CheckReport> check_on_device(Runtime& rt, const KernelSpec& spec, const C
   return report;
 }
 
+Result<void> reference(const KernelSpec& spec, const std::map<std::string, float>& scalars,
+                       std::span<const std::vector<float>> inputs, std::span<const int64_t> rows,
+                       std::vector<double>& out) {
+  KILN_ASSIGN_OR_RETURN(const OpTemplate* op, find_op(spec.op));
+  KILN_TRY(op->validate(spec, all_targets().front()));
+  const auto tensors = op->tensors(spec);
+  size_t n_inputs = 0;
+  for (const auto& t : tensors) {
+    if (t.output) continue;
+    if (n_inputs >= inputs.size() || static_cast<int64_t>(inputs[n_inputs].size()) != t.elements())
+      return make_error(Errc::invalid_argument,
+                        fmt::format("{}: input '{}' needs {} values", spec.op, t.name, t.elements()));
+    ++n_inputs;
+  }
+  if (n_inputs != inputs.size())
+    return make_error(Errc::invalid_argument, fmt::format("{}: takes {} inputs, got {}", spec.op, n_inputs, inputs.size()));
+  const int64_t out_rows = tensors.back().shape.front();
+  for (int64_t r : rows)
+    if (r < 0 || r >= out_rows)
+      return make_error(Errc::invalid_argument, fmt::format("{}: row {} is outside [0, {})", spec.op, r, out_rows));
+  op->reference(spec, scalars, inputs, rows, out);
+  return ok();
+}
+
 std::string format_report(const CheckReport& r) {
   return fmt::format("{} {}: compared {} elements, max_abs_err {:.3e}, max_rel_err {:.3e}, rel_frobenius {:.3e}, "
                      "snr {:.1f} dB, nonfinite {}, outside gate {} ({})",

@@ -46,6 +46,14 @@ struct CheckReport {
 /// Errors: driver_unavailable (no GPU), anything kernel() or launch() returns.
 Result<CheckReport> check_on_device(Runtime& runtime, const KernelSpec& spec, const CheckOptions& options = {});
 
+/// The op's CPU reference (float64), for applications that check their own results: computes the
+/// output rows listed in `rows` (all rows when empty) of `spec` from host copies of its input
+/// tensors (in the op's tensor order, values as float), row after row into `out`.
+/// Errors: Errc::unknown (op), invalid_argument (spec, or wrong input count/sizes).
+Result<void> reference(const KernelSpec& spec, const std::map<std::string, float>& scalars,
+                       std::span<const std::vector<float>> inputs, std::span<const int64_t> rows,
+                       std::vector<double>& out);
+
 /// One-line summary: "PASS gemm bf16 ... max_abs 1.2e-03 max_rel ... rel_fro ... snr ... dB".
 std::string format_report(const CheckReport& report);
 

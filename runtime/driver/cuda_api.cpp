@@ -10,8 +10,7 @@ Result<const CudaApi*> cuda_api() {
   static const Result<const CudaApi*> loaded = []() -> Result<const CudaApi*> {
     KILN_ASSIGN_OR_RETURN(auto lib, DynLib::open("libcuda (the NVIDIA driver)", env().cuda_lib,
                                                  {"libcuda.so.1", "libcuda.so",
-                                                  "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
-                                                  "/usr/local/cuda/lib64/stubs/libcuda.so"}));
+                                                  "/usr/lib/x86_64-linux-gnu/libcuda.so.1"}));
     auto* api = new CudaApi();  // lives for the process: the driver must outlive every module
     std::string missing;
     KILN_CUDA_SYMBOLS(KILN_LOAD_SYMBOL)
