@@ -31,6 +31,12 @@ class TempDir {
   std::string path_;
 };
 
+/// A target this build can compile for without a GPU: an AMD one with LLVM, else sm_90a (NVRTC).
+inline const char* compilable_target() { return KILN_WITH_LLVM ? "gfx942" : "sm_90a"; }
+/// Skips the test in builds without LLVM (AMD code objects need clang/lld).
+#define KILN_REQUIRE_LLVM() \
+  if (!KILN_WITH_LLVM) GTEST_SKIP() << "built without LLVM (KILN_WITH_LLVM=OFF): no AMD code objects"
+
 inline KernelSpec gemm_spec(int64_t M, int64_t N, int64_t K, bool ta, bool tb, DType dt = DType::bf16,
                             DType out = DType::bf16) {
   return {"gemm", dt, out, {{"M", M}, {"N", N}, {"K", K}, {"trans_a", ta}, {"trans_b", tb}}};

@@ -1,1 +1,386 @@
-// placeholder (helper writes it)
+// The kiln command-line tool, run as a separate process: exit codes, stdout, stderr (errors are
+// exactly one "kiln: error: ..." line) and what it leaves in the cache. Each test has its own
+// temporary directory and cache (--cache-dir and KILN_CACHE_DIR). Needs no GPU; kernels are small.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "kiln/manifest.h"
+
+extern char** environ;
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Output {
+  int code = -1;
+  std::string out, err;
+};
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void write(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+}
+
+size_t count_lines(const std::string& s) {
+  size_t n = 0;
+  for (char c : s) n += c == '\n';
+  return n;
+}
+
+class CliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/kiln-cli-test-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    cache_ = dir_ + "/cache";
+  }
+  void TearDown() override {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+
+  /// Runs kiln with `args` (KILN_CACHE_DIR set to this test's cache), capturing both streams.
+  Output kiln(const std::vector<std::string>& args) {
+    const std::string out_path = dir_ + "/stdout", err_path = dir_ + "/stderr";
+    std::vector<std::string> argv_s = {KILN_CLI_PATH};
+    argv_s.insert(argv_s.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (auto& a : argv_s) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    std::vector<std::string> env_s;
+    for (char** e = environ; *e; ++e)
+      if (std::string(*e).rfind("KILN_CACHE_DIR=", 0) != 0) env_s.emplace_back(*e);
+    env_s.push_back("KILN_CACHE_DIR=" + cache_);
+    std::vector<char*> envp;
+    for (auto& e : env_s) envp.push_back(e.data());
+    envp.push_back(nullptr);
+
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
+    posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    pid_t pid = 0;
+    Output o;
+    const int rc = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), envp.data());
+    posix_spawn_file_actions_destroy(&actions);
+    if (rc != 0) {
+      ADD_FAILURE() << "cannot start " << KILN_CLI_PATH << ": " << std::strerror(rc);
+      return o;
+    }
+    int status = 0;
+    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    o.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    o.out = slurp(out_path);
+    o.err = slurp(err_path);
+    return o;
+  }
+
+  /// kiln with --cache-dir added after the command words.
+  Output kiln_cached(std::vector<std::string> args) {
+    args.push_back("--cache-dir");
+    args.push_back(cache_);
+    return kiln(args);
+  }
+
+  /// Regular files under the cache directory (0 when it was never created).
+  size_t cache_files() const {
+    size_t n = 0;
+    std::error_code ec;
+    if (!fs::exists(cache_, ec)) return 0;
+    for (auto it = fs::recursive_directory_iterator(cache_, ec); it != fs::recursive_directory_iterator(); ++it)
+      n += it->is_regular_file();
+    return n;
+  }
+
+  std::string path(const std::string& name) const { return dir_ + "/" + name; }
+
+  std::string dir_, cache_;
+};
+
+/// Exactly one line on stderr, "kiln: error: ...", containing every one of `parts`.
+void expect_one_error_line(const Output& o, std::initializer_list<std::string> parts) {
+  EXPECT_NE(o.code, 0) << o.out;
+  EXPECT_EQ(count_lines(o.err), 1u) << o.err;
+  EXPECT_EQ(o.err.rfind("kiln: error: ", 0), 0u) << o.err;
+  for (const std::string& p : parts) EXPECT_NE(o.err.find(p), std::string::npos) << "'" << p << "' not in: " << o.err;
+}
+
+const char* kSmallManifest = R"({"model": "tiny", "kernels": [
+  {"op": "gemm", "dtype": "bf16", "label": "tiny.fwd",
+   "params": {"M": 64, "N": 64, "K": 32, "trans_a": false, "trans_b": true}},
+  {"op": "rmsnorm", "dtype": "bf16", "label": "norm", "params": {"rows": 4, "hidden": 128}},
+  {"op": "swiglu", "dtype": "fp16", "params": {"rows": 4, "intermediate": 64}}
+]})";
+
+const std::vector<std::string> kGemmParams = {"--param", "M=64,N=128,K=32,trans_a=false,trans_b=true"};
+
+TEST_F(CliTest, OpsListsOpsParametersAndTargets) {
+  Output o = kiln({"ops"});
+  ASSERT_EQ(o.code, 0) << o.err;
+  for (const char* s : {"gemm", "rmsnorm", "swiglu", "trans_a", "baked", "runtime", "eps", "gfx942", "gfx950",
+                        "sm_90a", "bf16", "fp32", "A [M, K]"})
+    EXPECT_NE(o.out.find(s), std::string::npos) << s;
+  EXPECT_TRUE(o.err.empty()) << o.err;
+}
+
+TEST_F(CliTest, VersionAndHelp) {
+  Output v = kiln({"--version"});
+  EXPECT_EQ(v.code, 0);
+  EXPECT_NE(v.out.find("kiln"), std::string::npos);
+  Output h = kiln({"--help"});
+  EXPECT_EQ(h.code, 0);
+  for (const char* s : {"prewarm", "manifest", "inspect", "cache"}) EXPECT_NE(h.out.find(s), std::string::npos) << s;
+}
+
+TEST_F(CliTest, CommandLineMistakesAreOneErrorLine) {
+  expect_one_error_line(kiln({"bogus"}), {"unknown command 'bogus'"});
+  expect_one_error_line(kiln({"prewarm"}), {"manifest is required"});
+  Output o = kiln({"inspect", "gemm", "--arch", "gfx942", "--emit", "foo"});
+  EXPECT_EQ(o.code, 2);
+  expect_one_error_line(o, {"--emit"});
+  expect_one_error_line(kiln({"inspect", "gemm", "--param", "M=x", "--arch", "gfx942"}), {"M=x", "integer"});
+}
+
+TEST_F(CliTest, ManifestOfLlama31_8b) {
+  const std::string file = path("llama.json");
+  Output o = kiln({"manifest", "llama3.1-8b", "-o", file});
+  ASSERT_EQ(o.code, 0) << o.err;
+  auto m = kiln::read_manifest(file);
+  ASSERT_TRUE(m.ok()) << m.error().message;
+  EXPECT_EQ(m->model, "llama3.1-8b");
+  auto find = [&](const std::string& op, std::map<std::string, int64_t> params) -> const kiln::ManifestEntry* {
+    for (const auto& e : m->kernels)
+      if (e.spec.op == op && e.spec.params == params) return &e;
+    return nullptr;
+  };
+  const auto* fwd = find("gemm", {{"M", 8192}, {"N", 6144}, {"K", 4096}, {"trans_a", 0}, {"trans_b", 1}});
+  ASSERT_NE(fwd, nullptr);
+  EXPECT_EQ(fwd->label, "qkv.fwd");
+  EXPECT_EQ(fwd->spec.dtype, kiln::DType::bf16);
+  EXPECT_EQ(fwd->spec.out_dtype, kiln::DType::bf16);
+  const auto* dgrad = find("gemm", {{"M", 8192}, {"N", 4096}, {"K", 6144}, {"trans_a", 0}, {"trans_b", 0}});
+  ASSERT_NE(dgrad, nullptr);
+  EXPECT_EQ(dgrad->label, "qkv.dgrad");
+  const auto* wgrad = find("gemm", {{"M", 6144}, {"N", 4096}, {"K", 8192}, {"trans_a", 1}, {"trans_b", 0}});
+  ASSERT_NE(wgrad, nullptr);
+  EXPECT_EQ(wgrad->label, "qkv.wgrad");
+  EXPECT_NE(find("rmsnorm", {{"rows", 8192}, {"hidden", 4096}}), nullptr);
+  EXPECT_NE(find("swiglu", {{"rows", 8192}, {"intermediate", 14336}}), nullptr);
+  EXPECT_NE(find("gemm", {{"M", 8192}, {"N", 128256}, {"K", 4096}, {"trans_a", 0}, {"trans_b", 1}}), nullptr);
+  // No kernel twice.
+  for (size_t i = 0; i < m->kernels.size(); ++i)
+    for (size_t j = i + 1; j < m->kernels.size(); ++j)
+      EXPECT_FALSE(m->kernels[i].spec.op == m->kernels[j].spec.op &&
+                   m->kernels[i].spec.params == m->kernels[j].spec.params)
+          << i << " and " << j;
+  // The shipped manifest is what the tool generates today.
+  EXPECT_EQ(slurp(file), slurp(std::string(KILN_SOURCE_DIR) + "/manifests/llama3.1-8b.json"));
+}
+
+TEST_F(CliTest, ManifestWithSeveralMicroBatches) {
+  Output o = kiln({"manifest", "llama2-7b", "--micro-batch", "1,2", "--seq", "128"});
+  ASSERT_EQ(o.code, 0) << o.err;
+  auto m = kiln::parse_manifest(o.out, "stdout");
+  ASSERT_TRUE(m.ok()) << m.error().message;
+  EXPECT_EQ(m->kernels.size(), 34u);  // 15 GEMMs + rmsnorm + swiglu, for M = 128 and M = 256
+}
+
+TEST_F(CliTest, UnknownModel) {
+  Output o = kiln({"manifest", "x", "-o", path("x.json")});
+  expect_one_error_line(o, {"unknown model 'x'; known models: ", "llama3.1-8b", "mistral-7b"});
+  EXPECT_FALSE(fs::exists(path("x.json")));
+  Output list = kiln({"manifest", "--list"});
+  EXPECT_EQ(list.code, 0);
+  for (const char* s : {"llama2-7b", "llama2-70b", "llama3.1-405b", "qwen2.5-7b", "(heads + 2*kv_heads) * head_dim"})
+    EXPECT_NE(list.out.find(s), std::string::npos) << s;
+}
+
+TEST_F(CliTest, PrewarmThenCachedThenCacheCommands) {
+  const std::string file = path("small.json");
+  write(file, kSmallManifest);
+  Output first = kiln_cached({"prewarm", file, "--arch", "gfx942,sm_90a", "-j", "2"});
+  ASSERT_EQ(first.code, 0) << first.out << first.err;
+  EXPECT_TRUE(first.err.empty()) << first.err;  // no progress bar when stderr is not a terminal
+  EXPECT_NE(first.out.find("3 kernels x 2 targets"), std::string::npos) << first.out;
+  EXPECT_TRUE(std::regex_search(first.out, std::regex(R"(compiled\s+6\n)"))) << first.out;
+  EXPECT_TRUE(std::regex_search(first.out, std::regex(R"(already cached\s+0\n)"))) << first.out;
+  EXPECT_TRUE(std::regex_search(first.out, std::regex(R"(failed\s+0\n)"))) << first.out;
+  EXPECT_NE(first.out.find("tiny.fwd"), std::string::npos);
+  EXPECT_NE(first.out.find("hsaco"), std::string::npos);
+  EXPECT_NE(first.out.find("cubin"), std::string::npos);
+
+  // KILN_CACHE_DIR names the same cache: the second run finds everything.
+  Output second = kiln({"prewarm", file, "--arch", "gfx942,sm_90a"});
+  ASSERT_EQ(second.code, 0) << second.out << second.err;
+  EXPECT_TRUE(std::regex_search(second.out, std::regex(R"(compiled\s+0\n)"))) << second.out;
+  EXPECT_TRUE(std::regex_search(second.out, std::regex(R"(already cached\s+6\n)"))) << second.out;
+
+  Output stat = kiln_cached({"cache", "stat"});
+  ASSERT_EQ(stat.code, 0) << stat.err;
+  EXPECT_TRUE(std::regex_search(stat.out, std::regex(R"(entries\s+6\n)"))) << stat.out;
+  EXPECT_NE(stat.out.find("gfx942 3"), std::string::npos) << stat.out;
+  EXPECT_NE(stat.out.find("sm_90a 3"), std::string::npos) << stat.out;
+  EXPECT_NE(stat.out.find("clang"), std::string::npos) << stat.out;
+
+  Output ls = kiln_cached({"cache", "ls"});
+  ASSERT_EQ(ls.code, 0) << ls.err;
+  EXPECT_EQ(count_lines(ls.out), 2u + 6u) << ls.out;  // header, rule, one line per entry
+  EXPECT_NE(ls.out.find("rmsnorm bf16"), std::string::npos) << ls.out;
+
+  Output verify = kiln_cached({"cache", "verify"});
+  EXPECT_EQ(verify.code, 0) << verify.out << verify.err;
+  EXPECT_NE(verify.out.find("6 ok, 0 corrupt"), std::string::npos) << verify.out;
+
+  // Flip one byte of one AMD code object: verify names it and fails.
+  std::string victim;
+  for (const auto& f : fs::recursive_directory_iterator(cache_ + "/v1/entries"))
+    if (f.path().filename() == "code.hsaco") victim = f.path().string();
+  ASSERT_FALSE(victim.empty());
+  std::string bytes = slurp(victim);
+  ASSERT_GT(bytes.size(), 64u);
+  bytes[bytes.size() / 2] = static_cast<char>(bytes[bytes.size() / 2] ^ 0x5a);
+  write(victim, bytes);
+  Output bad = kiln_cached({"cache", "verify"});
+  EXPECT_EQ(bad.code, 1);
+  expect_one_error_line(bad, {"1 of 6 cache entries failed verification"});
+  EXPECT_NE(bad.out.find("code.hsaco fails its SHA-256 check"), std::string::npos) << bad.out;
+
+  Output clear = kiln_cached({"cache", "clear"});
+  EXPECT_EQ(clear.code, 0) << clear.err;
+  EXPECT_NE(clear.out.find("removed 6 entries"), std::string::npos) << clear.out;
+  Output empty = kiln_cached({"cache", "stat"});
+  EXPECT_TRUE(std::regex_search(empty.out, std::regex(R"(entries\s+0\n)"))) << empty.out;
+}
+
+TEST_F(CliTest, MalformedManifestsCompileNothing) {
+  struct Case {
+    const char* name;
+    const char* text;
+    std::vector<std::string> expect;
+  };
+  const Case cases[] = {
+      {"invalid.json", "{\"kernels\": [\n  {\"op\": \"gemm\",,}]}", {"line 2, column", "invalid JSON"}},
+      {"nokernels.json", R"({"model": "m"})", {"missing field \"kernels\""}},
+      {"badop.json", R"({"kernels": [{"op": "gemv", "dtype": "bf16", "params": {}}]})",
+       {"kernel 0: unknown op 'gemv'", "gemm, rmsnorm, swiglu"}},
+      {"bf17.json",
+       R"({"kernels": [{"op": "rmsnorm", "dtype": "bf16", "params": {"rows": 1, "hidden": 64}},
+                       {"op": "rmsnorm", "dtype": "bf17", "params": {"rows": 1, "hidden": 64}}]})",
+       {"kernel 1: unknown dtype 'bf17'; use one of: bf16, fp16, fp32"}},
+      {"field.json", R"({"kernels": [{"op": "rmsnorm", "dtype": "bf16", "prams": {"rows": 1, "hidden": 64}}]})",
+       {"kernel 0: unknown field 'prams' (fields: op, dtype, out_dtype, label, params)"}},
+      {"m0.json",
+       R"({"kernels": [{"op": "gemm", "dtype": "bf16", "params": {"M": 0, "N": 64, "K": 32, "trans_a": false, "trans_b": true}}]})",
+       {"kernel 0", "'M' = 0", "[1, "}},
+      {"transa2.json",
+       R"({"kernels": [{"op": "gemm", "dtype": "bf16", "params": {"M": 64, "N": 64, "K": 32, "trans_a": 2, "trans_b": true}}]})",
+       {"kernel 0", "'trans_a' = 2", "true or false"}},
+      {"string.json",
+       R"({"kernels": [{"op": "gemm", "dtype": "bf16", "params": {"M": "64", "N": 64, "K": 32, "trans_a": false, "trans_b": true}}]})",
+       {"kernel 0: params.M must be an integer"}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const std::string file = path(c.name);
+    write(file, c.text);
+    Output o = kiln_cached({"prewarm", file, "--arch", "gfx942,sm_90a"});
+    expect_one_error_line(o, {std::string("'") + file + "'"});
+    for (const std::string& e : c.expect) EXPECT_NE(o.err.find(e), std::string::npos) << "'" << e << "' not in " << o.err;
+    EXPECT_TRUE(o.out.empty()) << o.out;
+    EXPECT_EQ(cache_files(), 0u) << "the cache was written to";
+  }
+  // A missing file, and an unknown target (checked before the manifest is read).
+  expect_one_error_line(kiln_cached({"prewarm", path("absent.json"), "--arch", "gfx942"}),
+                        {"cannot read manifest", "absent.json"});
+  write(path("small.json"), kSmallManifest);
+  expect_one_error_line(kiln_cached({"prewarm", path("small.json"), "--arch", "gfx942,gfx941"}),
+                        {"unknown target 'gfx941'", "gfx942, gfx950, sm_90a"});
+  EXPECT_EQ(cache_files(), 0u);
+}
+
+TEST_F(CliTest, InspectSource) {
+  std::vector<std::string> args = {"inspect", "gemm"};
+  args.insert(args.end(), kGemmParams.begin(), kGemmParams.end());
+  args.insert(args.end(), {"--arch", "gfx942", "--emit", "source"});
+  Output o = kiln(args);
+  ASSERT_EQ(o.code, 0) << o.err;
+  EXPECT_NE(o.out.find("kiln_gemm"), std::string::npos);
+  EXPECT_NE(o.out.find("constexpr long long M = 64, N = 128, K = 32;"), std::string::npos);
+  EXPECT_NE(o.out.find("TRANS_A = false, TRANS_B = true"), std::string::npos);
+  EXPECT_EQ(cache_files(), 0u);  // source needs no compile
+}
+
+TEST_F(CliTest, InspectMetaShowsResourcesAndTheCacheEntry) {
+  for (const char* arch : {"gfx942", "sm_90a"}) {
+    SCOPED_TRACE(arch);
+    std::vector<std::string> args = {"inspect", "gemm"};
+    args.insert(args.end(), kGemmParams.begin(), kGemmParams.end());
+    args.insert(args.end(), {"--arch", arch, "--emit", "meta"});
+    Output o = kiln_cached(args);
+    ASSERT_EQ(o.code, 0) << o.err;
+    if (std::string(arch) == "gfx942") {
+      EXPECT_TRUE(std::regex_search(o.out, std::regex(R"(registers\s+\d+ VGPRs, \d+ SGPRs)"))) << o.out;
+      EXPECT_TRUE(std::regex_search(o.out, std::regex(R"(LDS\s+\d+ bytes)"))) << o.out;
+      EXPECT_NE(o.out.find("hsaco"), std::string::npos);
+    } else {
+      EXPECT_TRUE(std::regex_search(o.out, std::regex(R"(registers\s+\d+ per thread)"))) << o.out;
+      EXPECT_TRUE(std::regex_search(o.out, std::regex(R"(shared\s+\d+ bytes)"))) << o.out;
+      EXPECT_NE(o.out.find("cubin"), std::string::npos);
+    }
+    EXPECT_NE(o.out.find("origin        compiled"), std::string::npos) << o.out;
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(o.out, m, std::regex(R"(entry\s+(\S+)\n)"))) << o.out;
+    EXPECT_TRUE(fs::is_directory(m[1].str())) << m[1].str();
+    EXPECT_EQ(m[1].str().rfind(cache_ + "/v1/entries/", 0), 0u) << m[1].str();
+    // The second time it comes from the disk cache.
+    Output again = kiln_cached(args);
+    EXPECT_NE(again.out.find("origin        disk"), std::string::npos) << again.out;
+  }
+}
+
+TEST_F(CliTest, InspectLlvmIr) {
+  std::vector<std::string> args = {"inspect", "rmsnorm", "--param", "rows=4,hidden=128", "--arch", "gfx942",
+                                   "--emit", "llvm"};
+  Output o = kiln(args);
+#if KILN_WITH_LLVM
+  ASSERT_EQ(o.code, 0) << o.err;
+  EXPECT_NE(o.out.find("define"), std::string::npos);
+  EXPECT_NE(o.out.find("kiln_rmsnorm"), std::string::npos);
+#else
+  expect_one_error_line(o, {"LLVM"});
+#endif
+}
+
+TEST_F(CliTest, RunNeedsAGpu) {
+  Output o = kiln_cached({"run", "rmsnorm", "--param", "rows=4,hidden=128"});
+  if (o.code == 0) {  // a machine with a GPU: the check ran
+    EXPECT_NE(o.out.find("PASS"), std::string::npos) << o.out;
+    return;
+  }
+  expect_one_error_line(o, {"no GPU found: 'kiln run' needs an NVIDIA or AMD GPU"});
+}
+
+}  // namespace
