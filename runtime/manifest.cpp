@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <regex>
@@ -197,8 +198,15 @@ Result<Manifest> parse_manifest(std::string_view text, std::string_view source) 
 }
 
 Result<Manifest> read_manifest(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    return make_error(Errc::io_error, fmt::format("cannot read manifest '{}': it is a directory", path));
   auto text = read_file(path);
-  if (!text) return make_error(Errc::io_error, fmt::format("cannot read manifest {}", text.error().message));
+  if (!text) {
+    std::string msg = text.error().message;
+    if (msg.rfind("cannot read ", 0) == 0) msg = "cannot read manifest " + msg.substr(12);
+    return make_error(Errc::io_error, std::move(msg));
+  }
   return parse_manifest(*text, path);
 }
 

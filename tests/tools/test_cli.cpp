@@ -200,6 +200,42 @@ TEST_F(CliTest, ManifestOfLlama31_8b) {
   EXPECT_EQ(slurp(file), slurp(std::string(KILN_SOURCE_DIR) + "/manifests/llama3.1-8b.json"));
 }
 
+// The library side of manifests: booleans as 1/0, out_dtype defaulting to dtype, write -> parse.
+TEST(Manifest, ParseWriteRoundTrip) {
+  auto m = kiln::parse_manifest(R"({"model": "m", "_note": "comments are ignored", "kernels": [
+      {"op": "gemm", "dtype": "fp16", "out_dtype": "fp32", "label": "a",
+       "params": {"M": 8, "N": 16, "K": 24, "trans_a": true, "trans_b": 0}},
+      {"op": "rmsnorm", "dtype": "bf16", "params": {"rows": 3, "hidden": 64}}]})",
+                                "inline");
+  ASSERT_TRUE(m.ok()) << m.error().message;
+  ASSERT_EQ(m->kernels.size(), 2u);
+  EXPECT_EQ(m->kernels[0].spec.params.at("trans_a"), 1);
+  EXPECT_EQ(m->kernels[0].spec.params.at("trans_b"), 0);
+  EXPECT_EQ(m->kernels[0].spec.out_dtype, kiln::DType::f32);
+  EXPECT_EQ(m->kernels[1].spec.out_dtype, kiln::DType::bf16);
+  EXPECT_EQ(m->kernels[1].label, "");
+  const std::string text = kiln::write_manifest(*m);
+  EXPECT_NE(text.find("\"trans_a\": true"), std::string::npos) << text;
+  auto again = kiln::parse_manifest(text, "written");
+  ASSERT_TRUE(again.ok()) << again.error().message;
+  EXPECT_EQ(again->model, "m");
+  ASSERT_EQ(again->kernels.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(again->kernels[i].spec.op, m->kernels[i].spec.op);
+    EXPECT_EQ(again->kernels[i].spec.dtype, m->kernels[i].spec.dtype);
+    EXPECT_EQ(again->kernels[i].spec.out_dtype, m->kernels[i].spec.out_dtype);
+    EXPECT_EQ(again->kernels[i].spec.params, m->kernels[i].spec.params);
+    EXPECT_EQ(again->kernels[i].label, m->kernels[i].label);
+  }
+  // Validation against targets names the kernel and its label.
+  m->kernels[0].spec.params["M"] = 0;
+  const kiln::TargetInfo* gfx942 = kiln::find_target("gfx942").value();
+  auto valid = kiln::validate_manifest(*m, std::span<const kiln::TargetInfo* const>(&gfx942, 1), "inline");
+  ASSERT_FALSE(valid.ok());
+  EXPECT_NE(valid.error().message.find("'inline': kernel 0 (a): gemm: parameter 'M' = 0"), std::string::npos)
+      << valid.error().message;
+}
+
 TEST_F(CliTest, ManifestWithSeveralMicroBatches) {
   Output o = kiln({"manifest", "llama2-7b", "--micro-batch", "1,2", "--seq", "128"});
   ASSERT_EQ(o.code, 0) << o.err;

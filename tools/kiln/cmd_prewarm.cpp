@@ -29,7 +29,6 @@ struct Job {
   size_t kernel_index = 0;
   const TargetInfo* target = nullptr;
   // Result
-  bool done = false;
   std::shared_ptr<const CompiledKernel> compiled;
   std::string error;
 };
@@ -96,7 +95,13 @@ int run_prewarm(const PrewarmOptions& o) {
   // 2. Compile every (kernel, target) pair; workers pull the next pair from an atomic index.
   std::vector<Job> jobs;
   for (size_t k = 0; k < manifest->kernels.size(); ++k)
-    for (const TargetInfo* t : *targets) jobs.push_back({&manifest->kernels[k], k, t});
+    for (const TargetInfo* t : *targets) {
+      Job job;
+      job.kernel = &manifest->kernels[k];
+      job.kernel_index = k;
+      job.target = t;
+      jobs.push_back(std::move(job));
+    }
   const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
   const size_t workers = std::min<size_t>(o.jobs > 0 ? static_cast<size_t>(o.jobs) : hw, jobs.size());
 
@@ -115,7 +120,6 @@ int run_prewarm(const PrewarmOptions& o) {
         job.error = r.error().message;
         failed++;
       }
-      job.done = true;
       const size_t d = ++done;
       progress.update(d, compiled.load(), cached.load(), failed.load());
     }
@@ -130,8 +134,9 @@ int run_prewarm(const PrewarmOptions& o) {
   // 3. Summary, then the table of what was built.
   std::string names;
   for (const TargetInfo* t : *targets) names += fmt::format("{}{}", names.empty() ? "" : ",", t->name);
-  fmt::print("kiln prewarm {}: {} kernels x {} targets ({}) = {} builds\n", o.manifest, manifest->kernels.size(),
-             targets->size(), names, jobs.size());
+  const size_t nk = manifest->kernels.size(), nt = targets->size();
+  fmt::print("kiln prewarm {}: {} kernel{} x {} target{} ({}) = {} build{}\n", o.manifest, nk, nk == 1 ? "" : "s", nt,
+             nt == 1 ? "" : "s", names, jobs.size(), jobs.size() == 1 ? "" : "s");
   fmt::print("  compiled        {}\n", compiled.load());
   fmt::print("  already cached  {}\n", cached.load());
   fmt::print("  failed          {}\n", failed.load());

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cstdio>
+#include <filesystem>
 
 #include "support/env.h"
 #include "templates/op_template.h"
@@ -45,7 +46,12 @@ void add_nvidia_compiler_option(CLI::App& cmd, std::string& compiler) {
       ->check(CLI::IsMember({"nvrtc", "clang"}));
 }
 
-std::string cache_root(const std::string& option) { return option.empty() ? env().cache_dir : option; }
+std::string cache_root(const std::string& option) {
+  const std::string root = option.empty() ? env().cache_dir : option;
+  std::error_code ec;
+  auto abs = std::filesystem::absolute(root, ec);
+  return ec ? root : abs.lexically_normal().string();
+}
 
 std::string nvidia_compiler(const std::string& option) {
   return option.empty() ? env().nvidia_compiler : option;

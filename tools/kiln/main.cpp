@@ -34,7 +34,6 @@ int run_cli(int argc, char** argv) {
   app.add_flag("-v,--verbose", globals().verbose, "Print error details (compiler logs) after the error line");
   app.require_subcommand(1);
   app.fallthrough();  // global flags may follow the command
-  app.footer("Run 'kiln COMMAND --help' for a command's options.");
 
   std::vector<std::pair<CLI::App*, Command>> commands;
   auto reg = [&](const char* name, Command (*add)(CLI::App&)) {
@@ -47,6 +46,7 @@ int run_cli(int argc, char** argv) {
   reg("inspect", add_inspect_command);
   reg("run", add_run_command);
   reg("cache", add_cache_command);
+  app.footer("Run 'kiln COMMAND --help' for a command's options.");  // after the commands: not inherited
 
   try {
     app.parse(argc, argv);
@@ -58,6 +58,16 @@ int run_cli(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);  // other successes (none today)
+    if (app.get_subcommands().empty()) {
+      std::string names;
+      for (const auto& [sub, cmd] : commands) names += (names.empty() ? "" : ", ") + sub->get_name();
+      std::string word;
+      for (int i = 1; i < argc && word.empty(); ++i)
+        if (argv[i][0] != '-') word = argv[i];
+      return fail(word.empty() ? fmt::format("no command given; commands: {} (see 'kiln --help')", names)
+                               : fmt::format("unknown command '{}'; commands: {} (see 'kiln --help')", word, names),
+                  2);
+    }
     std::string where = "kiln";
     for (const CLI::App* sub = &app; sub;) {
       auto parsed = sub->get_subcommands();

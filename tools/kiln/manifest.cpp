@@ -5,6 +5,7 @@
 #include <cstring>
 #include <fstream>
 
+#include "templates/op_template.h"
 #include "tools/kiln/cli.h"
 #include "tools/kiln/models.h"
 
@@ -55,10 +56,14 @@ int run_manifest(const ManifestOptions& o) {
 
   Manifest manifest = training_manifest(*model, unique, seq, *dtype);
   // Every kernel must be buildable for every target, or prewarm would fail later.
-  std::vector<const TargetInfo*> targets;
-  for (const TargetInfo& t : all_targets()) targets.push_back(&t);
-  if (auto valid = validate_manifest(manifest, targets, o.model); !valid)
-    return fail(fmt::format("{} at seq {}: {}", o.model, seq, valid.error().message));
+  for (const ManifestEntry& e : manifest.kernels) {
+    auto op = find_op(e.spec.op);
+    if (!op) return fail(op.error());
+    for (const TargetInfo& t : all_targets())
+      if (auto valid = (*op)->validate(e.spec, t); !valid)
+        return fail(fmt::format("{} (seq {}, micro batch {}): {}: {}", o.model, seq, fmt::join(unique, ","), e.label,
+                                valid.error().message));
+  }
 
   const std::string text = write_manifest(manifest);
   if (o.output.empty() || o.output == "-") {
