@@ -5,13 +5,16 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <filesystem>
 #include <thread>
 
 #include "cache/cache_key.h"
 #include "support/fs.h"
 #include "support/log.h"
+#include "support/env.h"
 #include "support/sha256.h"
 
 namespace fs = std::filesystem;
@@ -43,6 +46,20 @@ CodeObjectInfo info_from_json(const nlohmann::json& j) {
   i.wave_size = j.at("wave_size").get<int>();
   i.extra = j.value("assembler_report", "");
   return i;
+}
+
+// The host part of temporary entry names (never of keys): with the pid it tells whether the
+// writer of a leftover is dead.
+const std::string& host_name() {
+  static const std::string name = [] {
+    char buf[256] = {0};
+    if (::gethostname(buf, sizeof(buf) - 1) != 0 || !buf[0]) return std::string("host");
+    std::string h(buf);
+    for (char& c : h)
+      if (c == '.' || c == '/') c = '_';
+    return h;
+  }();
+  return name;
 }
 
 std::span<const uint8_t> as_bytes(const std::string& s) {
@@ -80,12 +97,15 @@ nlohmann::json entry_metadata(const CacheEntry& e, const std::map<std::string, s
           {"files", files}};
 }
 
-Result<std::unique_ptr<DiskCache>> DiskCache::open(const std::string& root) {
+Result<std::unique_ptr<DiskCache>> DiskCache::open(const std::string& root, bool read_only) {
   if (root.empty()) return make_error(Errc::invalid_argument, "the cache directory is empty");
-  KILN_TRY(make_dirs(root, 0700));
+  if (!read_only) KILN_TRY(make_dirs(root, 0700));
   struct stat st{};
-  if (::stat(root.c_str(), &st) != 0) return make_error(Errc::io_error, "cannot stat cache directory " + errno_message(root));
-  if (st.st_uid != ::geteuid())
+  if (::stat(root.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+    return make_error(Errc::io_error, "cannot open cache directory " + errno_message(root));
+  // A writable cache must be ours; a read-only layer may belong to root (shipped with an
+  // application). Neither may be writable by anyone else.
+  if (st.st_uid != ::geteuid() && !(read_only && st.st_uid == 0))
     return make_error(Errc::io_error,
                       fmt::format("cache directory '{}' is owned by uid {}, not by this user ({}); "
                                   "refusing to load code objects from it (set KILN_CACHE_DIR to a "
@@ -96,11 +116,14 @@ Result<std::unique_ptr<DiskCache>> DiskCache::open(const std::string& root) {
                       fmt::format("cache directory '{}' is writable by group or others (mode {:o}); "
                                   "refusing it, since anyone could plant a code object: chmod 700 it",
                                   root, st.st_mode & 0777));
+  if (read_only) return std::unique_ptr<DiskCache>(new DiskCache(root, true));
   for (const char* sub : {"/v1/entries", "/v1/tmp", "/v1/locks", "/v1/corrupt"})
     KILN_TRY(make_dirs(root + sub, 0700));
   if (::access(root.c_str(), W_OK) != 0)
     return make_error(Errc::io_error, "cache directory is not writable: " + errno_message(root));
-  return std::unique_ptr<DiskCache>(new DiskCache(root));
+  auto cache = std::unique_ptr<DiskCache>(new DiskCache(root, false));
+  cache->clean_stale_tmp();
+  return cache;
 }
 
 std::string DiskCache::entry_dir(const std::string& key) const {
@@ -108,7 +131,29 @@ std::string DiskCache::entry_dir(const std::string& key) const {
 }
 
 Result<CacheEntry> DiskCache::read_entry(const std::string& dir, const std::string& key) const {
-  KILN_ASSIGN_OR_RETURN(std::string meta_text, read_file(dir + "/meta.json"));
+  // An entry another user owns, or anyone else can write, may hold a planted code object.
+  struct stat st{};
+  if (::stat(dir.c_str(), &st) != 0) return make_error(Errc::io_error, "entry vanished");
+  if ((st.st_uid != ::geteuid() && !(read_only_ && st.st_uid == 0)) || (st.st_mode & (S_IWGRP | S_IWOTH)))
+    return make_error(Errc::corrupt, fmt::format("the entry is owned by uid {} with mode {:o}; refusing it",
+                                                 st.st_uid, st.st_mode & 0777));
+  // A shared lock on meta.json for the whole read: eviction (exclusive, non-blocking) skips the
+  // entry meanwhile. The lock goes with the descriptor.
+  const std::string meta_path = dir + "/meta.json";
+  int fd = ::open(meta_path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return make_error(errno == ENOENT && ::access(dir.c_str(), F_OK) != 0 ? Errc::io_error : Errc::corrupt,
+                                "cannot open " + errno_message(meta_path));
+  FileLock reading(fd);
+  struct flock fl{};
+  fl.l_type = F_RDLCK;
+  if (!read_only_ && ::fcntl(fd, F_OFD_SETLK, &fl) != 0) return make_error(Errc::io_error, "entry is being evicted");
+  // From here on the entry cannot be evicted: every failure means a bad entry.
+  auto read_part = [&](const std::string& name) -> Result<std::string> {
+    auto data = read_file(dir + "/" + name);
+    if (!data) return make_error(Errc::corrupt, fmt::format("{} is missing or unreadable", name));
+    return data;
+  };
+  KILN_ASSIGN_OR_RETURN(std::string meta_text, read_part("meta.json"));
   nlohmann::json meta = nlohmann::json::parse(meta_text, nullptr, /*allow_exceptions=*/false);
   if (meta.is_discarded() || !meta.is_object()) return make_error(Errc::corrupt, "meta.json is not valid JSON");
   try {
@@ -134,7 +179,7 @@ Result<CacheEntry> DiskCache::read_entry(const std::string& dir, const std::stri
     for (const auto& [name, want] : files.items()) {
       if (name.find('/') != std::string::npos || name.find("..") != std::string::npos)
         return make_error(Errc::corrupt, "meta.json lists a file outside the entry");
-      KILN_ASSIGN_OR_RETURN(std::string data, read_file(dir + "/" + name));
+      KILN_ASSIGN_OR_RETURN(std::string data, read_part(name));
       if (data.size() != want.at("bytes").get<uint64_t>())
         return make_error(Errc::corrupt, fmt::format("{} has {} bytes, meta.json says {}", name, data.size(),
                                                      want.at("bytes").get<uint64_t>()));
@@ -152,8 +197,16 @@ Result<CacheEntry> DiskCache::read_entry(const std::string& dir, const std::stri
   }
 }
 
+void DiskCache::quarantine_entry(const std::string& key, const std::string& why) {
+  quarantine(entry_dir(key), key, why);
+}
+
 void DiskCache::quarantine(const std::string& dir, const std::string& key, const std::string& why) {
   ++corrupt_;
+  if (read_only_) {
+    KILN_LOG_WARN("read-only cache entry {} is bad ({}); skipping it", dir, why);
+    return;
+  }
   const std::string dest = fmt::format("{}/v1/corrupt/{}.{}.{}", root_, key, ::getpid(), tmp_counter_++);
   std::error_code ec;
   fs::rename(dir, dest, ec);
@@ -166,15 +219,20 @@ std::optional<CacheEntry> DiskCache::load(const std::string& key) {
   if (::stat(dir.c_str(), &st) != 0) return std::nullopt;
   auto entry = read_entry(dir, key);
   if (!entry) {
-    quarantine(dir, key, entry.error().message);
+    // io_error: the entry vanished or is being evicted under us, a plain miss. Anything else is a
+    // bad entry: moved aside (or, in a read-only layer, reported and skipped).
+    if (entry.error().code != Errc::io_error) quarantine(dir, key, entry.error().message);
     return std::nullopt;
   }
+  // Last use, for the least-recently-used eviction.
+  if (!read_only_) ::utimensat(AT_FDCWD, dir.c_str(), nullptr, 0);
   return std::move(entry).value();
 }
 
 Result<void> DiskCache::store(const CacheEntry& e) {
   const std::string final_dir = entry_dir(e.key);
-  const std::string tmp = fmt::format("{}/v1/tmp/{}.{}.{}", root_, e.key, ::getpid(), tmp_counter_++);
+  if (read_only_) return make_error(Errc::io_error, fmt::format("cache '{}' is a read-only layer", root_));
+  const std::string tmp = fmt::format("{}/v1/tmp/{}.{}.{}.{}", root_, e.key, host_name(), ::getpid(), tmp_counter_++);
   KILN_TRY(make_dirs(tmp, 0700));
   auto cleanup = [&] {
     std::error_code ec;
@@ -186,6 +244,7 @@ Result<void> DiskCache::store(const CacheEntry& e) {
                                             {src_name, sha256_hex(e.source)}};
   std::map<std::string, uint64_t> bytes = {{code_name, e.compiled.code.bytes.size()}, {src_name, e.source.size()}};
   Result<void> r = write_file_synced(tmp + "/" + code_name, e.compiled.code.bytes);
+  test_kill_point("write");
   if (r) r = write_file_synced(tmp + "/" + src_name, as_bytes(e.source));
   // meta.json goes last: an entry directory is only ever renamed into place complete.
   if (r) r = write_file_synced(tmp + "/meta.json", entry_metadata(e, sha, bytes).dump(1));
@@ -195,6 +254,7 @@ Result<void> DiskCache::store(const CacheEntry& e) {
     cleanup();
     return r;
   }
+  test_kill_point("publish");
   // NOTES: rename(2) of a directory is atomic on local and network file systems; a reader sees
   // either no entry or a complete one. ENOTEMPTY/EEXIST means another process published first.
   if (::rename(tmp.c_str(), final_dir.c_str()) != 0) {
@@ -280,6 +340,115 @@ Result<size_t> DiskCache::clear() {
     KILN_TRY(make_dirs(root_ + sub, 0700));
   }
   return n;
+}
+
+uint64_t DiskCache::total_bytes() const {
+  uint64_t total = 0;
+  for (const auto& e : list(false)) total += e.bytes;
+  return total;
+}
+
+size_t DiskCache::clean_stale_tmp() {
+  size_t removed = 0;
+  std::error_code ec;
+  const auto now = fs::file_time_type::clock::now();
+  for (const auto& d : fs::directory_iterator(root_ + "/v1/tmp", ec)) {
+    // <key>.<host>.<pid>.<n>
+    const std::string name = d.path().filename().string();
+    std::vector<std::string> parts;
+    for (size_t pos = 0, next; pos <= name.size(); pos = next + 1) {
+      next = name.find('.', pos);
+      if (next == std::string::npos) next = name.size();
+      parts.push_back(name.substr(pos, next - pos));
+    }
+    bool stale = false;
+    if (parts.size() == 4 && parts[1] == host_name()) {
+      const pid_t pid = static_cast<pid_t>(std::strtol(parts[2].c_str(), nullptr, 10));
+      stale = pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH;
+    }
+    std::error_code tec;
+    const auto mtime = fs::last_write_time(d.path(), tec);
+    if (!tec && now - mtime > std::chrono::hours(24)) stale = true;
+    if (!stale) continue;
+    fs::remove_all(d.path(), tec);
+    if (!tec) ++removed;
+  }
+  if (removed) KILN_LOG_INFO("removed {} temporary cache entries left by dead processes", removed);
+  return removed;
+}
+
+Result<DiskCache::GcResult> DiskCache::collect(uint64_t max_bytes) {
+  if (read_only_) return make_error(Errc::io_error, fmt::format("cache '{}' is a read-only layer", root_));
+  clean_stale_tmp();
+  struct Item {
+    std::string key, path;
+    uint64_t bytes;
+    fs::file_time_type used;
+  };
+  std::vector<Item> items;
+  GcResult r;
+  for (const auto& e : list(false)) {
+    std::error_code ec;
+    items.push_back({e.key, e.path, e.bytes, fs::last_write_time(e.path, ec)});
+    r.bytes_before += e.bytes;
+  }
+  std::sort(items.begin(), items.end(), [](const Item& a, const Item& b) { return a.used < b.used; });
+  uint64_t total = r.bytes_before;
+  for (const Item& item : items) {
+    if (total <= max_bytes) break;
+    const std::string meta = item.path + "/meta.json";
+    int fd = ::open(meta.c_str(), O_RDONLY | O_CLOEXEC);
+    FileLock held(fd);
+    if (fd >= 0) {
+      struct flock fl{};
+      fl.l_type = F_WRLCK;
+      if (::fcntl(fd, F_OFD_SETLK, &fl) != 0) {  // a reader holds it: in use
+        ++r.skipped_in_use;
+        continue;
+      }
+    }
+    // Rename out of entries/ first (atomic: readers see the entry or nothing), then delete.
+    const std::string doomed = fmt::format("{}/v1/tmp/evicted-{}.{}.{}.{}", root_, item.key, host_name(), ::getpid(), tmp_counter_++);
+    if (::rename(item.path.c_str(), doomed.c_str()) != 0) continue;
+    std::error_code ec;
+    fs::remove_all(doomed, ec);
+    total -= std::min(total, item.bytes);
+    ++r.evicted;
+    ++evictions_;
+  }
+  r.bytes_after = total;
+  if (r.evicted) KILN_LOG_INFO("cache budget {} bytes: evicted {} entries ({} -> {} bytes)", max_bytes, r.evicted, r.bytes_before, r.bytes_after);
+  return r;
+}
+
+void DiskCache::append_telemetry(const nlohmann::json& counters) {
+  if (read_only_) return;
+  const std::string path = root_ + "/v1/telemetry.jsonl";
+  const std::string line = counters.dump() + "\n";
+  // O_APPEND writes of one short line are atomic with respect to other appenders.
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+  if (fd < 0) return;
+  (void)!::write(fd, line.data(), line.size());
+  ::close(fd);
+}
+
+nlohmann::json DiskCache::telemetry() const {
+  nlohmann::json sum = nlohmann::json::object();
+  auto text = read_file(root_ + "/v1/telemetry.jsonl");
+  if (!text) return sum;
+  uint64_t runtimes = 0;
+  for (size_t pos = 0; pos < text->size();) {
+    size_t end = text->find('\n', pos);
+    if (end == std::string::npos) end = text->size();
+    auto j = nlohmann::json::parse(text->substr(pos, end - pos), nullptr, false);
+    pos = end + 1;
+    if (!j.is_object()) continue;  // a torn line from a killed process
+    ++runtimes;
+    for (const auto& [k, v] : j.items())
+      if (v.is_number()) sum[k] = sum.value(k, 0.0) + v.get<double>();
+  }
+  sum["runtimes"] = runtimes;
+  return sum;
 }
 
 }  // namespace kiln

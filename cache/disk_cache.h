@@ -2,11 +2,17 @@
 //
 // Layout under the root (default ~/.cache/kiln, see support/env.h):
 //   v1/entries/<key[0:2]>/<key>/  code.<hsaco|cubin|ptx>, source.<hip|cu>, meta.json
-//   v1/tmp/<key>.<pid>.<n>/       an entry being written; renamed into entries/ when complete
+//   v1/tmp/<key>.<host>.<pid>.<n>/ an entry being written; renamed into entries/ when complete.
+//                                 Left behind only by a process that died; removed by the next
+//                                 writer on that host (dead pid) or after a day (other hosts).
 //   v1/locks/<key>.lock           per-key lock file for single-flight compiles across processes
 //   v1/corrupt/                   entries that failed verification, moved aside
+//   v1/telemetry.jsonl            one line of counters per finished Runtime (kiln cache stat sums them)
 // meta.json records the key fields, the kernel's metadata and the SHA-256 and size of every file
-// of the entry; an entry whose files do not match is never loaded.
+// of the entry; an entry whose files do not match is never loaded. An entry's directory mtime is
+// its last use (touched on every load): the byte budget evicts the least recently used first.
+// Readers hold a shared OFD lock on meta.json while they read; eviction takes it exclusively
+// without waiting and skips entries in use, so an entry is never deleted under a reader.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -60,9 +66,12 @@ class DiskCache {
  public:
   /// Opens (creating, mode 0700) the cache under `root`. Refuses a directory owned by another
   /// user or writable by group/others: a poisoned code object would run on the GPU.
-  static Result<std::unique_ptr<DiskCache>> open(const std::string& root);
+  /// `read_only`: a layer (KILN_CACHE_PATH) that is searched but never written or repaired; it
+  /// must exist and may be owned by another user, but must not be writable by anyone but its owner.
+  static Result<std::unique_ptr<DiskCache>> open(const std::string& root, bool read_only = false);
 
   const std::string& root() const { return root_; }
+  bool read_only() const { return read_only_; }
 
   /// A verified entry, or nullopt on a miss. A corrupt entry is reported once, moved to
   /// v1/corrupt/ and counted, and the call returns nullopt so the caller rebuilds it.
@@ -80,17 +89,37 @@ class DiskCache {
   std::vector<EntryStatus> list(bool verify) const;
   /// Removes every entry; returns how many.
   Result<size_t> clear();
+  /// Moves a bad entry aside (v1/corrupt/), as load() does; for `kiln cache verify --fix`.
+  void quarantine_entry(const std::string& key, const std::string& why);
+
+  struct GcResult {
+    uint64_t bytes_before = 0, bytes_after = 0, evicted = 0, skipped_in_use = 0;
+  };
+  /// Evicts least recently used entries until the entries take at most `max_bytes` (entries in use
+  /// are skipped), and removes stale temporary entries.
+  Result<GcResult> collect(uint64_t max_bytes);
+  /// Bytes of all entries.
+  uint64_t total_bytes() const;
+  /// Removes temporary entries left by dead processes; returns how many.
+  size_t clean_stale_tmp();
+
+  /// Appends a Runtime's counters to v1/telemetry.jsonl; telemetry() sums every line.
+  void append_telemetry(const nlohmann::json& counters);
+  nlohmann::json telemetry() const;
 
   uint64_t corrupt_entries() const { return corrupt_.load(); }
+  uint64_t evictions() const { return evictions_.load(); }
 
  private:
-  explicit DiskCache(std::string root) : root_(std::move(root)) {}
+  DiskCache(std::string root, bool read_only) : root_(std::move(root)), read_only_(read_only) {}
   std::string entry_dir(const std::string& key) const;
   Result<CacheEntry> read_entry(const std::string& dir, const std::string& key) const;
   void quarantine(const std::string& dir, const std::string& key, const std::string& why);
 
   std::string root_;
+  bool read_only_ = false;
   std::atomic<uint64_t> corrupt_{0};
+  std::atomic<uint64_t> evictions_{0};
   std::atomic<uint64_t> tmp_counter_{0};
 };
 

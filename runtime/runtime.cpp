@@ -4,6 +4,9 @@
 
 #include <fmt/format.h>
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <mutex>
 #include <shared_mutex>
 #include <unordered_map>
@@ -14,6 +17,7 @@
 #include "runtime/compile/compiler.h"
 #include "runtime/device_impl.h"
 #include "support/env.h"
+#include "support/fs.h"
 #include "support/log.h"
 
 namespace kiln {
@@ -127,14 +131,30 @@ class KernelImpl final : public Kernel {
 
 class RuntimeImpl final : public Runtime {
  public:
-  RuntimeImpl(const RuntimeOptions& options, std::unique_ptr<DeviceImpl> device, std::unique_ptr<DiskCache> disk)
-      : device_(std::move(device)), disk_(std::move(disk)) {
+  RuntimeImpl(const RuntimeOptions& options, std::unique_ptr<DeviceImpl> device, std::unique_ptr<DiskCache> disk,
+              std::vector<std::unique_ptr<DiskCache>> layers)
+      : device_(std::move(device)), disk_(std::move(disk)), layers_(std::move(layers)) {
     nvidia_compiler_ = options.nvidia_compiler.empty() ? env().nvidia_compiler : options.nvidia_compiler;
+    max_bytes_ = options.cache_max_bytes ? options.cache_max_bytes : env().cache_max_bytes;
+    const std::string record = options.record_file.empty() ? env().record_file : options.record_file;
+    if (!record.empty()) {
+      record_fd_ = ::open(record.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+      if (record_fd_ < 0) KILN_LOG_WARN("cannot record kernel specs to {}", errno_message(record));
+    }
   }
   ~RuntimeImpl() override {
     // Modules go before the device (and its context).
-    std::unique_lock lock(mu_);
-    kernels_.clear();
+    {
+      std::unique_lock lock(mu_);
+      kernels_.clear();
+    }
+    if (record_fd_ >= 0) ::close(record_fd_);
+    const CacheStats s = stats();
+    if (disk_ && writes_enabled_ && (s.compiles || s.disk_hits || s.memory_hits))
+      disk_->append_telemetry({{"memory_hits", s.memory_hits}, {"disk_hits", s.disk_hits}, {"layer_hits", s.layer_hits},
+                               {"compiles", s.compiles}, {"compile_ms", s.compile_ms}, {"lock_waits", s.lock_waits},
+                               {"evictions", s.evictions}, {"corrupt_entries", s.corrupt_entries},
+                               {"disk_errors", s.disk_errors}});
   }
 
   Device* device() override { return device_.get(); }
@@ -189,7 +209,10 @@ class RuntimeImpl final : public Runtime {
     s.compile_ms = stats_.compile_us / 1000.0;
     s.lock_waits = stats_.lock_waits;
     s.disk_errors = stats_.disk_errors;
+    s.layer_hits = stats_.layer_hits;
     s.corrupt_entries = disk_ ? disk_->corrupt_entries() : 0;
+    for (const auto& layer : layers_) s.corrupt_entries += layer->corrupt_entries();
+    s.evictions = disk_ ? disk_->evictions() : 0;
     return s;
   }
 
@@ -237,6 +260,7 @@ class RuntimeImpl final : public Runtime {
       }
     }
     KILN_ASSIGN_OR_RETURN(auto built, build(spec, target));
+    record(spec);
     std::unique_lock lock(mu_);
     compiled_.emplace(memo, built);
     inflight_.erase(memo);
@@ -253,16 +277,29 @@ class RuntimeImpl final : public Runtime {
     FileLock lock;
     if (disk_) {
       if (auto hit = disk_->load(digest)) return from_disk(std::move(*hit), *compiler, src);
+    }
+    for (const auto& layer : layers_) {
+      if (auto hit = layer->load(digest)) {
+        ++stats_.layer_hits;
+        return from_disk(std::move(*hit), *compiler, src);
+      }
+    }
+    if (disk_ && writes_enabled_) {
       // Single flight across processes: take the key's lock, then look again.
       bool waited = false;
       auto locked = disk_->lock(digest, env().lock_timeout_s, &waited);
-      if (!locked) return locked.take_error();
-      lock = std::move(locked).value();
       if (waited) ++stats_.lock_waits;
-      if (auto hit = disk_->load(digest)) return from_disk(std::move(*hit), *compiler, src);
+      if (!locked && locked.error().code == Errc::timeout) return locked.take_error();
+      if (locked) {
+        lock = std::move(locked).value();
+        if (auto hit = disk_->load(digest)) return from_disk(std::move(*hit), *compiler, src);
+      } else {
+        KILN_LOG_WARN("compiling without the cross-process lock: {}", locked.error().message);
+      }
     }
 
     KILN_LOG_DEBUG("compiling {} for {} with {} {}", to_string(src.spec), target.name, compiler->name(), compiler->version());
+    test_kill_point("compile");
     KILN_ASSIGN_OR_RETURN(CompiledCode code, compiler->compile(src));
     ++stats_.compiles;
     stats_.compile_us += static_cast<uint64_t>(code.compile_ms * 1000);
@@ -273,11 +310,15 @@ class RuntimeImpl final : public Runtime {
     entry.kernel_name = src.kernel_name;
     entry.source = src.text;
     entry.compiled = std::move(code);
-    if (disk_) {
+    if (disk_ && writes_enabled_) {
       if (auto stored = disk_->store(entry); !stored) {
         ++stats_.disk_errors;
-        KILN_LOG_WARN("could not write the cache entry of {} ({}); serving it from memory", to_string(src.spec),
-                      stored.error().message);
+        // A full, read-only or quota-limited file system: stop writing (one warning), keep going.
+        if (writes_enabled_.exchange(false))
+          KILN_LOG_WARN("cannot write to the kernel cache ({}); kernels are cached in memory only from now on",
+                        stored.error().message);
+      } else if (max_bytes_) {
+        if (auto gc = disk_->collect(max_bytes_); !gc) KILN_LOG_WARN("cache budget: {}", gc.error().message);
       }
     }
     return std::make_shared<CompiledKernelImpl>(std::move(entry), *compiler, "compiled", src);
@@ -289,11 +330,31 @@ class RuntimeImpl final : public Runtime {
   }
 
   struct Counters {
-    std::atomic<uint64_t> memory_hits{0}, disk_hits{0}, compiles{0}, compile_us{0}, lock_waits{0}, disk_errors{0};
+    std::atomic<uint64_t> memory_hits{0}, disk_hits{0}, compiles{0}, compile_us{0}, lock_waits{0}, disk_errors{0},
+        layer_hits{0};
   };
+
+  // Appends the spec as one manifest line (JSON lines, for `kiln prewarm`); O_APPEND keeps lines
+  // from several processes whole.
+  void record(const KernelSpec& spec) {
+    if (record_fd_ < 0) return;
+    nlohmann::json params = nlohmann::json::object();
+    for (const auto& [k, v] : spec.params) params[k] = v;
+    const std::string line = nlohmann::json{{"op", spec.op},
+                                            {"dtype", dtype_name(spec.dtype)},
+                                            {"out_dtype", dtype_name(spec.out_dtype)},
+                                            {"params", params}}
+                                 .dump() +
+                             "\n";
+    (void)!::write(record_fd_, line.data(), line.size());
+  }
 
   std::unique_ptr<DeviceImpl> device_;
   std::unique_ptr<DiskCache> disk_;
+  std::vector<std::unique_ptr<DiskCache>> layers_;
+  std::atomic<bool> writes_enabled_{true};
+  uint64_t max_bytes_ = 0;
+  int record_fd_ = -1;
   std::string nvidia_compiler_;
   mutable std::shared_mutex mu_;
   std::mutex load_mu_;
@@ -326,13 +387,25 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const RuntimeOptions& options) 
   }
 
   std::unique_ptr<DiskCache> disk;
+  std::vector<std::unique_ptr<DiskCache>> layers;
   if (options.disk_cache && env().disk_cache) {
     const std::string root = options.cache_dir.empty() ? env().cache_dir : options.cache_dir;
     auto opened = DiskCache::open(root);
     if (opened) disk = std::move(opened).value();
     else KILN_LOG_WARN("disk cache disabled, kernels are cached in memory only: {}", opened.error().message);
+    std::vector<std::string> paths = options.read_only_caches;
+    for (size_t pos = 0, next; pos < env().cache_path.size(); pos = next + 1) {
+      next = env().cache_path.find(':', pos);
+      if (next == std::string::npos) next = env().cache_path.size();
+      if (next > pos) paths.push_back(env().cache_path.substr(pos, next - pos));
+    }
+    for (const std::string& path : paths) {
+      auto layer = DiskCache::open(path, /*read_only=*/true);
+      if (layer) layers.push_back(std::move(layer).value());
+      else KILN_LOG_WARN("skipping read-only cache layer: {}", layer.error().message);
+    }
   }
-  return std::unique_ptr<Runtime>(new RuntimeImpl(options, std::move(device), std::move(disk)));
+  return std::unique_ptr<Runtime>(new RuntimeImpl(options, std::move(device), std::move(disk), std::move(layers)));
 }
 
 }  // namespace kiln

@@ -1,5 +1,6 @@
 #include "support/env.h"
 
+#include <csignal>
 #include <cstdlib>
 #include <string_view>
 
@@ -28,11 +29,36 @@ Env read_env() {
   if (auto c = get("KILN_NVIDIA_COMPILER"); !c.empty()) e.nvidia_compiler = c;
   e.dump_source = truthy(get("KILN_DUMP_SOURCE"));
   if (auto t = get("KILN_LOCK_TIMEOUT"); !t.empty()) e.lock_timeout_s = std::strtod(t.c_str(), nullptr);
+  if (auto size = get("KILN_CACHE_MAX_SIZE"); !size.empty()) e.cache_max_bytes = parse_size(size).value_or(0);
+  e.cache_path = get("KILN_CACHE_PATH");
+  e.record_file = get("KILN_RECORD");
+  e.test_kill_at = get("KILN_TEST_KILL_AT");
   e.cuda_lib = get("KILN_CUDA_LIB");
   e.hip_lib = get("KILN_HIP_LIB");
   e.nvrtc_lib = get("KILN_NVRTC_LIB");
   e.nvjitlink_lib = get("KILN_NVJITLINK_LIB");
   return e;
+}
+
+std::optional<uint64_t> parse_size(const std::string& text) {
+  if (text.empty()) return std::nullopt;
+  char* end = nullptr;
+  const double value = std::strtod(text.c_str(), &end);
+  if (end == text.c_str() || value < 0) return std::nullopt;
+  std::string unit(end);
+  if (!unit.empty() && (unit.back() == 'B' || unit.back() == 'b')) unit.pop_back();
+  if (unit.size() > 1 && (unit.back() == 'i')) unit.pop_back();  // "GiB"
+  double scale = 1;
+  if (unit == "K" || unit == "k") scale = 1024.0;
+  else if (unit == "M" || unit == "m") scale = 1024.0 * 1024;
+  else if (unit == "G" || unit == "g") scale = 1024.0 * 1024 * 1024;
+  else if (unit == "T" || unit == "t") scale = 1024.0 * 1024 * 1024 * 1024;
+  else if (!unit.empty()) return std::nullopt;
+  return static_cast<uint64_t>(value * scale);
+}
+
+void test_kill_point(const char* stage) {
+  if (!env().test_kill_at.empty() && env().test_kill_at == stage) ::raise(SIGKILL);
 }
 
 const Env& env() {

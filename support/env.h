@@ -1,6 +1,8 @@
 // Every environment variable Kiln reads, read in one place (documented in README.md's table).
 #pragma once
 
+#include <cstdint>
+#include <optional>
 #include <string>
 
 namespace kiln {
@@ -12,6 +14,10 @@ struct Env {
   std::string nvidia_compiler = "nvrtc";  ///< KILN_NVIDIA_COMPILER: nvrtc or clang.
   bool dump_source = false;     ///< KILN_DUMP_SOURCE=1 logs generated source at info level.
   double lock_timeout_s = 600;  ///< KILN_LOCK_TIMEOUT: seconds to wait for another compile.
+  uint64_t cache_max_bytes = 0;  ///< KILN_CACHE_MAX_SIZE ("2G", "500M", bytes); 0 = unbounded.
+  std::string cache_path;       ///< KILN_CACHE_PATH: read-only cache layers, ':'-separated.
+  std::string record_file;      ///< KILN_RECORD: append every requested kernel spec to this manifest.
+  std::string test_kill_at;     ///< KILN_TEST_KILL_AT (tests only): SIGKILL at compile|write|publish.
   std::string cuda_lib;         ///< KILN_CUDA_LIB: path of libcuda.so to dlopen first.
   std::string hip_lib;          ///< KILN_HIP_LIB: path of libamdhip64.so to dlopen first.
   std::string nvrtc_lib;        ///< KILN_NVRTC_LIB: path of libnvrtc.so to dlopen first.
@@ -22,5 +28,13 @@ struct Env {
 const Env& env();
 /// Reads the environment now (tests use it after setenv).
 Env read_env();
+
+/// Parses a byte size: "2G", "512M", "64K", "1.5G" (binary units) or a plain number of bytes.
+/// Returns nullopt for anything else.
+std::optional<uint64_t> parse_size(const std::string& text);
+
+/// The fault-injection hook of the crash-safety tests: SIGKILLs the process when KILN_TEST_KILL_AT
+/// names `stage` ("compile", "write", "publish").
+void test_kill_point(const char* stage);
 
 }  // namespace kiln

@@ -34,6 +34,15 @@ struct RuntimeOptions {
   bool disk_cache = true;    ///< false: memory only (also KILN_DISABLE_DISK_CACHE=1).
   /// Compiler for NVIDIA targets: "nvrtc" (default) or "clang"; empty = KILN_NVIDIA_COMPILER.
   std::string nvidia_compiler;
+  /// Read-only cache layers searched after the writable cache (e.g. one shipped with the
+  /// application or prebuilt on a build host); KILN_CACHE_PATH (':'-separated) adds more.
+  std::vector<std::string> read_only_caches;
+  /// Byte budget of the writable cache; least recently used entries are evicted past it.
+  /// 0 = KILN_CACHE_MAX_SIZE, else unbounded.
+  uint64_t cache_max_bytes = 0;
+  /// Append every kernel spec requested to this manifest (JSON lines), for `kiln prewarm`;
+  /// empty = KILN_RECORD.
+  std::string record_file;
 };
 
 /// Cache and compile counters (per Runtime).
@@ -45,6 +54,8 @@ struct CacheStats {
   uint64_t lock_waits = 0;   ///< Times another process held the kernel's compile lock.
   uint64_t corrupt_entries = 0;  ///< Disk entries that failed verification (moved aside, rebuilt).
   uint64_t disk_errors = 0;  ///< Failed disk writes (the kernel is still served from memory).
+  uint64_t layer_hits = 0;   ///< Disk hits served by a read-only layer (counted in disk_hits too).
+  uint64_t evictions = 0;    ///< Entries evicted to keep the cache within its byte budget.
 };
 
 /// Resource usage of a compiled kernel (-1 = unknown). See `kiln inspect --emit meta`.
