@@ -397,7 +397,7 @@ Result<DiskCache::GcResult> DiskCache::collect(uint64_t max_bytes) {
   for (const Item& item : items) {
     if (total <= max_bytes) break;
     const std::string meta = item.path + "/meta.json";
-    int fd = ::open(meta.c_str(), O_RDONLY | O_CLOEXEC);
+    int fd = ::open(meta.c_str(), O_RDWR | O_CLOEXEC);  // a write lock needs a writable descriptor
     FileLock held(fd);
     if (fd >= 0) {
       struct flock fl{};
