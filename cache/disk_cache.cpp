@@ -154,15 +154,35 @@ Result<CacheEntry> DiskCache::read_entry(const std::string& dir, const std::stri
     return data;
   };
   KILN_ASSIGN_OR_RETURN(std::string meta_text, read_part("meta.json"));
-  nlohmann::json meta = nlohmann::json::parse(meta_text, nullptr, /*allow_exceptions=*/false);
+  KILN_ASSIGN_OR_RETURN(EntryMetadata meta, parse_entry_metadata(meta_text, key));
+  CacheEntry e = std::move(meta.entry);
+  for (const auto& [name, want] : meta.files) {
+    KILN_ASSIGN_OR_RETURN(std::string data, read_part(name));
+    if (data.size() != want.bytes)
+      return make_error(Errc::corrupt, fmt::format("{} has {} bytes, meta.json says {}", name, data.size(), want.bytes));
+    if (sha256_hex(data) != want.sha256) return make_error(Errc::corrupt, fmt::format("{} fails its SHA-256 check", name));
+    if (name == meta.code_name) e.compiled.code.bytes.assign(data.begin(), data.end());
+    if (name == meta.source_name) e.source = std::move(data);
+  }
+  auto target = find_target(e.target);
+  if (!target) return make_error(Errc::corrupt, "meta.json names an unknown target");
+  KILN_TRY(check_code_object(e.compiled.code, **target));
+  return e;
+}
+
+Result<EntryMetadata> parse_entry_metadata(std::string_view text, const std::string& key) {
+  nlohmann::json meta = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (meta.is_discarded() || !meta.is_object()) return make_error(Errc::corrupt, "meta.json is not valid JSON");
+  // nlohmann's typed accessors throw on a wrong type or a missing field: each is a bad entry.
   try {
     if (meta.at("format_version").get<int>() != kCacheFormatVersion)
       return make_error(Errc::corrupt, "meta.json has another format version");
     if (meta.at("key").get<std::string>() != key) return make_error(Errc::corrupt, "meta.json names another key");
-    CacheEntry e;
+    EntryMetadata m;
+    CacheEntry& e = m.entry;
     e.key = key;
     e.key_json = meta.at("key_fields");
+    if (!e.key_json.is_object()) return make_error(Errc::corrupt, "meta.json's key_fields is not an object");
     e.target = meta.at("target").get<std::string>();
     e.kernel_name = meta.at("kernel_name").get<std::string>();
     e.compiled.code.format = meta.at("code_format").get<std::string>();
@@ -171,27 +191,18 @@ Result<CacheEntry> DiskCache::read_entry(const std::string& dir, const std::stri
     e.compiled.log = meta.value("compiler_log", "");
     if (e.key_json.value("target", "") != e.target)
       return make_error(Errc::corrupt, "meta.json's target disagrees with its key");
+    m.code_name = "code." + e.compiled.code.format;
+    m.source_name = source_name(e.target);
     const auto& files = meta.at("files");
-    const std::string code_name = "code." + e.compiled.code.format;
-    const std::string src_name = source_name(e.target);
-    if (!files.contains(code_name) || !files.contains(src_name))
+    if (!files.is_object() || !files.contains(m.code_name) || !files.contains(m.source_name))
       return make_error(Errc::corrupt, "meta.json does not list the code object and the source");
     for (const auto& [name, want] : files.items()) {
-      if (name.find('/') != std::string::npos || name.find("..") != std::string::npos)
+      if (name.empty() || name.find('/') != std::string::npos || name.find("..") != std::string::npos ||
+          name == "meta.json")
         return make_error(Errc::corrupt, "meta.json lists a file outside the entry");
-      KILN_ASSIGN_OR_RETURN(std::string data, read_part(name));
-      if (data.size() != want.at("bytes").get<uint64_t>())
-        return make_error(Errc::corrupt, fmt::format("{} has {} bytes, meta.json says {}", name, data.size(),
-                                                     want.at("bytes").get<uint64_t>()));
-      if (sha256_hex(data) != want.at("sha256").get<std::string>())
-        return make_error(Errc::corrupt, fmt::format("{} fails its SHA-256 check", name));
-      if (name == code_name) e.compiled.code.bytes.assign(data.begin(), data.end());
-      if (name == src_name) e.source = std::move(data);
+      m.files[name] = {want.at("sha256").get<std::string>(), want.at("bytes").get<uint64_t>()};
     }
-    auto target = find_target(e.target);
-    if (!target) return make_error(Errc::corrupt, "meta.json names an unknown target");
-    KILN_TRY(check_code_object(e.compiled.code, **target));
-    return e;
+    return m;
   } catch (const nlohmann::json::exception& ex) {
     return make_error(Errc::corrupt, fmt::format("meta.json is malformed: {}", ex.what()));
   }

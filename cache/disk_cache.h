@@ -123,7 +123,21 @@ class DiskCache {
   std::atomic<uint64_t> tmp_counter_{0};
 };
 
-/// Serializes / parses the metadata (also used by the fuzz-style tests).
+/// What meta.json says of an entry: everything but the file contents, and each file's checksum.
+struct EntryMetadata {
+  struct File {
+    std::string sha256;
+    uint64_t bytes = 0;
+  };
+  CacheEntry entry;  ///< Without code bytes and source.
+  std::map<std::string, File> files;
+  std::string code_name, source_name;
+};
+/// Parses and checks meta.json of the entry `key` (fuzzed: fuzz/fuzz_metadata.cpp).
+/// Errors: Errc::corrupt, naming what is wrong.
+Result<EntryMetadata> parse_entry_metadata(std::string_view text, const std::string& key);
+
+/// Serializes the metadata.
 nlohmann::json entry_metadata(const CacheEntry& entry, const std::map<std::string, std::string>& file_sha256,
                               const std::map<std::string, uint64_t>& file_bytes);
 

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Sets up a fresh Debian 12 machine for Kiln and builds it into ./build.
+#   - Debian packages: compilers, CMake/Ninja, LLVM/clang/lld 22 (bookworm-security), the HIP
+#     headers, and the libraries Kiln uses (fmt, spdlog, nlohmann-json, CLI11, OpenSSL, zstd,
+#     googletest, Google Benchmark).
+#   - The CUDA toolkit (NVRTC, nvJitLink, cuda.h) is expected at /usr/local/cuda; Kiln dlopens
+#     NVRTC and nvJitLink at run time and needs only cuda.h/nvrtc.h/nvJitLink.h to build.
+# Set KILN_SKIP_APT=1 to skip the package step, KILN_WITH_LLVM=OFF to build without LLVM.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [[ "${KILN_SKIP_APT:-0}" != 1 ]]; then
+  SUDO=""
+  [[ $(id -u) -eq 0 ]] || SUDO="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -q
+  pkgs=(g++ cmake ninja-build pkg-config libfmt-dev libspdlog-dev nlohmann-json3-dev libcli11-dev
+        libssl-dev libzstd-dev zlib1g-dev libgtest-dev libbenchmark-dev libamdhip64-dev)
+  if [[ "${KILN_WITH_LLVM:-ON}" != OFF ]]; then
+    pkgs+=(clang-22 llvm-22-dev libclang-22-dev lld-22 liblld-22-dev libclang-rt-22-dev)
+  fi
+  $SUDO apt-get install -y -q --no-install-recommends "${pkgs[@]}"
+fi
+
+if [[ ! -f /usr/local/cuda/include/cuda.h ]]; then
+  echo "setup: error: /usr/local/cuda/include/cuda.h not found; install the CUDA toolkit (13.x) headers" >&2
+  exit 1
+fi
+
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKILN_WITH_LLVM="${KILN_WITH_LLVM:-ON}"
+ninja -C build -j "$(nproc)"
