@@ -391,8 +391,15 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const RuntimeOptions& options) 
   if (options.disk_cache && env().disk_cache) {
     const std::string root = options.cache_dir.empty() ? env().cache_dir : options.cache_dir;
     auto opened = DiskCache::open(root);
-    if (opened) disk = std::move(opened).value();
-    else KILN_LOG_WARN("disk cache disabled, kernels are cached in memory only: {}", opened.error().message);
+    if (opened) {
+      disk = std::move(opened).value();
+    } else if (auto readable = DiskCache::open(root, /*read_only=*/true); readable && ::access(root.c_str(), W_OK) != 0) {
+      // A cache we may read but not write (a read-only mount, say) still serves its entries.
+      KILN_LOG_WARN("cache directory '{}' is not writable; reading it, and caching new kernels in memory only", root);
+      layers.push_back(std::move(readable).value());
+    } else {
+      KILN_LOG_WARN("disk cache disabled, kernels are cached in memory only: {}", opened.error().message);
+    }
     std::vector<std::string> paths = options.read_only_caches;
     for (size_t pos = 0, next; pos < env().cache_path.size(); pos = next + 1) {
       next = env().cache_path.find(':', pos);

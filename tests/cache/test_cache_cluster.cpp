@@ -252,6 +252,28 @@ TEST(CacheFailures, AFullTmpfsDegradesToMemory) {
   EXPECT_EQ(system(("umount " + mnt).c_str()), 0);
 }
 
+TEST(CacheFailures, AReadOnlyFileSystemIsReadButNotWritten) {
+  if (geteuid() != 0) GTEST_SKIP() << "mounting a tmpfs needs root";
+  TempDir dir;
+  const std::string mnt = dir / "ro";
+  fs::create_directories(mnt);
+  if (system(("mount -t tmpfs -o size=4m,mode=0700 tmpfs " + mnt + " 2>/dev/null").c_str()) != 0)
+    GTEST_SKIP() << "this machine does not allow mounting a tmpfs";
+  const char* t = testing::compilable_target();
+  { ASSERT_TRUE(runtime(mnt)->compile(swiglu_spec(1, 64), t).ok()); }
+  ASSERT_EQ(system(("mount -o remount,ro " + mnt).c_str()), 0);
+  {
+    auto rt = runtime(mnt);
+    auto old = rt->compile(swiglu_spec(1, 64), t);
+    ASSERT_TRUE(old.ok());
+    EXPECT_EQ((*old)->origin(), "disk") << "the read-only cache still serves its entries";
+    auto fresh = rt->compile(swiglu_spec(1, 65), t);
+    ASSERT_TRUE(fresh.ok()) << fresh.error().message;
+    EXPECT_EQ(rt->stats().compiles, 1u);
+  }
+  EXPECT_EQ(system(("umount " + mnt).c_str()), 0);
+}
+
 TEST(CacheSecurity, EntriesOwnedByAnotherUserAreRefused) {
   if (geteuid() != 0) GTEST_SKIP() << "changing owners needs root";
   TempDir dir;
