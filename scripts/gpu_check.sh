@@ -7,7 +7,7 @@
 #   KILN_GPU_CLANG_CACHE=$PWD/.gpu-carry/clang-cache build/tests/test_gpu --gtest_filter='GpuPrewarm.*'
 # and carried to the GPU machine in .gpu-carry/.
 #
-# Usage: scripts/gpu_check.sh [build|test|examples|bench|all]...
+# Usage: scripts/gpu_check.sh [build|test|examples|cli|bench|gemm|all]...
 set -uo pipefail
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
@@ -56,10 +56,32 @@ if want examples; then
   cat "$OUT/llama_mlp_cold.log" "$OUT/llama_mlp_warm.log"
 fi
 
+if want cli; then
+  export KILN_CACHE_DIR=$(mktemp -d)/cache
+  {
+    "$BUILD/kiln" run gemm -p M=8192 -p N=6144 -p K=4096 -p trans_a=false -p trans_b=true --dtype bf16 --bench
+    "$BUILD/kiln" run gemm -p M=127 -p N=4097 -p K=33 -p trans_a=true -p trans_b=false --dtype fp16 --out-dtype fp32 --check
+    "$BUILD/kiln" run rmsnorm -p rows=8192 -p hidden=4096 --dtype bf16 --check --bench
+    "$BUILD/kiln" run swiglu -p rows=8192 -p intermediate=14336 --dtype bf16 --check --bench
+  } >"$OUT/kiln_run.log" 2>&1
+  note "kiln run: $(grep -c PASS "$OUT/kiln_run.log") PASS, $(grep -c FAIL "$OUT/kiln_run.log") FAIL"
+  grep -E "PASS|FAIL|median|TFLOP|GB/s|first call" "$OUT/kiln_run.log" | head -24
+fi
+
 if want bench; then
   "$BUILD/bench/bench_launch" >"$OUT/bench_launch.log" 2>&1
   note "bench_launch: rc=$?"
   tail -7 "$OUT/bench_launch.log"
+  bench/cluster_start.sh "$BUILD" 16 100 sm_90a >"$OUT/cluster_start.log" 2>&1
+  note "cluster_start: $(tr '\n' ' ' < "$OUT/cluster_start.log")"
+fi
+
+if want gemm; then
+  if [[ -x "$BUILD/bench/bench_gemm" ]]; then
+    "$BUILD/bench/bench_gemm" --out "$OUT" ${KILN_GEMM_ARGS:-} >"$OUT/bench_gemm.log" 2>&1
+    note "bench_gemm: rc=$?"
+    tail -30 "$OUT/bench_gemm.log"
+  fi
 fi
 
 echo; echo "==== summary"; printf '%s\n' "${summary[@]}"
