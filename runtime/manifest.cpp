@@ -4,10 +4,12 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <set>
 
 #include "support/fs.h"
 #include "templates/op_template.h"
@@ -57,71 +59,72 @@ std::string parse_error_text(const json::parse_error& e) {
   return fmt::format("byte {}: invalid JSON ({})", e.byte, detail);
 }
 
-Error kernel_error(Errc code, std::string_view source, size_t index, std::string_view message) {
-  return make_error(code, fmt::format("'{}': kernel {}: {}", source, index, message));
+/// `where` is "kernel 3" (document form) or "line 4" (JSON lines).
+Error kernel_error(Errc code, std::string_view source, std::string_view where, std::string_view message) {
+  return make_error(code, fmt::format("'{}': {}: {}", source, where, message));
 }
 
-Result<int64_t> param_value(const json& v, const ParamInfo& p, std::string_view source, size_t index) {
+Result<int64_t> param_value(const json& v, const ParamInfo& p, std::string_view source, std::string_view where) {
   if (v.is_boolean()) return v.get<bool>() ? int64_t{1} : int64_t{0};
   if (v.is_number_integer() && !v.is_number_unsigned()) return v.get<int64_t>();
   if (v.is_number_unsigned()) {
     const uint64_t u = v.get<uint64_t>();
     if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
-      return kernel_error(Errc::invalid_argument, source, index,
+      return kernel_error(Errc::invalid_argument, source, where,
                           fmt::format("params.{} = {} is too large; it must be in [{}, {}]", p.name, u,
                                       p.min_value, p.max_value));
     return static_cast<int64_t>(u);
   }
-  return kernel_error(Errc::corrupt, source, index,
+  return kernel_error(Errc::corrupt, source, where,
                       p.is_bool ? fmt::format("params.{} must be true or false (got {})", p.name, shown(v))
                                 : fmt::format("params.{} must be an integer (got {})", p.name, shown(v)));
 }
 
-Result<ManifestEntry> parse_kernel(const json& k, std::string_view source, size_t index) {
+Result<ManifestEntry> parse_kernel(const json& k, std::string_view source, std::string_view where) {
   if (!k.is_object())
-    return kernel_error(Errc::corrupt, source, index,
+    return kernel_error(Errc::corrupt, source, where,
                         fmt::format("must be an object like {{\"op\": \"gemm\", \"dtype\": \"bf16\", "
                                     "\"params\": {{...}}}} (got {})",
                                     shown(k)));
   for (const auto& [key, value] : k.items()) {
     if (is_comment(key)) continue;
     if (std::find(std::begin(kKernelFields), std::end(kKernelFields), key) == std::end(kKernelFields))
-      return kernel_error(Errc::corrupt, source, index,
+      return kernel_error(Errc::corrupt, source, where,
                           fmt::format("unknown field '{}' (fields: {})", key, join(kKernelFields)));
   }
   ManifestEntry entry;
   // op
   auto op_it = k.find("op");
   if (op_it == k.end())
-    return kernel_error(Errc::corrupt, source, index, fmt::format("missing field \"op\" (one of: {})", op_names()));
+    return kernel_error(Errc::corrupt, source, where, fmt::format("missing field \"op\" (one of: {})", op_names()));
   if (!op_it->is_string())
-    return kernel_error(Errc::corrupt, source, index,
+    return kernel_error(Errc::corrupt, source, where,
                         fmt::format("op must be a string, one of: {} (got {})", op_names(), shown(*op_it)));
   entry.spec.op = op_it->get<std::string>();
   auto op = find_op(entry.spec.op);
-  if (!op) return kernel_error(Errc::unknown, source, index, op.error().message);
+  if (!op) return kernel_error(Errc::unknown, source, where, op.error().message);
   // dtype, out_dtype
   auto dt_it = k.find("dtype");
   if (dt_it == k.end())
-    return kernel_error(Errc::corrupt, source, index, "missing field \"dtype\" (one of: bf16, fp16, fp32)");
+    return kernel_error(Errc::corrupt, source, where, "missing field \"dtype\" (one of: bf16, fp16, fp32)");
   if (!dt_it->is_string())
-    return kernel_error(Errc::corrupt, source, index,
+    return kernel_error(Errc::corrupt, source, where,
                         fmt::format("dtype must be a string, one of: bf16, fp16, fp32 (got {})", shown(*dt_it)));
   auto dtype = parse_dtype(dt_it->get<std::string>());
-  if (!dtype) return kernel_error(Errc::unknown, source, index, dtype.error().message);
+  if (!dtype) return kernel_error(Errc::unknown, source, where, dtype.error().message);
   entry.spec.dtype = entry.spec.out_dtype = *dtype;
   if (auto it = k.find("out_dtype"); it != k.end()) {
     if (!it->is_string())
-      return kernel_error(Errc::corrupt, source, index,
+      return kernel_error(Errc::corrupt, source, where,
                           fmt::format("out_dtype must be a string, one of: bf16, fp16, fp32 (got {})", shown(*it)));
     auto out = parse_dtype(it->get<std::string>());
-    if (!out) return kernel_error(Errc::unknown, source, index, "out_dtype: " + out.error().message);
+    if (!out) return kernel_error(Errc::unknown, source, where, "out_dtype: " + out.error().message);
     entry.spec.out_dtype = *out;
   }
   // label
   if (auto it = k.find("label"); it != k.end()) {
     if (!it->is_string())
-      return kernel_error(Errc::corrupt, source, index, fmt::format("label must be a string (got {})", shown(*it)));
+      return kernel_error(Errc::corrupt, source, where, fmt::format("label must be a string (got {})", shown(*it)));
     entry.label = it->get<std::string>();
   }
   // params
@@ -129,31 +132,111 @@ Result<ManifestEntry> parse_kernel(const json& k, std::string_view source, size_
   for (const ParamInfo& p : (*op)->params()) param_names.emplace_back(p.name);
   auto params_it = k.find("params");
   if (params_it == k.end())
-    return kernel_error(Errc::corrupt, source, index,
+    return kernel_error(Errc::corrupt, source, where,
                         fmt::format("missing field \"params\" ({} takes: {})", entry.spec.op, join(param_names)));
   if (!params_it->is_object())
-    return kernel_error(Errc::corrupt, source, index,
+    return kernel_error(Errc::corrupt, source, where,
                         fmt::format("params must be an object like {{\"{}\": ...}} (got {})", param_names.front(),
                                     shown(*params_it)));
   for (const auto& [key, value] : params_it->items()) {
     auto ps = (*op)->params();
     auto p = std::find_if(ps.begin(), ps.end(), [&](const ParamInfo& i) { return i.name == key; });
     if (p == ps.end())
-      return kernel_error(Errc::invalid_argument, source, index,
+      return kernel_error(Errc::invalid_argument, source, where,
                           fmt::format("unknown parameter params.{}; {} takes: {}", key, entry.spec.op,
                                       join(param_names)));
-    KILN_ASSIGN_OR_RETURN(entry.spec.params[key], param_value(value, *p, source, index));
+    KILN_ASSIGN_OR_RETURN(entry.spec.params[key], param_value(value, *p, source, where));
   }
   for (const ParamInfo& p : (*op)->params())
     if (!entry.spec.params.count(std::string(p.name)))
-      return kernel_error(Errc::invalid_argument, source, index,
+      return kernel_error(Errc::invalid_argument, source, where,
                           fmt::format("missing params.{} ({})", p.name, p.doc));
   return entry;
+}
+
+/// The non-blank lines of `text`, with their 1-based numbers, trailing '\r' and blanks removed.
+std::vector<std::pair<size_t, std::string_view>> content_lines(std::string_view text) {
+  std::vector<std::pair<size_t, std::string_view>> lines;
+  size_t number = 0;
+  for (size_t pos = 0; pos < text.size();) {
+    size_t end = text.find('\n', pos);
+    if (end == std::string_view::npos) end = text.size();
+    std::string_view line = text.substr(pos, end - pos);
+    ++number;
+    pos = end + 1;
+    while (!line.empty() && std::isspace(static_cast<unsigned char>(line.back()))) line.remove_suffix(1);
+    while (!line.empty() && std::isspace(static_cast<unsigned char>(line.front()))) line.remove_prefix(1);
+    if (!line.empty()) lines.emplace_back(number, line);
+  }
+  return lines;
+}
+
+/// The rule of manifest.h: the first non-blank line is, on its own, an object with "op" and no
+/// "kernels".
+bool is_json_lines(std::string_view text) {
+  const size_t start = text.find_first_not_of(" \t\r\n");
+  if (start == std::string_view::npos || text[start] != '{') return false;
+  std::string_view first = text.substr(start, text.find('\n', start) - start);
+  const json j = json::parse(first.begin(), first.end(), nullptr, /*allow_exceptions=*/false);
+  return j.is_object() && j.contains("op") && !j.contains("kernels");
+}
+
+/// "column 7: ..." of a parse error of one line, for "line N, column 7: invalid JSON (...)".
+std::string line_parse_error(std::string_view line, size_t number) {
+  try {
+    const json parsed = json::parse(line.begin(), line.end());
+    (void)parsed;
+  } catch (const json::parse_error& e) {
+    const std::string what = e.what();
+    static const std::regex kAt(R"(line \d+, column (\d+): (.*))");
+    std::smatch m;
+    if (std::regex_search(what, m, kAt))
+      return fmt::format("line {}, column {}: invalid JSON ({})", number, m[1].str(), m[2].str());
+    return fmt::format("line {}: invalid JSON ({})", number, what.substr(std::min(what.size(), what.find("] ") + 2)));
+  } catch (const std::exception& e) {
+    return fmt::format("line {}: invalid JSON ({})", number, e.what());
+  }
+  return fmt::format("line {}: invalid JSON", number);
+}
+
+/// Identity of a kernel for de-duplication: op, dtypes and parameters (not the label).
+std::string spec_identity(const KernelSpec& spec) {
+  std::string id = fmt::format("{}|{}|{}", spec.op, dtype_name(spec.dtype), dtype_name(spec.out_dtype));
+  for (const auto& [k, v] : spec.params) id += fmt::format("|{}={}", k, v);
+  return id;
+}
+
+Result<Manifest> parse_json_lines(std::string_view text, std::string_view source) {
+  Manifest m;
+  const auto lines = content_lines(text);
+  std::set<std::string> seen;
+  for (size_t i = 0; i < lines.size(); ++i) {
+    const auto& [number, line] = lines[i];
+    const json k = json::parse(line.begin(), line.end(), nullptr, /*allow_exceptions=*/false);
+    if (k.is_discarded()) {
+      if (i + 1 == lines.size()) {
+        m.warnings.push_back(fmt::format("'{}': line {}: skipped the last line, which is not complete JSON (a "
+                                         "process killed while recording it?)",
+                                         source, number));
+        break;
+      }
+      return make_error(Errc::corrupt, fmt::format("'{}': {}", source, line_parse_error(line, number)));
+    }
+    KILN_ASSIGN_OR_RETURN(ManifestEntry entry, parse_kernel(k, source, fmt::format("line {}", number)));
+    entry.line = number;
+    if (!seen.insert(spec_identity(entry.spec)).second) {
+      ++m.duplicates;
+      continue;
+    }
+    m.kernels.push_back(std::move(entry));
+  }
+  return m;
 }
 
 }  // namespace
 
 Result<Manifest> parse_manifest(std::string_view text, std::string_view source) {
+  if (is_json_lines(text)) return parse_json_lines(text, source);
   json doc;
   try {
     doc = json::parse(text.begin(), text.end());
@@ -191,7 +274,7 @@ Result<Manifest> parse_manifest(std::string_view text, std::string_view source) 
                       fmt::format("'{}': \"kernels\" must be an array (got {})", source, shown(*kernels)));
   m.kernels.reserve(kernels->size());
   for (size_t i = 0; i < kernels->size(); ++i) {
-    KILN_ASSIGN_OR_RETURN(ManifestEntry entry, parse_kernel((*kernels)[i], source, i));
+    KILN_ASSIGN_OR_RETURN(ManifestEntry entry, parse_kernel((*kernels)[i], source, fmt::format("kernel {}", i)));
     m.kernels.push_back(std::move(entry));
   }
   return m;
@@ -214,8 +297,8 @@ Result<void> validate_manifest(const Manifest& manifest, std::span<const TargetI
                                std::string_view source) {
   for (size_t i = 0; i < manifest.kernels.size(); ++i) {
     const ManifestEntry& e = manifest.kernels[i];
-    const std::string where =
-        e.label.empty() ? fmt::format("kernel {}", i) : fmt::format("kernel {} ({})", i, e.label);
+    std::string where = e.line ? fmt::format("line {}", e.line) : fmt::format("kernel {}", i);
+    if (!e.label.empty()) where += fmt::format(" ({})", e.label);
     auto op = find_op(e.spec.op);
     if (!op) return make_error(Errc::unknown, fmt::format("'{}': {}: {}", source, where, op.error().message));
     std::optional<Error> first;

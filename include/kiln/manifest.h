@@ -1,6 +1,8 @@
 // Kernel manifests: the list of exact kernels a training job needs, in JSON, for `kiln prewarm`
 // (compile them all ahead of time, for every target) and for applications that want to do the
-// same through Runtime::compile.
+// same through Runtime::compile. Two forms are read.
+//
+// The document form (what `kiln manifest` writes):
 //
 //   {"model": "llama3.1-8b",
 //    "kernels": [
@@ -12,8 +14,24 @@
 // dtype), label (optional, a human name). Params take JSON integers and booleans (true/false are
 // 1/0). Top-level fields: kernels (required), model (optional). Fields whose name starts with '_'
 // are comments and are ignored, at the top level and in kernels.
+//
+// The JSON-lines form (what a Runtime appends with KILN_RECORD=FILE): one kernel object per line,
+// with the same fields as in "kernels", e.g.
+//
+//   {"op":"gemm","dtype":"bf16","out_dtype":"bf16","params":{"K":4096,"M":8192,"N":6144,"trans_a":0,"trans_b":1}}
+//   {"op":"rmsnorm","dtype":"bf16","out_dtype":"bf16","params":{"hidden":4096,"rows":8192}}
+//
+// Which form: the text is JSON lines when its first non-blank line, parsed on its own, is a JSON
+// object with an "op" field and no "kernels" field; otherwise it is a document. (A document's first
+// line is never such an object: a document is one object with "kernels".) In JSON lines, blank
+// lines are skipped, errors name the line ("'rec.jsonl': line 3: unknown dtype 'bf17'; ..."),
+// identical kernels (same op, dtypes and params; labels aside) are kept once, the first time, and
+// a last line that is not valid JSON (a process killed while appending it) is skipped with a
+// warning in Manifest::warnings instead of failing the whole file. Invalid JSON on any other line
+// is an error.
 #pragma once
 
+#include <cstddef>
 #include <span>
 #include <string>
 #include <string_view>
@@ -28,19 +46,25 @@ namespace kiln {
 struct ManifestEntry {
   KernelSpec spec;
   std::string label;  ///< Human name ("qkv.fwd"); may be empty.
+  size_t line = 0;    ///< JSON lines: the (1-based) line it was read from; 0 in the document form.
 };
 
 struct Manifest {
   std::string model;                   ///< May be empty.
   std::string about;                   ///< Free text ("_about"), written first; may be empty.
   std::vector<ManifestEntry> kernels;
+  /// Problems that did not stop the parse (a torn last line of a recording), as one-line messages
+  /// naming the input and the line. The library never prints them; `kiln` shows them as warnings.
+  std::vector<std::string> warnings;
+  size_t duplicates = 0;               ///< JSON lines: repeated kernels dropped (the first is kept).
 };
 
-/// Parses a manifest. Checks the JSON, its structure, the field names and types, the op and dtype
-/// names and the parameter names of each op; not the values against a target (validate_manifest).
-/// `source_name` names the input in errors: "'m.json': kernel 3: unknown dtype 'bf17'; use one
-/// of: bf16, fp16, fp32". Errors: Errc::corrupt (not JSON, wrong structure or type),
-/// Errc::unknown (op, dtype), Errc::invalid_argument (parameter names).
+/// Parses a manifest, in either form (see above). Checks the JSON, its structure, the field names
+/// and types, the op and dtype names and the parameter names of each op; not the values against a
+/// target (validate_manifest). `source_name` names the input in errors: "'m.json': kernel 3:
+/// unknown dtype 'bf17'; use one of: bf16, fp16, fp32" (JSON lines: "'rec.jsonl': line 4: ...").
+/// Errors: Errc::corrupt (not JSON, wrong structure or type), Errc::unknown (op, dtype),
+/// Errc::invalid_argument (parameter names).
 Result<Manifest> parse_manifest(std::string_view text, std::string_view source_name);
 
 /// Reads and parses a manifest file. Errors: Errc::io_error (unreadable), as parse_manifest.
@@ -48,7 +72,8 @@ Result<Manifest> read_manifest(const std::string& path);
 
 /// Checks every kernel against its op for each target (OpTemplate::validate): parameter ranges,
 /// booleans, dtype support and the op's own rules. The first failure is reported with the kernel's
-/// index and label, and with the targets it fails on when it does not fail on all of them.
+/// index (JSON lines: its line) and label, and with the targets it fails on when it does not fail
+/// on all of them.
 Result<void> validate_manifest(const Manifest& manifest, std::span<const TargetInfo* const> targets,
                                std::string_view source_name);
 

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -61,7 +62,11 @@ class CliTest : public ::testing::Test {
   }
 
   /// Runs kiln with `args` (KILN_CACHE_DIR set to this test's cache), capturing both streams.
-  Output kiln(const std::vector<std::string>& args) {
+  Output kiln(const std::vector<std::string>& args) { return kiln_env(args, {}); }
+
+  /// kiln with extra environment variables ("NAME=VALUE"). KILN_RECORD, KILN_CACHE_MAX_SIZE and
+  /// KILN_CACHE_PATH from the test's own environment are not passed on.
+  Output kiln_env(const std::vector<std::string>& args, const std::vector<std::string>& extra_env) {
     const std::string out_path = dir_ + "/stdout", err_path = dir_ + "/stderr";
     std::vector<std::string> argv_s = {KILN_CLI_PATH};
     argv_s.insert(argv_s.end(), args.begin(), args.end());
@@ -69,9 +74,15 @@ class CliTest : public ::testing::Test {
     for (auto& a : argv_s) argv.push_back(a.data());
     argv.push_back(nullptr);
     std::vector<std::string> env_s;
-    for (char** e = environ; *e; ++e)
-      if (std::string(*e).rfind("KILN_CACHE_DIR=", 0) != 0) env_s.emplace_back(*e);
+    for (char** e = environ; *e; ++e) {
+      const std::string var(*e);
+      bool keep = true;
+      for (const char* drop : {"KILN_CACHE_DIR=", "KILN_RECORD=", "KILN_CACHE_MAX_SIZE=", "KILN_CACHE_PATH="})
+        keep = keep && var.rfind(drop, 0) != 0;
+      if (keep) env_s.push_back(var);
+    }
     env_s.push_back("KILN_CACHE_DIR=" + cache_);
+    env_s.insert(env_s.end(), extra_env.begin(), extra_env.end());
     std::vector<char*> envp;
     for (auto& e : env_s) envp.push_back(e.data());
     envp.push_back(nullptr);
@@ -417,6 +428,311 @@ TEST_F(CliTest, RunNeedsAGpu) {
     return;
   }
   expect_one_error_line(o, {"no GPU found: 'kiln run' needs an NVIDIA or AMD GPU"});
+}
+
+// ---- cache archives, gc, verify --fix, record and replay ------------------------------------
+
+/// Entry directories (v1/entries/<xx>/<key>) of a cache.
+std::set<std::string> entry_dirs(const std::string& cache) {
+  std::set<std::string> out;
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(cache + "/v1/entries", ec);
+       !ec && it != fs::recursive_directory_iterator(); ++it)
+    if (it.depth() == 1 && it->is_directory()) out.insert(it->path().string());
+  return out;
+}
+
+uint64_t dir_bytes(const std::string& dir) {
+  uint64_t n = 0;
+  for (const auto& f : fs::directory_iterator(dir)) n += f.is_regular_file() ? f.file_size() : 0;
+  return n;
+}
+
+size_t entries_under(const std::string& dir) {
+  std::error_code ec;
+  size_t n = 0;
+  for (const auto& d : fs::directory_iterator(dir, ec)) n += d.is_directory();
+  return n;
+}
+
+#define SKIP_WITHOUT_LIBARCHIVE(output)                                                  \
+  if ((output).err.find("built without libarchive") != std::string::npos) GTEST_SKIP() << (output).err
+
+TEST_F(CliTest, ExportThenImportElsewhereThenPrewarmFindsEverything) {
+  const std::string file = path("small.json"), archive = path("kiln-cache.tar.zst");
+  write(file, kSmallManifest);
+  Output built = kiln_cached({"prewarm", file, "--arch", "gfx942,sm_90a"});
+  ASSERT_EQ(built.code, 0) << built.out << built.err;
+
+  Output exp = kiln_cached({"cache", "export", archive});
+  SKIP_WITHOUT_LIBARCHIVE(exp);
+  ASSERT_EQ(exp.code, 0) << exp.out << exp.err;
+  EXPECT_TRUE(exp.err.empty()) << exp.err;
+  EXPECT_NE(exp.out.find("exported 6 entries"), std::string::npos) << exp.out;
+  EXPECT_TRUE(fs::is_regular_file(archive));
+  EXPECT_FALSE(fs::exists(archive + ".tmp"));
+
+  // Another cache at another path.
+  const std::string b = path("elsewhere/node7/cache");
+  Output imp = kiln({"cache", "import", archive, "--cache-dir", b});
+  ASSERT_EQ(imp.code, 0) << imp.out << imp.err;
+  EXPECT_TRUE(std::regex_search(imp.out, std::regex(R"(imported\s+6\n)"))) << imp.out;
+  EXPECT_TRUE(std::regex_search(imp.out, std::regex(R"(rejected\s+0\n)"))) << imp.out;
+  EXPECT_EQ(entries_under(b + "/v1/tmp"), 0u) << "the staging directory was left behind";
+
+  Output warm = kiln({"prewarm", file, "--arch", "gfx942,sm_90a", "--cache-dir", b});
+  ASSERT_EQ(warm.code, 0) << warm.out << warm.err;
+  EXPECT_TRUE(std::regex_search(warm.out, std::regex(R"(compiled\s+0\n)"))) << warm.out;
+  EXPECT_TRUE(std::regex_search(warm.out, std::regex(R"(already cached\s+6\n)"))) << warm.out;
+
+  // Importing again adds nothing.
+  Output again = kiln({"cache", "import", archive, "--cache-dir", b});
+  ASSERT_EQ(again.code, 0) << again.out << again.err;
+  EXPECT_TRUE(std::regex_search(again.out, std::regex(R"(imported\s+0\n)"))) << again.out;
+  EXPECT_TRUE(std::regex_search(again.out, std::regex(R"(already present\s+6\n)"))) << again.out;
+}
+
+TEST_F(CliTest, ImportRejectsATamperedCodeObject) {
+  const std::string file = path("small.json"), archive = path("plain.tar");
+  write(file, kSmallManifest);
+  ASSERT_EQ(kiln_cached({"prewarm", file, "--arch", "gfx942,sm_90a"}).code, 0);
+  Output exp = kiln_cached({"cache", "export", archive, "--compression", "none"});
+  SKIP_WITHOUT_LIBARCHIVE(exp);
+  ASSERT_EQ(exp.code, 0) << exp.err;
+
+  // Flip one byte in the middle of one code object, inside the (uncompressed) tar.
+  std::string victim_dir;
+  for (const std::string& d : entry_dirs(cache_))
+    if (fs::exists(d + "/code.hsaco")) victim_dir = d;
+  ASSERT_FALSE(victim_dir.empty());
+  const std::string code = slurp(victim_dir + "/code.hsaco"), key = fs::path(victim_dir).filename().string();
+  std::string tar = slurp(archive);
+  const size_t at = tar.find(code);
+  ASSERT_NE(at, std::string::npos);
+  tar[at + code.size() / 2] = static_cast<char>(tar[at + code.size() / 2] ^ 0x01);
+  write(path("tampered.tar"), tar);
+
+  const std::string b = path("b");
+  Output imp = kiln({"cache", "import", path("tampered.tar"), "--cache-dir", b});
+  expect_one_error_line(imp, {"1 of 6 entries", "failed verification"});
+  EXPECT_NE(imp.out.find(key.substr(0, 12)), std::string::npos) << imp.out;
+  EXPECT_NE(imp.out.find("code.hsaco fails its SHA-256 check"), std::string::npos) << imp.out;
+  EXPECT_FALSE(fs::exists(b + "/v1/entries/" + key.substr(0, 2) + "/" + key)) << "the bad entry was imported";
+  EXPECT_EQ(entries_under(b + "/v1/tmp"), 0u);
+  Output verify = kiln({"cache", "verify", "--cache-dir", b});
+  EXPECT_EQ(verify.code, 0) << verify.out << verify.err;
+  EXPECT_NE(verify.out.find("5 ok, 0 corrupt"), std::string::npos) << verify.out;
+
+  // One byte flipped in a compressed archive: whatever it hits, no bad entry gets in.
+  const std::string zst = path("c.tar.zst");
+  ASSERT_EQ(kiln_cached({"cache", "export", zst}).code, 0);
+  std::string z = slurp(zst);
+  z[z.size() / 2] = static_cast<char>(z[z.size() / 2] ^ 0x01);
+  write(zst, z);
+  const std::string c = path("c");
+  Output zimp = kiln({"cache", "import", zst, "--cache-dir", c});
+  EXPECT_LE(count_lines(zimp.err), 1u) << zimp.err;
+  Output zverify = kiln({"cache", "verify", "--cache-dir", c});
+  EXPECT_EQ(zverify.code, 0) << zimp.out << zimp.err << zverify.out << zverify.err;
+  EXPECT_EQ(entries_under(c + "/v1/tmp"), 0u);
+}
+
+TEST_F(CliTest, ImportOfANonArchiveOrATruncatedOneFailsCleanly) {
+  const std::string b = path("b");
+  write(path("notes.txt"), "these are not the kernels you are looking for\n");
+  Output o = kiln({"cache", "import", path("notes.txt"), "--cache-dir", b});
+  SKIP_WITHOUT_LIBARCHIVE(o);
+  expect_one_error_line(o, {"notes.txt", "is not a kiln cache archive"});
+  expect_one_error_line(kiln({"cache", "import", path("absent.tar.zst"), "--cache-dir", b}),
+                        {"cannot read archive", "absent.tar.zst"});
+
+  write(path("small.json"), kSmallManifest);
+  ASSERT_EQ(kiln_cached({"prewarm", path("small.json"), "--arch", "sm_90a"}).code, 0);
+  ASSERT_EQ(kiln_cached({"cache", "export", path("a.tar.zst")}).code, 0);
+  const std::string whole = slurp(path("a.tar.zst"));
+  write(path("half.tar.zst"), whole.substr(0, whole.size() / 2));
+  expect_one_error_line(kiln({"cache", "import", path("half.tar.zst"), "--cache-dir", b}),
+                        {"half.tar.zst", "damaged or truncated"});
+  EXPECT_TRUE(entry_dirs(b).empty());
+  EXPECT_EQ(entries_under(b + "/v1/tmp"), 0u);
+}
+
+TEST_F(CliTest, GcEvictsLeastRecentlyUsedFirst) {
+  // Four kernels, prewarmed one after the other (the entry's mtime is its last use).
+  std::vector<std::string> dirs;
+  for (int hidden : {64, 128, 192, 256}) {
+    const std::string m = path("k" + std::to_string(hidden) + ".json");
+    write(m, R"({"kernels": [{"op": "rmsnorm", "dtype": "bf16", "params": {"rows": 4, "hidden": )" +
+                 std::to_string(hidden) + "}}]}");
+    const auto before = entry_dirs(cache_);
+    Output o = kiln_cached({"prewarm", m, "--arch", "sm_90a"});
+    ASSERT_EQ(o.code, 0) << o.out << o.err;
+    for (const std::string& d : entry_dirs(cache_))
+      if (!before.count(d)) dirs.push_back(d);
+    ASSERT_EQ(dirs.size(), static_cast<size_t>(hidden / 64));
+  }
+  // Using k1 makes it the most recent.
+  Output used =
+      kiln_cached({"inspect", "rmsnorm", "--param", "rows=4,hidden=64", "--arch", "sm_90a", "--emit", "meta"});
+  ASSERT_EQ(used.code, 0) << used.err;
+  EXPECT_NE(used.out.find("origin        disk"), std::string::npos) << used.out;
+
+  // No budget at all is a command-line mistake.
+  expect_one_error_line(kiln_cached({"cache", "gc"}), {"no byte budget", "--max-size", "KILN_CACHE_MAX_SIZE"});
+
+  const uint64_t budget = dir_bytes(dirs[0]) + dir_bytes(dirs[3]);
+  Output gc = kiln_cached({"cache", "gc", "--max-size", std::to_string(budget)});
+  ASSERT_EQ(gc.code, 0) << gc.out << gc.err;
+  EXPECT_TRUE(std::regex_search(gc.out, std::regex(R"(evicted\s+2 )"))) << gc.out;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(gc.out, m, std::regex(R"(after\s+.*\((\d+) bytes\) in 2 entries)"))) << gc.out;
+  EXPECT_LE(std::stoull(m[1].str()), budget);
+  EXPECT_TRUE(fs::exists(dirs[0])) << "the most recently used entry was evicted";
+  EXPECT_FALSE(fs::exists(dirs[1]));
+  EXPECT_FALSE(fs::exists(dirs[2]));
+  EXPECT_TRUE(fs::exists(dirs[3]));
+  EXPECT_LE(dir_bytes(dirs[0]) + dir_bytes(dirs[3]), budget);
+
+  // KILN_CACHE_MAX_SIZE is the default budget, and cache stat shows it.
+  Output stat = kiln_env({"cache", "stat", "--cache-dir", cache_}, {"KILN_CACHE_MAX_SIZE=1G"});
+  EXPECT_NE(stat.out.find("budget       1.00 GiB (1073741824 bytes) from KILN_CACHE_MAX_SIZE"), std::string::npos)
+      << stat.out;
+  Output env_gc = kiln_env({"cache", "gc", "--cache-dir", cache_}, {"KILN_CACHE_MAX_SIZE=1"});
+  ASSERT_EQ(env_gc.code, 0) << env_gc.out << env_gc.err;
+  EXPECT_TRUE(std::regex_search(env_gc.out, std::regex(R"(after\s+0 B \(0 bytes\) in 0 entries)"))) << env_gc.out;
+}
+
+TEST_F(CliTest, VerifyFixRebuildsATruncatedCodeObject) {
+  write(path("small.json"), kSmallManifest);
+  ASSERT_EQ(kiln_cached({"prewarm", path("small.json"), "--arch", "sm_90a"}).code, 0);
+  std::string victim;
+  for (const std::string& d : entry_dirs(cache_))
+    if (fs::exists(d + "/code.cubin")) victim = d + "/code.cubin";
+  ASSERT_FALSE(victim.empty());
+  fs::resize_file(victim, fs::file_size(victim) / 3);
+
+  Output bad = kiln_cached({"cache", "verify"});
+  expect_one_error_line(bad, {"1 of 3 cache entries failed verification"});
+  Output fix = kiln_cached({"cache", "verify", "--fix"});
+  ASSERT_EQ(fix.code, 0) << fix.out << fix.err;
+  EXPECT_TRUE(fix.err.empty()) << fix.err;
+  EXPECT_NE(fix.out.find("fixed 1, removed 0, failed 0"), std::string::npos) << fix.out;
+  EXPECT_TRUE(std::regex_search(fix.out, std::regex(R"(\n  fixed    \S+ .* for sm_90a rebuilt)"))) << fix.out;
+  Output good = kiln_cached({"cache", "verify"});
+  EXPECT_EQ(good.code, 0) << good.out << good.err;
+  EXPECT_NE(good.out.find("3 ok, 0 corrupt"), std::string::npos) << good.out;
+
+  // An entry whose meta.json is gone cannot be rebuilt: it is removed, and that is a success too.
+  std::string other;
+  for (const std::string& d : entry_dirs(cache_))
+    if (d != fs::path(victim).parent_path().string()) other = d;
+  fs::remove(other + "/meta.json");
+  Output removed = kiln_cached({"cache", "verify", "--fix"});
+  EXPECT_EQ(removed.code, 0) << removed.out << removed.err;
+  EXPECT_NE(removed.out.find("fixed 0, removed 1, failed 0"), std::string::npos) << removed.out;
+
+  Output stat = kiln_cached({"cache", "stat"});
+  ASSERT_EQ(stat.code, 0) << stat.err;
+  EXPECT_TRUE(std::regex_search(stat.out, std::regex(R"(entries\s+2\n)"))) << stat.out;
+  EXPECT_TRUE(std::regex_search(stat.out, std::regex(R"(quarantined\s+2 )"))) << stat.out;
+  EXPECT_TRUE(std::regex_search(stat.out, std::regex(R"(temporary\s+0 )"))) << stat.out;
+  EXPECT_NE(stat.out.find("budget       unbounded"), std::string::npos) << stat.out;
+  EXPECT_TRUE(std::regex_search(stat.out, std::regex(R"(telemetry\s+summed over \d+ runtimes)"))) << stat.out;
+  EXPECT_TRUE(std::regex_search(stat.out, std::regex(R"(compiles\s+4 )"))) << stat.out;  // 3 + the rebuild
+}
+
+TEST_F(CliTest, RecordThenReplayWithPrewarm) {
+  const std::string record = path("record.jsonl"), b = path("b");
+  const std::vector<std::string> rec_env = {"KILN_RECORD=" + record};
+  std::vector<std::string> gemm = {"inspect", "gemm"};
+  gemm.insert(gemm.end(), kGemmParams.begin(), kGemmParams.end());
+  gemm.insert(gemm.end(), {"--arch", "gfx942", "--emit", "meta"});
+  const std::vector<std::string> norm = {"inspect", "rmsnorm", "--param", "rows=4,hidden=128", "--arch", "gfx942",
+                                         "--emit", "meta"};
+  ASSERT_EQ(kiln_env(gemm, rec_env).code, 0);
+  ASSERT_EQ(kiln_env(norm, rec_env).code, 0);
+  ASSERT_EQ(kiln_env(gemm, rec_env).code, 0);  // a disk hit: recorded again, replayed once
+  EXPECT_EQ(count_lines(slurp(record)), 3u) << slurp(record);
+
+  Output first = kiln({"prewarm", record, "--arch", "sm_90a", "--cache-dir", b});
+  ASSERT_EQ(first.code, 0) << first.out << first.err;
+  EXPECT_TRUE(first.err.empty()) << first.err;
+  EXPECT_NE(first.out.find("2 kernels x 1 target"), std::string::npos) << first.out;
+  EXPECT_TRUE(std::regex_search(first.out, std::regex(R"(compiled\s+2\n)"))) << first.out;
+  EXPECT_TRUE(std::regex_search(first.out, std::regex(R"(repeated\s+1 )"))) << first.out;
+  Output second = kiln({"prewarm", record, "--arch", "sm_90a", "--cache-dir", b});
+  ASSERT_EQ(second.code, 0) << second.out << second.err;
+  EXPECT_TRUE(std::regex_search(second.out, std::regex(R"(compiled\s+0\n)"))) << second.out;
+  EXPECT_TRUE(std::regex_search(second.out, std::regex(R"(already cached\s+2\n)"))) << second.out;
+}
+
+TEST_F(CliTest, RecordingWithATornLastLinePrewarmsTheCompleteLines) {
+  const std::string record = path("torn.jsonl");
+  write(record,
+        "{\"op\":\"rmsnorm\",\"dtype\":\"bf16\",\"out_dtype\":\"bf16\",\"params\":{\"hidden\":128,\"rows\":4}}\n"
+        "{\"op\":\"swiglu\",\"dtype\":\"fp16\",\"out_dtype\":\"fp16\",\"params\":{\"intermediate\":64,\"rows\":4}}\n"
+        "{\"op\":\"gemm\",\"dtype\":\"bf16\",\"out_dtype\":\"bf16\",\"params\":{\"K\":32,\"M\"");
+  Output o = kiln_cached({"prewarm", record, "--arch", "sm_90a"});
+  ASSERT_EQ(o.code, 0) << o.out << o.err;
+  EXPECT_TRUE(std::regex_search(o.out, std::regex(R"(compiled\s+2\n)"))) << o.out;
+  EXPECT_EQ(count_lines(o.err), 1u) << o.err;
+  EXPECT_EQ(o.err.rfind("kiln: warning: '" + record + "': line 3: skipped the last line", 0), 0u) << o.err;
+
+  // A bad line that is not the last one is an error naming it; nothing is compiled.
+  write(path("bad.jsonl"),
+        "{\"op\":\"rmsnorm\",\"dtype\":\"bf16\",\"params\":{\"hidden\":128,\"rows\":4}}\n\n"
+        "{\"op\":\"rmsnorm\",\"dtype\":\"bf17\",\"params\":{\"hidden\":128,\"rows\":4}}\n");
+  expect_one_error_line(kiln({"prewarm", path("bad.jsonl"), "--arch", "sm_90a", "--cache-dir", path("c")}),
+                        {"bad.jsonl': line 3: unknown dtype 'bf17'; use one of: bf16, fp16, fp32"});
+  EXPECT_TRUE(entry_dirs(path("c")).empty());
+}
+
+// The library side of JSON lines: detection, line numbers, de-duplication, the torn last line.
+TEST(Manifest, JsonLines) {
+  auto m = kiln::parse_manifest(
+      "{\"op\":\"gemm\",\"dtype\":\"bf16\",\"out_dtype\":\"fp32\",\"params\":{\"K\":32,\"M\":64,\"N\":64,\"trans_a\":0,"
+      "\"trans_b\":1}}\n"
+      "\n"
+      "{\"op\":\"rmsnorm\",\"dtype\":\"bf16\",\"params\":{\"hidden\":128,\"rows\":4}}\r\n"
+      "{\"op\":\"gemm\",\"dtype\":\"bf16\",\"out_dtype\":\"fp32\",\"params\":{\"K\":32,\"M\":64,\"N\":64,\"trans_a\":0,"
+      "\"trans_b\":1}}\n"
+      "{\"op\":\"rmsnorm\",\"dtype\":\"bf16\",\"params\":{\"hidden\":128,\"rows\":8}}\n"
+      "{\"op\":\"swig",
+      "rec.jsonl");
+  ASSERT_TRUE(m.ok()) << m.error().message;
+  ASSERT_EQ(m->kernels.size(), 3u);
+  EXPECT_EQ(m->duplicates, 1u);
+  EXPECT_EQ(m->kernels[0].line, 1u);
+  EXPECT_EQ(m->kernels[0].spec.out_dtype, kiln::DType::f32);
+  EXPECT_EQ(m->kernels[0].spec.params.at("trans_b"), 1);
+  EXPECT_EQ(m->kernels[1].line, 3u);
+  EXPECT_EQ(m->kernels[2].line, 5u);
+  EXPECT_EQ(m->kernels[2].spec.params.at("rows"), 8);
+  ASSERT_EQ(m->warnings.size(), 1u);
+  EXPECT_NE(m->warnings[0].find("'rec.jsonl': line 6: skipped the last line"), std::string::npos) << m->warnings[0];
+
+  auto bad = kiln::parse_manifest(
+      "{\"op\":\"rmsnorm\",\"dtype\":\"bf16\",\"params\":{\"hidden\":128,\"rows\":4}}\n{\"op\":\"rmsnorm\",,}\n"
+      "{\"op\":\"rmsnorm\",\"dtype\":\"bf16\",\"params\":{\"hidden\":128,\"rows\":4}}\n",
+      "rec.jsonl");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message.find("'rec.jsonl': line 2, column"), std::string::npos) << bad.error().message;
+  auto field = kiln::parse_manifest("{\"op\":\"rmsnorm\",\"dtype\":\"bf16\",\"prams\":{}}\n", "rec.jsonl");
+  ASSERT_FALSE(field.ok());
+  EXPECT_NE(field.error().message.find("'rec.jsonl': line 1: unknown field 'prams'"), std::string::npos)
+      << field.error().message;
+  // A document on one line is still a document; validation names JSON lines by line.
+  auto doc = kiln::parse_manifest(
+      R"({"kernels": [{"op": "rmsnorm", "dtype": "bf16", "params": {"rows": 1, "hidden": 64}}]})", "doc.json");
+  ASSERT_TRUE(doc.ok()) << doc.error().message;
+  EXPECT_EQ(doc->kernels[0].line, 0u);
+  auto zero =
+      kiln::parse_manifest("\n\n{\"op\":\"rmsnorm\",\"dtype\":\"bf16\",\"params\":{\"hidden\":0,\"rows\":4}}\n", "r");
+  ASSERT_TRUE(zero.ok()) << zero.error().message;
+  const kiln::TargetInfo* sm90 = kiln::find_target("sm_90a").value();
+  auto valid = kiln::validate_manifest(*zero, std::span<const kiln::TargetInfo* const>(&sm90, 1), "r");
+  ASSERT_FALSE(valid.ok());
+  EXPECT_EQ(valid.error().message.rfind("'r': line 3: ", 0), 0u) << valid.error().message;
 }
 
 }  // namespace

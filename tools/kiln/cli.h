@@ -39,6 +39,8 @@ Command add_cache_command(CLI::App& app);
 /// after it) and returns `exit_code`.
 int fail(std::string_view message, int exit_code = 1);
 inline int fail(const Error& error, int exit_code = 1) { return fail(error.message, exit_code); }
+/// Prints "kiln: warning: <first line of message>" on stderr.
+void warn(std::string_view message);
 /// The first line of a possibly multi-line message.
 std::string first_line(std::string_view message);
 

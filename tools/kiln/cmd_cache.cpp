@@ -1,21 +1,53 @@
-// kiln cache stat|ls|verify|clear: the on-disk kernel cache (cache/disk_cache.h).
+// kiln cache stat|ls|verify|clear|gc|export|import: the on-disk kernel cache (cache/disk_cache.h)
+// and cache archives (cache/archive.h).
 #include <fmt/format.h>
+#include <sys/stat.h>
 
+#include <cstdlib>
+#include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "cache/archive.h"
 #include "cache/disk_cache.h"
+#include "support/env.h"
 #include "support/fs.h"
+#include "support/log.h"
+#include "templates/op_template.h"
 #include "tools/kiln/cli.h"
 
 namespace kiln::cli {
 namespace {
+
+struct CacheOptions {
+  std::string dir;
+  std::string file;                 ///< export, import: the archive
+  std::string compression = "zstd";  ///< export
+  std::string max_size;             ///< gc
+  bool fix = false;                 ///< verify
+};
 
 Result<std::unique_ptr<DiskCache>> open_cache(const std::string& option) {
   const std::string root = cache_root(option);
   auto cache = DiskCache::open(root);
   if (!cache) return make_error(cache.error().code, fmt::format("cannot open the cache: {}", cache.error().message));
   return cache;
+}
+
+std::string plural(size_t n, std::string_view one, std::string_view many) {
+  return fmt::format("{} {}", n, n == 1 ? one : many);
+}
+std::string entries_word(size_t n) { return plural(n, "entry", "entries"); }
+
+/// "12.3 KiB (12595 bytes)".
+std::string size_text(uint64_t bytes) { return fmt::format("{} ({} bytes)", human_bytes(bytes), bytes); }
+
+/// Directories directly under `path` (0 when it does not exist).
+size_t count_dirs(const std::string& path) {
+  size_t n = 0;
+  std::error_code ec;
+  for (const auto& d : std::filesystem::directory_iterator(path, ec)) n += d.is_directory(ec);
+  return n;
 }
 
 /// "nvrtc 13.0" from an entry's meta.json, or "?".
@@ -25,16 +57,38 @@ std::string entry_compiler(const EntryStatus& e) {
   auto meta = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
   if (!meta.is_object() || !meta.contains("key_fields") || !meta["key_fields"].is_object()) return "?";
   const auto& kf = meta["key_fields"];
-  auto str = [&](const char* k) { return kf.contains(k) && kf[k].is_string() ? kf[k].get<std::string>() : std::string(); };
+  auto str = [&](const char* k) {
+    return kf.contains(k) && kf[k].is_string() ? kf[k].get<std::string>() : std::string();
+  };
   std::string c = str("compiler");
   if (c.empty()) return "?";
   if (auto v = str("compiler_version"); !v.empty()) c += " " + v;
   return c;
 }
 
-int cache_stat(const std::string& dir) {
-  auto cache = open_cache(dir);
+/// The byte budget from KILN_CACHE_MAX_SIZE: the value, or nullopt with the reason in `why`.
+std::optional<uint64_t> env_budget(std::string& why) {
+  const char* text = std::getenv("KILN_CACHE_MAX_SIZE");
+  if (!text || !*text) {
+    why = "KILN_CACHE_MAX_SIZE is not set";
+    return std::nullopt;
+  }
+  auto size = parse_size(text);
+  if (!size) {
+    why = fmt::format("KILN_CACHE_MAX_SIZE='{}' is not a size like 2G, 500M, 64K or bytes", text);
+    return std::nullopt;
+  }
+  if (*size == 0) {
+    why = "KILN_CACHE_MAX_SIZE=0 means unbounded";
+    return std::nullopt;
+  }
+  return size;
+}
+
+int cache_stat(const CacheOptions& o) {
+  auto cache = open_cache(o.dir);
   if (!cache) return fail(cache.error());
+  const std::string root = (*cache)->root();
   const auto entries = (*cache)->list(false);
   uint64_t total = 0;
   size_t unreadable = 0;
@@ -45,20 +99,49 @@ int cache_stat(const std::string& dir) {
     ++targets[e.target.empty() ? "?" : e.target];
     ++compilers[entry_compiler(e)];
   }
-  fmt::print("cache        {}\n", (*cache)->root());
+  fmt::print("cache        {}\n", root);
   fmt::print("entries      {}\n", entries.size());
-  fmt::print("total size   {} ({} bytes)\n", human_bytes(total), total);
+  fmt::print("total size   {}\n", size_text(total));
+  std::string why;
+  if (auto budget = env_budget(why)) {
+    fmt::print("budget       {} from KILN_CACHE_MAX_SIZE{}\n", size_text(*budget),
+               total > *budget ? "; over it: the next compile or 'kiln cache gc' evicts" : "");
+  } else {
+    fmt::print("budget       unbounded ({})\n", why);
+  }
   std::string t, c;
   for (const auto& [name, n] : targets) t += fmt::format("{}{} {}", t.empty() ? "" : ", ", name, n);
   for (const auto& [name, n] : compilers) c += fmt::format("{}{}: {}", c.empty() ? "" : ", ", name, n);
   fmt::print("by target    {}\n", t.empty() ? "-" : t);
   fmt::print("by compiler  {}\n", c.empty() ? "-" : c);
-  if (unreadable) fmt::print("unreadable   {} (meta.json missing or malformed; 'kiln cache verify' for details)\n", unreadable);
+  if (unreadable)
+    fmt::print("unreadable   {} (meta.json missing or malformed; 'kiln cache verify' for details)\n", unreadable);
+  fmt::print("quarantined  {} (v1/corrupt: entries that failed verification, moved aside)\n",
+             count_dirs(root + "/v1/corrupt"));
+  fmt::print("temporary    {} (v1/tmp: being written now, or left by a killed process and removed by the next "
+             "writer or 'kiln cache gc')\n",
+             count_dirs(root + "/v1/tmp"));
+  const nlohmann::json tel = (*cache)->telemetry();
+  const auto runtimes = static_cast<uint64_t>(tel.value("runtimes", 0.0));
+  if (!runtimes) {
+    fmt::print("telemetry    none yet (each Runtime that used the cache adds its counters when it ends)\n");
+    return 0;
+  }
+  auto n = [&](const char* k) { return static_cast<uint64_t>(tel.value(k, 0.0)); };
+  fmt::print("telemetry    summed over {} that used this cache (v1/telemetry.jsonl)\n",
+             plural(runtimes, "runtime", "runtimes"));
+  fmt::print("  memory hits  {}\n", n("memory_hits"));
+  fmt::print("  disk hits    {} ({} from read-only layers)\n", n("disk_hits"), n("layer_hits"));
+  fmt::print("  compiles     {} ({:.1f} s)\n", n("compiles"), tel.value("compile_ms", 0.0) / 1000.0);
+  fmt::print("  lock waits   {}\n", n("lock_waits"));
+  fmt::print("  evictions    {}\n", n("evictions"));
+  fmt::print("  corrupt      {} (entries that failed verification on load, rebuilt)\n", n("corrupt_entries"));
+  fmt::print("  disk errors  {}\n", n("disk_errors"));
   return 0;
 }
 
-int cache_ls(const std::string& dir) {
-  auto cache = open_cache(dir);
+int cache_ls(const CacheOptions& o) {
+  auto cache = open_cache(o.dir);
   if (!cache) return fail(cache.error());
   const auto entries = (*cache)->list(false);
   if (entries.empty()) {
@@ -73,60 +156,261 @@ int cache_ls(const std::string& dir) {
   return 0;
 }
 
-int cache_verify(const std::string& dir) {
-  auto cache = open_cache(dir);
+/// What `verify --fix` did with one bad entry.
+enum class Fix { fixed, removed, failed };
+
+/// Moves the entry aside without the library's own warning (the command reports it).
+void quarantine_quietly(DiskCache& cache, const EntryStatus& e) {
+  auto& log = logger();
+  const auto level = log.level();
+  log.set_level(spdlog::level::err);
+  cache.quarantine_entry(e.key, e.problem);
+  log.set_level(level);
+}
+
+/// The spec of an entry from its meta.json's key fields; runtime parameters (not in the key) get
+/// their smallest value, which does not change the code.
+Result<std::pair<KernelSpec, std::string>> spec_from_meta(const EntryStatus& e, std::string& compiler) {
+  auto text = read_file(e.path + "/meta.json");
+  if (!text) return make_error(Errc::corrupt, "meta.json is unreadable");
+  const auto meta = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  if (!meta.is_object()) return make_error(Errc::corrupt, "meta.json is not valid JSON");
+  const auto kf = meta.value("key_fields", nlohmann::json());
+  auto str = [&](const char* k) -> std::string {
+    return kf.is_object() && kf.contains(k) && kf[k].is_string() ? kf[k].get<std::string>() : std::string();
+  };
+  const std::string op_name = str("op"), dtype = str("dtype"), out = str("out_dtype"), target = str("target");
+  compiler = str("compiler");
+  if (op_name.empty() || dtype.empty() || target.empty() || compiler.empty() || !kf.contains("params") ||
+      !kf["params"].is_object())
+    return make_error(Errc::corrupt, "meta.json's key fields are incomplete");
+  KILN_ASSIGN_OR_RETURN(const OpTemplate* op, find_op(op_name));
+  KernelSpec spec;
+  spec.op = op_name;
+  KILN_ASSIGN_OR_RETURN(spec.dtype, parse_dtype(dtype));
+  spec.out_dtype = spec.dtype;
+  if (!out.empty()) {
+    KILN_ASSIGN_OR_RETURN(spec.out_dtype, parse_dtype(out));
+  }
+  for (const auto& [k, v] : kf["params"].items()) {
+    if (!v.is_number_integer())
+      return make_error(Errc::corrupt, fmt::format("meta.json's params.{} is not an integer", k));
+    spec.params[k] = v.get<int64_t>();
+  }
+  for (const ParamInfo& p : op->params())
+    if (!p.baked && !spec.params.count(std::string(p.name)))
+      spec.params[std::string(p.name)] = std::max<int64_t>(1, p.min_value);
+  KILN_TRY(find_target(target));
+  return std::make_pair(std::move(spec), target);
+}
+
+int cache_verify(const CacheOptions& o) {
+  auto cache = open_cache(o.dir);
   if (!cache) return fail(cache.error());
+  const std::string root = (*cache)->root();
   const auto entries = (*cache)->list(true);
-  size_t bad = 0;
+  size_t bad = 0, fixed = 0, removed = 0, failed = 0;
+  std::map<std::string, std::unique_ptr<Runtime>> runtimes;  // by NVIDIA compiler
   for (const EntryStatus& e : entries) {
     if (e.ok) continue;
     ++bad;
     fmt::print("CORRUPT  {}  {}  {}: {}\n", e.key.substr(0, 12), e.target.empty() ? "?" : e.target, e.path, e.problem);
+    if (!o.fix) continue;
+    // Rebuild from the key fields (read before the entry is moved aside).
+    std::string compiler;
+    auto spec = spec_from_meta(e, compiler);
+    quarantine_quietly(**cache, e);
+    if (!spec) {
+      ++removed;
+      fmt::print("  removed  (moved to v1/corrupt/); cannot rebuild it: {}\n", first_line(spec.error().message));
+      continue;
+    }
+    const auto& [kernel, target] = *spec;
+    const bool nvidia = find_target(target).value()->vendor == Vendor::nvidia;
+    auto& rt = runtimes[nvidia ? compiler : std::string()];
+    std::string error;
+    if (!rt) {
+      RuntimeOptions ro;
+      ro.backend = "none";
+      ro.cache_dir = root;
+      if (nvidia) ro.nvidia_compiler = compiler;
+      auto created = Runtime::create(ro);
+      if (created) rt = std::move(created).value();
+      else error = created.error().message;
+    }
+    if (rt && rt->cache_dir() != root) error = "the disk cache is disabled or unusable; nothing would be stored";
+    std::shared_ptr<const CompiledKernel> built;
+    if (error.empty()) {
+      auto compiled = rt->compile(kernel, target);
+      if (compiled) built = std::move(compiled).value();
+      else error = compiled.error().message;
+    }
+    if (!built) {
+      ++failed;
+      fmt::print("  failed   {} for {}: {}\n", spec_summary(kernel), target, first_line(error));
+      continue;
+    }
+    ++fixed;
+    const std::string& key = built->info().cache_key;
+    const std::string moved =
+        key == e.key ? std::string()
+                     : fmt::format(" under the new key {} (the compiler or the templates changed)", key.substr(0, 12));
+    fmt::print("  fixed    {} for {} rebuilt ({:.0f} ms){}\n", spec_summary(kernel), target, built->info().compile_ms,
+               moved);
   }
-  fmt::print("verified {} entr{} in {}: {} ok, {} corrupt\n", entries.size(), entries.size() == 1 ? "y" : "ies",
-             (*cache)->root(), entries.size() - bad, bad);
+  runtimes.clear();  // their telemetry goes to the cache now
+  fmt::print("verified {} in {}: {} ok, {} corrupt", entries_word(entries.size()), root, entries.size() - bad, bad);
+  if (o.fix && bad) fmt::print("; fixed {}, removed {}, failed {}", fixed, removed, failed);
+  fmt::print("\n");
   std::fflush(stdout);
+  if (o.fix) {
+    if (failed)
+      return fail(fmt::format("{} of {} bad cache entries could not be rebuilt (they were moved to v1/corrupt/)",
+                              failed, bad));
+    return 0;
+  }
   if (bad)
     return fail(fmt::format("{} of {} cache entries failed verification (the runtime moves such an entry aside and "
-                            "rebuilds it; 'kiln cache clear' removes all)",
+                            "rebuilds it; 'kiln cache verify --fix' rebuilds them now, 'kiln cache clear' removes all)",
                             bad, entries.size()));
   return 0;
 }
 
-int cache_clear(const std::string& dir) {
-  auto cache = open_cache(dir);
+int cache_clear(const CacheOptions& o) {
+  auto cache = open_cache(o.dir);
   if (!cache) return fail(cache.error());
   auto removed = (*cache)->clear();
   if (!removed) return fail(removed.error());
-  fmt::print("removed {} entr{} from {}\n", *removed, *removed == 1 ? "y" : "ies", (*cache)->root());
+  fmt::print("removed {} from {}\n", entries_word(*removed), (*cache)->root());
+  return 0;
+}
+
+int cache_gc(const CacheOptions& o) {
+  uint64_t budget = 0;
+  std::string source;
+  if (!o.max_size.empty()) {
+    auto size = parse_size(o.max_size);
+    if (!size)
+      return fail(fmt::format("--max-size '{}': give a size like 2G, 500M, 64K or a number of bytes", o.max_size), 2);
+    budget = *size;
+    source = "--max-size";
+  } else {
+    const char* set = std::getenv("KILN_CACHE_MAX_SIZE");
+    if (!set || !*set)
+      return fail("no byte budget: give --max-size SIZE (2G, 500M, 64K or bytes) or set KILN_CACHE_MAX_SIZE", 2);
+    std::string why;
+    auto size = env_budget(why);
+    if (!size) return fail(fmt::format("{}; give --max-size SIZE", why), 2);
+    budget = *size;
+    source = "KILN_CACHE_MAX_SIZE";
+  }
+  auto cache = open_cache(o.dir);
+  if (!cache) return fail(cache.error());
+  const std::string root = (*cache)->root();
+  const size_t entries_before = (*cache)->list(false).size(), tmp_before = count_dirs(root + "/v1/tmp");
+  auto r = (*cache)->collect(budget);
+  if (!r) return fail(r.error());
+  const size_t entries_after = (*cache)->list(false).size(), tmp_after = count_dirs(root + "/v1/tmp");
+  fmt::print("cache        {}\n", root);
+  fmt::print("budget       {} from {}\n", size_text(budget), source);
+  fmt::print("before       {} in {}\n", size_text(r->bytes_before), entries_word(entries_before));
+  fmt::print("after        {} in {}\n", size_text(r->bytes_after), entries_word(entries_after));
+  fmt::print("evicted      {} (least recently used first)\n", r->evicted);
+  fmt::print("in use       {} (skipped: a process was reading them)\n", r->skipped_in_use);
+  fmt::print("temporaries  {} removed (left by killed processes)\n",
+             tmp_before > tmp_after ? tmp_before - tmp_after : 0);
+  std::fflush(stdout);
+  if (r->bytes_after > budget)
+    warn(fmt::format("the cache is still over its budget by {} ({} in use were skipped); run 'kiln cache gc' "
+                     "again later",
+                     human_bytes(r->bytes_after - budget), entries_word(r->skipped_in_use)));
+  return 0;
+}
+
+int cache_export(const CacheOptions& o) {
+  const std::string root = cache_root(o.dir);
+  struct stat st{};
+  if (::stat(root.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+    return fail(fmt::format("cannot export the cache: '{}' does not exist (give --cache-dir)", root));
+  auto cache = open_cache(o.dir);
+  if (!cache) return fail(cache.error());
+  const auto compression = o.compression == "none" ? ArchiveCompression::none : ArchiveCompression::zstd;
+  auto r = export_cache(**cache, o.file, compression);
+  if (!r) return fail(r.error());
+  fmt::print("exported {} ({}) from {} to {} ({}, {})\n", entries_word(r->entries), human_bytes(r->entry_bytes), root,
+             o.file, human_bytes(r->archive_bytes), compression == ArchiveCompression::zstd ? "tar.zst" : "tar");
+  for (const ArchiveEntryInfo& e : r->skipped)
+    fmt::print("  skipped  {}  {}  {}: {}\n", e.key.substr(0, 12), e.target.empty() ? "?" : e.target,
+               e.summary.empty() ? "?" : e.summary, e.problem);
+  std::fflush(stdout);
+  if (!r->skipped.empty())
+    warn(fmt::format("{} failed verification and {} not exported ('kiln cache verify --fix' rebuilds them)",
+                     entries_word(r->skipped.size()), r->skipped.size() == 1 ? "was" : "were"));
+  return 0;
+}
+
+int cache_import(const CacheOptions& o) {
+  auto cache = open_cache(o.dir);
+  if (!cache) return fail(cache.error());
+  auto r = import_cache(**cache, o.file);
+  if (!r) return fail(r.error());
+  fmt::print("kiln cache import {}: {} in the archive\n", o.file, entries_word(r->members));
+  fmt::print("  imported         {}\n", r->imported.size());
+  fmt::print("  already present  {}\n", r->present.size());
+  fmt::print("  rejected         {}\n", r->rejected.size());
+  for (const ArchiveEntryInfo& e : r->rejected)
+    fmt::print("    {}  {}  {}: {}\n", e.key.substr(0, 12), e.target.empty() ? "?" : e.target,
+               e.summary.empty() ? "?" : e.summary, e.problem);
+  fmt::print("  cache            {}\n", (*cache)->root());
+  std::fflush(stdout);
+  std::string why;
+  if (auto budget = env_budget(why); budget && (*cache)->total_bytes() > *budget)
+    warn(fmt::format("the cache is now over its budget of {} (KILN_CACHE_MAX_SIZE); 'kiln cache gc' evicts the least "
+                     "recently used entries",
+                     human_bytes(*budget)));
+  if (!r->rejected.empty())
+    return fail(fmt::format("{} of {} in '{}' failed verification and {} not imported", r->rejected.size(),
+                            entries_word(r->members), o.file, r->rejected.size() == 1 ? "was" : "were"));
   return 0;
 }
 
 }  // namespace
 
 Command add_cache_command(CLI::App& app) {
-  auto dir = std::make_shared<std::string>();
-  auto* cmd = app.add_subcommand("cache", "Inspect or clear the on-disk kernel cache");
+  auto o = std::make_shared<CacheOptions>();
+  auto* cmd = app.add_subcommand("cache", "Inspect, collect, repair, export or import the on-disk kernel cache");
   cmd->require_subcommand(1);
-  add_cache_dir_option(*cmd, *dir);
-  struct Sub {
-    const char* name;
-    const char* help;
-    int (*run)(const std::string&);
+  add_cache_dir_option(*cmd, o->dir);
+  using Run = int (*)(const CacheOptions&);
+  auto chosen = std::make_shared<Run>(nullptr);
+  auto add = [&](const char* name, const char* help, Run run) {
+    auto* sub = cmd->add_subcommand(name, help);
+    add_cache_dir_option(*sub, o->dir);
+    sub->callback([chosen, run] { *chosen = run; });
+    return sub;
   };
-  static const Sub subs[] = {
-      {"stat", "Entries, total size, counts per target and per compiler", cache_stat},
-      {"ls", "One line per entry: key prefix, target, kernel, bytes", cache_ls},
-      {"verify", "Check every entry's checksums; exit 1 if any fails", cache_verify},
-      {"clear", "Remove every entry", cache_clear},
+  add("stat", "Entries, size, budget, counts per target and compiler, quarantined and temporary entries, telemetry",
+      cache_stat);
+  add("ls", "One line per entry: key prefix, target, kernel, bytes", cache_ls);
+  auto* verify =
+      add("verify", "Check every entry's checksums; exit 1 if any fails (--fix: rebuild them)", cache_verify);
+  verify->add_flag("--fix", o->fix,
+                   "Move each bad entry aside and rebuild it from its key (compile-only); exit 0 when all are "
+                   "rebuilt or removed");
+  add("clear", "Remove every entry", cache_clear);
+  auto* gc = add("gc", "Evict least recently used entries down to a byte budget; remove stale temporaries", cache_gc);
+  gc->add_option("--max-size", o->max_size, "Budget: 2G, 500M, 64K or bytes (default: $KILN_CACHE_MAX_SIZE)");
+  auto* exp = add("export", "Write every entry that verifies to an archive (tar.zst), to carry the cache to other "
+                            "machines", cache_export);
+  exp->add_option("file", o->file, "Archive to write (e.g. kiln-cache.tar.zst)")->required();
+  exp->add_option("--compression", o->compression, "zstd or none (a plain tar)")
+      ->check(CLI::IsMember({"zstd", "none"}))
+      ->capture_default_str();
+  auto* imp = add("import", "Add the entries of an archive (from 'kiln cache export') that verify", cache_import);
+  imp->add_option("file", o->file, "Archive to read")->required();
+  return [o, chosen] {
+    return *chosen ? (*chosen)(*o) : fail("give one of: stat, ls, verify, clear, gc, export, import", 2);
   };
-  auto chosen = std::make_shared<const Sub*>(nullptr);
-  for (const Sub& s : subs) {
-    auto* sub = cmd->add_subcommand(s.name, s.help);
-    add_cache_dir_option(*sub, *dir);
-    sub->callback([chosen, &s] { *chosen = &s; });
-  }
-  return [dir, chosen] { return *chosen ? (*chosen)->run(*dir) : fail("give one of: stat, ls, verify, clear", 2); };
 }
 
 }  // namespace kiln::cli

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "cache/disk_cache.h"
@@ -72,6 +73,7 @@ int run_prewarm(const PrewarmOptions& o) {
   if (o.jobs < 0) return fail(fmt::format("-j {}: give a positive number of workers", o.jobs), 2);
   auto manifest = read_manifest(o.manifest);
   if (!manifest) return fail(manifest.error());
+  for (const std::string& w : manifest->warnings) warn(w);
   if (auto valid = validate_manifest(*manifest, *targets, o.manifest); !valid) return fail(valid.error());
   if (manifest->kernels.empty()) return fail(fmt::format("'{}': the manifest has no kernels", o.manifest));
   const std::string nvcc = nvidia_compiler(o.nvidia_compiler);
@@ -107,6 +109,10 @@ int run_prewarm(const PrewarmOptions& o) {
 
   Progress progress(jobs.size(), ::isatty(STDERR_FILENO) == 1);
   std::atomic<size_t> next{0}, done{0}, compiled{0}, cached{0}, failed{0};
+  // Two manifest kernels may share a cache entry (rmsnorm with another runtime `rows`): the
+  // second finds the first's result in memory and counts as cached, not as a second compile.
+  std::mutex keys_mu;
+  std::set<std::string> keys;
   progress.update(0, 0, 0, 0);
   const auto t0 = std::chrono::steady_clock::now();
   auto work = [&] {
@@ -115,7 +121,12 @@ int run_prewarm(const PrewarmOptions& o) {
       auto r = rt.compile(job.kernel->spec, job.target->name);
       if (r) {
         job.compiled = std::move(r).value();
-        (job.compiled->origin() == "compiled" ? compiled : cached)++;
+        bool first = true;
+        {
+          std::lock_guard lock(keys_mu);
+          first = keys.insert(job.compiled->info().cache_key).second;
+        }
+        (job.compiled->origin() == "compiled" && first ? compiled : cached)++;
       } else {
         job.error = r.error().message;
         failed++;
@@ -137,13 +148,17 @@ int run_prewarm(const PrewarmOptions& o) {
   const size_t nk = manifest->kernels.size(), nt = targets->size();
   fmt::print("kiln prewarm {}: {} kernel{} x {} target{} ({}) = {} build{}\n", o.manifest, nk, nk == 1 ? "" : "s", nt,
              nt == 1 ? "" : "s", names, jobs.size(), jobs.size() == 1 ? "" : "s");
+  if (manifest->duplicates)
+    fmt::print("  repeated        {} (kernels listed again in the recording; built once)\n", manifest->duplicates);
   fmt::print("  compiled        {}\n", compiled.load());
   fmt::print("  already cached  {}\n", cached.load());
   fmt::print("  failed          {}\n", failed.load());
   for (const Job& job : jobs) {
     if (job.error.empty()) continue;
     const std::string label = job.kernel->label.empty() ? spec_summary(job.kernel->spec) : job.kernel->label;
-    fmt::print("    kernel {} ({}) for {}: {}\n", job.kernel_index, label, job.target->name, first_line(job.error));
+    const std::string where =
+        job.kernel->line ? fmt::format("line {}", job.kernel->line) : fmt::format("kernel {}", job.kernel_index);
+    fmt::print("    {} ({}) for {}: {}\n", where, label, job.target->name, first_line(job.error));
   }
   fmt::print("  wall time       {:.1f} s with {} worker{}\n", wall_s, workers, workers == 1 ? "" : "s");
   fmt::print("  cache           {}\n", rt.cache_dir().empty() ? "(memory only: nothing was kept)" : rt.cache_dir());

@@ -35,6 +35,11 @@ int fail(std::string_view message, int exit_code) {
   return exit_code;
 }
 
+void warn(std::string_view message) {
+  std::fflush(stdout);
+  fmt::print(stderr, "kiln: warning: {}\n", first_line(message));
+}
+
 void add_cache_dir_option(CLI::App& cmd, std::string& dir) {
   cmd.add_option("--cache-dir", dir,
                  "Cache directory (default: $KILN_CACHE_DIR, else $XDG_CACHE_HOME/kiln, else ~/.cache/kiln)");

@@ -5,7 +5,8 @@
 //   kiln prewarm FILE --arch gfx942,sm_90a    compile a manifest into the cache, in parallel
 //   kiln inspect OP --param ... --emit meta   generated source, LLVM IR, assembly, metadata
 //   kiln run OP --param ... --check --bench   check (and time) a kernel on this machine's GPU
-//   kiln cache stat|ls|verify|clear           the on-disk cache
+//   kiln cache stat|ls|verify|clear|gc        the on-disk cache
+//   kiln cache export|import FILE             carry a cache to other machines (tar.zst)
 //
 // Errors are one line on stderr, "kiln: error: ...", and a non-zero exit: 2 for command-line
 // mistakes, 1 for everything else.

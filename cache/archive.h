@@ -1,0 +1,74 @@
+// Cache archives: a whole kernel cache in one file, to carry a cache prebuilt on a build host to
+// the nodes of a cluster (`kiln cache export` / `kiln cache import`).
+//
+// An archive is a tar file (pax), zstd-compressed by default, written and read with libarchive:
+//   kiln-cache/v1/entries/<key[0:2]>/<key>/<file>   the files of each entry, as in the cache
+//                                                  (meta.json, code.<hsaco|cubin|ptx>,
+//                                                  source.<hip|cu>)
+//   kiln-cache/manifest.json                       {"format": "kiln-cache-archive", "version": 1,
+//                                                   "entries": [{"key", "target", "summary",
+//                                                   "files": {name: {"sha256", "bytes"}}}]}
+// Export writes only entries that verify (as a cache load does), to FILE.tmp, renamed to FILE when
+// complete. Import is paranoid about the layout: any member outside it (an absolute path, "..", a
+// link, a device, an unknown file name, a member over 256 MiB) refuses the whole archive, as does a
+// damaged or truncated one. The members are extracted into a private directory under the
+// destination cache's v1/tmp/, laid out as a cache of its own, and every entry is verified there
+// with the checks of a cache load (SHA-256 and size of every file, code-object header, key and
+// target), plus: the key is the SHA-256 of the entry's key fields, the entry holds exactly the
+// files its meta.json lists, and they agree with manifest.json. Entries that fail are rejected
+// (reported with the reason); the others are renamed into v1/entries/ one by one (atomic, as a
+// compile's store is), existing keys are kept as they are, and the private directory is removed.
+//
+// The checks catch damage and malformed or hostile layouts; they cannot tell a malicious producer,
+// since archives are not signed: import archives only from hosts you would let write your cache.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kiln/result.h"
+
+namespace kiln {
+
+class DiskCache;
+
+/// Whether this build can write and read archives (false when built without libarchive; then
+/// export_cache and import_cache return Errc::unsupported).
+bool archive_supported();
+
+enum class ArchiveCompression { zstd, none };
+
+struct ArchiveEntryInfo {
+  std::string key;
+  std::string target;   ///< May be empty (unreadable meta.json).
+  std::string summary;  ///< "gemm bf16 K=32 M=64 ... [clang]"; may be empty.
+  std::string problem;  ///< Why it was skipped or rejected; empty otherwise.
+};
+
+struct ExportReport {
+  size_t entries = 0;                     ///< Entries written.
+  uint64_t entry_bytes = 0;               ///< Bytes of their files, uncompressed.
+  uint64_t archive_bytes = 0;             ///< Size of the archive file.
+  std::vector<ArchiveEntryInfo> skipped;  ///< Entries that failed verification (not exported).
+};
+
+/// Writes every entry of `cache` that verifies to the archive `path` (through `path`.tmp).
+/// Errors: Errc::unsupported (no libarchive), io_error (cannot write), nothing is left at `path`.
+Result<ExportReport> export_cache(const DiskCache& cache, const std::string& path,
+                                  ArchiveCompression compression = ArchiveCompression::zstd);
+
+struct ImportReport {
+  size_t members = 0;                      ///< Entries in the archive.
+  std::vector<ArchiveEntryInfo> imported;  ///< Added to the cache.
+  std::vector<ArchiveEntryInfo> present;   ///< Already in the cache (left as they are).
+  std::vector<ArchiveEntryInfo> rejected;  ///< Failed verification (problem says why); not added.
+};
+
+/// Adds the entries of the archive `path` to `cache` (see above).
+/// Errors (nothing is added, nothing is left behind): Errc::unsupported (no libarchive), io_error
+/// (unreadable archive, cache not writable), corrupt (not an archive, damaged or truncated, a
+/// member outside the layout, no or malformed manifest.json).
+Result<ImportReport> import_cache(const DiskCache& cache, const std::string& path);
+
+}  // namespace kiln
