@@ -10,14 +10,17 @@ worker="$BUILD/tests/cache_worker"
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 start_all() {
-  local t0 t1 compiles=0
+  local t0 t1 compiles=0 kernels=0
   t0=$(date +%s.%N)
   for i in $(seq "$P"); do "$worker" "$dir/cache" "$TARGET" "$K" "$dir/r$i" & done
   wait
   t1=$(date +%s.%N)
-  for i in $(seq "$P"); do compiles=$((compiles + $(awk '{print $2}' "$dir/r$i"))); done
-  printf '%-5s %d processes x %d kernels (%s): %6.2f s wall, %d compiles in all\n' "$1" "$P" "$K" "$TARGET" \
-    "$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }')" "$compiles"
+  for i in $(seq "$P"); do
+    kernels=$((kernels + $(awk '{print $1}' "$dir/r$i")))
+    compiles=$((compiles + $(awk '{print $2}' "$dir/r$i")))
+  done
+  printf '%-5s %d processes x %d kernels (%s): %7.3f s wall, %d kernels obtained, %d compiles in all\n' "$1" "$P" "$K" "$TARGET" \
+    "$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }')" "$kernels" "$compiles"
 }
 start_all cold
 start_all warm

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "test_util.h"
 #include "kiln/manifest.h"
 
 extern char** environ;
@@ -266,6 +267,7 @@ TEST_F(CliTest, UnknownModel) {
 }
 
 TEST_F(CliTest, PrewarmThenCachedThenCacheCommands) {
+  KILN_REQUIRE_LLVM();  // prewarms or inspects gfx942
   const std::string file = path("small.json");
   write(file, kSmallManifest);
   Output first = kiln_cached({"prewarm", file, "--arch", "gfx942,sm_90a", "-j", "2"});
@@ -381,6 +383,7 @@ TEST_F(CliTest, InspectSource) {
 }
 
 TEST_F(CliTest, InspectMetaShowsResourcesAndTheCacheEntry) {
+  KILN_REQUIRE_LLVM();  // prewarms or inspects gfx942
   for (const char* arch : {"gfx942", "sm_90a"}) {
     SCOPED_TRACE(arch);
     std::vector<std::string> args = {"inspect", "gemm"};
@@ -459,6 +462,7 @@ size_t entries_under(const std::string& dir) {
   if ((output).err.find("built without libarchive") != std::string::npos) GTEST_SKIP() << (output).err
 
 TEST_F(CliTest, ExportThenImportElsewhereThenPrewarmFindsEverything) {
+  KILN_REQUIRE_LLVM();  // prewarms or inspects gfx942
   const std::string file = path("small.json"), archive = path("kiln-cache.tar.zst");
   write(file, kSmallManifest);
   Output built = kiln_cached({"prewarm", file, "--arch", "gfx942,sm_90a"});
@@ -493,6 +497,7 @@ TEST_F(CliTest, ExportThenImportElsewhereThenPrewarmFindsEverything) {
 }
 
 TEST_F(CliTest, ImportRejectsATamperedCodeObject) {
+  KILN_REQUIRE_LLVM();  // prewarms or inspects gfx942
   const std::string file = path("small.json"), archive = path("plain.tar");
   write(file, kSmallManifest);
   ASSERT_EQ(kiln_cached({"prewarm", file, "--arch", "gfx942,sm_90a"}).code, 0);
@@ -642,6 +647,7 @@ TEST_F(CliTest, VerifyFixRebuildsATruncatedCodeObject) {
 }
 
 TEST_F(CliTest, RecordThenReplayWithPrewarm) {
+  KILN_REQUIRE_LLVM();  // prewarms or inspects gfx942
   const std::string record = path("record.jsonl"), b = path("b");
   const std::vector<std::string> rec_env = {"KILN_RECORD=" + record};
   std::vector<std::string> gemm = {"inspect", "gemm"};
