@@ -259,12 +259,14 @@ class RuntimeImpl final : public Runtime {
         return it->second;
       }
     }
-    KILN_ASSIGN_OR_RETURN(auto built, build(spec, target));
-    record(spec);
+    auto built = build(spec, target);
     std::unique_lock lock(mu_);
-    compiled_.emplace(memo, built);
-    inflight_.erase(memo);
-    return built;
+    inflight_.erase(memo);  // on failure too: a later request tries again
+    if (!built) return built.take_error();
+    compiled_.emplace(memo, *built);
+    lock.unlock();
+    record(spec);
+    return std::move(built).value();
   }
 
   Result<std::shared_ptr<CompiledKernelImpl>> build(const KernelSpec& spec, const TargetInfo& target) {
