@@ -34,7 +34,7 @@ status=0
 for target in manifest metadata; do
   "$CXX" "${FLAGS[@]}" -fsanitize=fuzzer "fuzz/fuzz_$target.cpp" "${objs[@]}" -lfmt -lspdlog -lcrypto -ldl \
     -o "$OUT/fuzz_$target"
-  regressions=(fuzz/regressions/$target/*)
+  regressions=(fuzz/regressions/$target/[!.]*)
   if [[ -e ${regressions[0]} ]]; then
     "$OUT/fuzz_$target" "${regressions[@]}" >"$OUT/regress_$target.log" 2>&1 ||
       { echo "fuzz: $target: a regression input fails again (log: $OUT/regress_$target.log)"; status=1; }
