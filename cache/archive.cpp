@@ -83,17 +83,6 @@ bool is_hex(std::string_view s, size_t n) {
          std::all_of(s.begin(), s.end(), [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
 }
 
-/// The host part of temporary names, as the disk cache spells it (dots and slashes replaced), so
-/// that its stale-temporary cleanup recognizes a staging directory left by a dead import.
-std::string host_part() {
-  char buf[256] = {0};
-  if (::gethostname(buf, sizeof(buf) - 1) != 0 || !buf[0]) return "host";
-  std::string h(buf);
-  for (char& c : h)
-    if (c == '.' || c == '/') c = '_';
-  return h;
-}
-
 /// An entry's files, read under a shared lock on meta.json (eviction skips it meanwhile) and
 /// checked against its meta.json.
 struct EntryFiles {
@@ -326,7 +315,7 @@ Result<ImportReport> import_cache(const DiskCache& cache, const std::string& pat
   // A private staging directory, laid out as a cache root. Its name has the shape of the disk
   // cache's temporaries (<name>.<host>.<pid>.<n>): one left by a killed import is cleaned up.
   const std::string root = cache.root();
-  std::string staging = fmt::format("{}/v1/tmp/import.{}.{}.XXXXXX", root, host_part(), ::getpid());
+  std::string staging = fmt::format("{}/v1/tmp/import.{}.{}.XXXXXX", root, host_tag(), ::getpid());
   KILN_TRY(make_dirs(root + "/v1/tmp", 0700));
   if (!::mkdtemp(staging.data())) return make_error(Errc::io_error, "cannot create " + errno_message(staging));
   TreeGuard remove_staging(staging);

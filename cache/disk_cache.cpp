@@ -48,20 +48,6 @@ CodeObjectInfo info_from_json(const nlohmann::json& j) {
   return i;
 }
 
-// The host part of temporary entry names (never of keys): with the pid it tells whether the
-// writer of a leftover is dead.
-const std::string& host_name() {
-  static const std::string name = [] {
-    char buf[256] = {0};
-    if (::gethostname(buf, sizeof(buf) - 1) != 0 || !buf[0]) return std::string("host");
-    std::string h(buf);
-    for (char& c : h)
-      if (c == '.' || c == '/') c = '_';
-    return h;
-  }();
-  return name;
-}
-
 std::span<const uint8_t> as_bytes(const std::string& s) {
   return {reinterpret_cast<const uint8_t*>(s.data()), s.size()};
 }
@@ -243,7 +229,7 @@ std::optional<CacheEntry> DiskCache::load(const std::string& key) {
 Result<void> DiskCache::store(const CacheEntry& e) {
   const std::string final_dir = entry_dir(e.key);
   if (read_only_) return make_error(Errc::io_error, fmt::format("cache '{}' is a read-only layer", root_));
-  const std::string tmp = fmt::format("{}/v1/tmp/{}.{}.{}.{}", root_, e.key, host_name(), ::getpid(), tmp_counter_++);
+  const std::string tmp = fmt::format("{}/v1/tmp/{}.{}.{}.{}", root_, e.key, host_tag(), ::getpid(), tmp_counter_++);
   KILN_TRY(make_dirs(tmp, 0700));
   auto cleanup = [&] {
     std::error_code ec;
@@ -373,7 +359,7 @@ size_t DiskCache::clean_stale_tmp() {
       parts.push_back(name.substr(pos, next - pos));
     }
     bool stale = false;
-    if (parts.size() == 4 && parts[1] == host_name()) {
+    if (parts.size() == 4 && parts[1] == host_tag()) {
       const pid_t pid = static_cast<pid_t>(std::strtol(parts[2].c_str(), nullptr, 10));
       stale = pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH;
     }
@@ -419,7 +405,7 @@ Result<DiskCache::GcResult> DiskCache::collect(uint64_t max_bytes) {
       }
     }
     // Rename out of entries/ first (atomic: readers see the entry or nothing), then delete.
-    const std::string doomed = fmt::format("{}/v1/tmp/evicted-{}.{}.{}.{}", root_, item.key, host_name(), ::getpid(), tmp_counter_++);
+    const std::string doomed = fmt::format("{}/v1/tmp/evicted-{}.{}.{}.{}", root_, item.key, host_tag(), ::getpid(), tmp_counter_++);
     if (::rename(item.path.c_str(), doomed.c_str()) != 0) continue;
     std::error_code ec;
     fs::remove_all(doomed, ec);

@@ -12,6 +12,18 @@
 
 namespace kiln {
 
+const std::string& host_tag() {
+  static const std::string name = [] {
+    char buf[256] = {0};
+    if (::gethostname(buf, sizeof(buf) - 1) != 0 || !buf[0]) return std::string("host");
+    std::string h(buf);
+    for (char& c : h)
+      if (c == '.' || c == '/') c = '_';
+    return h;
+  }();
+  return name;
+}
+
 std::string errno_message(const std::string& path) { return fmt::format("'{}': {}", path, std::strerror(errno)); }
 
 Result<void> make_dirs(const std::string& path, unsigned mode) {

@@ -18,6 +18,9 @@ inline Result<void> write_file_synced(const std::string& path, const std::string
 /// fsyncs a directory, making a rename inside it durable.
 Result<void> sync_dir(const std::string& path);
 Result<std::string> read_file(const std::string& path);
+/// This host's name as temporary-file names spell it ('.' and '/' replaced by '_'); with a pid it
+/// tells whether the writer of a leftover is dead. Never part of a cache key.
+const std::string& host_tag();
 /// "strerror(errno)" with the path: "'/x/y': Permission denied".
 std::string errno_message(const std::string& path);
 }  // namespace kiln
