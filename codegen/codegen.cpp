@@ -28,7 +28,7 @@ Result<KernelSource> generate(const KernelSpec& spec, const TargetInfo& target) 
 
   const std::string_view prelude = prelude_for(target);
   const std::string_view common = embedded_file("codegen/preludes/common.prelude");
-  const std::string_view body = op->device_template();
+  const std::string_view body = op->device_template_for(src.config);
   src.template_sha256 = sha256_hex(fmt::format("{}\n{}\n{}", prelude, common, body));
 
   std::string config_text;

@@ -53,8 +53,9 @@ struct Dim3 {
   uint32_t x = 1, y = 1, z = 1;
 };
 
-/// Grid and block of one launch. Dynamic shared memory is unused by the current templates
-/// (their LDS arrays are static, sized by baked constants) and stays 0.
+/// Grid and block of one launch. Most templates use static LDS arrays (sized by baked constants)
+/// and leave dynamic shared memory 0; gemm's sm_90a WGMMA kernel stages its tiles in dynamic
+/// shared memory beyond 48 KiB (the CUDA launch raises the function's opt-in limit for it).
 struct LaunchGeometry {
   Dim3 grid;
   Dim3 block;
@@ -83,6 +84,9 @@ class OpTemplate {
   /// The device template: target-neutral kernel text that reads the baked constants and the
   /// prelude's primitives. Its kernel is `extern "C"` and named kernel_name().
   virtual std::string_view device_template() const = 0;
+  /// The device template codegen uses for a chosen configuration (an op with several kernels,
+  /// e.g. gemm's tensor-core path, picks by its config); the cache key hashes this text.
+  virtual std::string_view device_template_for(const TileConfig& config) const { return device_template(); }
   virtual std::string_view kernel_name() const = 0;
 
   /// Checks a request. The base checks names, ranges and dtypes from params()/dtypes(); ops add

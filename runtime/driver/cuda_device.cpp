@@ -1,5 +1,7 @@
 #include <fmt/format.h>
 
+#include <atomic>
+
 #include "runtime/device_impl.h"
 #include "runtime/driver/cuda_api.h"
 #include "support/log.h"
@@ -20,6 +22,16 @@ class CudaModule final : public LoadedModule {
     // launches from any thread (and after other libraries switched contexts) work.
     CUcontext current = nullptr;
     if (api_->cuCtxGetCurrent(&current) != CUDA_SUCCESS || current != ctx_) KILN_CU(*api_, cuCtxSetCurrent(ctx_));
+    // More than 48 KiB of dynamic shared memory (the WGMMA GEMM's stages) needs the function's
+    // opt-in limit raised first; done once per module, for the largest size asked for so far.
+    constexpr uint32_t kDefaultDynamicLimit = 48 * 1024;
+    if (g.dynamic_shared_bytes > kDefaultDynamicLimit && g.dynamic_shared_bytes > dynamic_limit_.load()) {
+      KILN_CU(*api_, cuFuncSetAttribute(fn_, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                        static_cast<int>(g.dynamic_shared_bytes)));
+      uint32_t seen = dynamic_limit_.load();
+      while (seen < g.dynamic_shared_bytes && !dynamic_limit_.compare_exchange_weak(seen, g.dynamic_shared_bytes)) {
+      }
+    }
     KILN_CU(*api_, cuLaunchKernel(fn_, g.grid.x, g.grid.y, g.grid.z, g.block.x, g.block.y, g.block.z,
                                   g.dynamic_shared_bytes, static_cast<CUstream>(stream), args, nullptr));
     return ok();
@@ -31,6 +43,7 @@ class CudaModule final : public LoadedModule {
   CUcontext ctx_;
   CUmodule module_;
   CUfunction fn_;
+  mutable std::atomic<uint32_t> dynamic_limit_{0};
 };
 
 class CudaDevice final : public DeviceImpl {

@@ -23,6 +23,23 @@ const DType kDTypes[] = {DType::bf16, DType::f16, DType::f32};
 std::span<const ParamInfo> GemmOp::params() const { return kParams; }
 std::span<const DType> GemmOp::dtypes() const { return kDTypes; }
 std::string_view GemmOp::device_template() const { return embedded_file("templates/gemm/gemm.kernel"); }
+std::string_view GemmOp::device_template_for(const TileConfig& c) const {
+  auto it = c.find("WGMMA");
+  if (it != c.end() && it->second) return embedded_file("templates/gemm/gemm_sm90.kernel");
+  return device_template();
+}
+
+namespace {
+// The WGMMA path: Hopper tensor cores (sm_90a) for 16-bit inputs.
+bool use_wgmma(const KernelSpec& spec, const TargetInfo& target) {
+  return target.vendor == Vendor::nvidia && target.cpu == "sm_90a" &&
+         (spec.dtype == DType::bf16 || spec.dtype == DType::f16);
+}
+// Dynamic shared memory of the WGMMA kernel: the stages plus 1 KiB to align them to 1024 bytes.
+int64_t wgmma_shared_bytes(const TileConfig& c) {
+  return c.at("STAGES") * (c.at("BM") + c.at("BN")) * c.at("BK") * 2 + 1024;
+}
+}  // namespace
 
 Result<void> GemmOp::check(const KernelSpec& spec, const TargetInfo&) const {
   const int64_t M = spec.param("M");
@@ -36,6 +53,13 @@ Result<void> GemmOp::check(const KernelSpec& spec, const TargetInfo&) const {
 
 TileConfig GemmOp::choose_config(const KernelSpec& spec, const TargetInfo& target) const {
   const int64_t M = spec.param("M"), N = spec.param("N");
+  if (use_wgmma(spec, target)) {
+    // 128 x 256 tiles (two warpgroups of m64n256) when they still fill every SM, else 128 x 128.
+    // Stages: 4 x 48 KiB or 6 x 32 KiB, 193 KiB of the 227 KiB a block may opt into.
+    const bool wide = ceil_div(M, 128) * ceil_div(N, 256) >= target.compute_units;
+    return {{"WGMMA", 1}, {"BM", 128}, {"BN", wide ? 256 : 128}, {"BK", 64},
+            {"STAGES", wide ? 4 : 6}, {"THREADS", 256}};
+  }
   // Large tiles (128x128, an 8x8 register tile per thread) reuse each staged element 128 times;
   // use them when they still give every compute unit a block, else 64x64 with 4x4 per thread.
   const int64_t big_tiles = ceil_div(M, 128) * ceil_div(N, 128);
@@ -46,6 +70,16 @@ TileConfig GemmOp::choose_config(const KernelSpec& spec, const TargetInfo& targe
 }
 
 std::string GemmOp::specialize(const KernelSpec& spec, const TileConfig& c) const {
+  if (c.count("WGMMA") && c.at("WGMMA"))
+    return fmt::format(
+        "constexpr long long M = {}, N = {}, K = {};\n"
+        "constexpr bool TRANS_A = {}, TRANS_B = {}, IN_BF16 = {};\n"
+        "constexpr int BM = {}, BN = {}, BK = {}, STAGES = {}, THREADS = {};\n"
+        "typedef {} in_t;\ntypedef {} out_t;\n",
+        spec.param("M"), spec.param("N"), spec.param("K"), spec.param("trans_a") ? "true" : "false",
+        spec.param("trans_b") ? "true" : "false", spec.dtype == DType::bf16 ? "true" : "false",
+        c.at("BM"), c.at("BN"), c.at("BK"), c.at("STAGES"), c.at("THREADS"),
+        device_type_name(spec.dtype), device_type_name(spec.out_dtype));
   return fmt::format(
       "constexpr long long M = {}, N = {}, K = {};\n"
       "constexpr bool TRANS_A = {}, TRANS_B = {};\n"
@@ -61,6 +95,7 @@ LaunchGeometry GemmOp::geometry(const KernelSpec& spec, const TileConfig& c) con
   g.grid.x = static_cast<uint32_t>(ceil_div(spec.param("N"), c.at("BN")));
   g.grid.y = static_cast<uint32_t>(ceil_div(spec.param("M"), c.at("BM")));
   g.block.x = static_cast<uint32_t>(c.at("THREADS"));
+  if (c.count("WGMMA") && c.at("WGMMA")) g.dynamic_shared_bytes = static_cast<uint32_t>(wgmma_shared_bytes(c));
   return g;
 }
 

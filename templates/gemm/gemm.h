@@ -8,6 +8,8 @@ namespace kiln {
 /// Parameters (all baked): M, N, K >= 1; trans_a, trans_b (0/1).
 /// Tensors: A [M,K] (or [K,M] with trans_a), B [K,N] (or [N,K] with trans_b), C [M,N], all
 /// row-major. Inputs bf16/fp16/fp32; out_dtype any of the three.
+/// On sm_90a, bf16/fp16 inputs use the tensor-core kernel (gemm_sm90.kernel: WGMMA, cp.async
+/// pipeline, dynamic shared memory); fp32 inputs and AMD targets use the LDS-tiled gemm.kernel.
 class GemmOp final : public OpTemplate {
  public:
   std::string_view name() const override { return "gemm"; }
@@ -18,6 +20,8 @@ class GemmOp final : public OpTemplate {
   std::span<const DType> dtypes() const override;
   bool supports_out_dtype(DType, DType) const override { return true; }
   std::string_view device_template() const override;
+  /// gemm_sm90.kernel (WGMMA) when the config says WGMMA=1, else the portable gemm.kernel.
+  std::string_view device_template_for(const TileConfig& config) const override;
   std::string_view kernel_name() const override { return "kiln_gemm"; }
   TileConfig choose_config(const KernelSpec& spec, const TargetInfo& target) const override;
   std::string specialize(const KernelSpec& spec, const TileConfig& config) const override;

@@ -44,10 +44,11 @@ TEST(Codegen, SourceHoldsPreludeConstantsAndTemplate) {
   ASSERT_TRUE(nv.ok());
   EXPECT_NE(nv->text.find("kWaveSize = 32"), std::string::npos);
   EXPECT_EQ(nv->text.find("__builtin_amdgcn"), std::string::npos);
-  // The template hash covers the prelude, the common helpers and the device template.
+  // The template hash covers the prelude, the common helpers and the device template actually
+  // used: bf16 gemm on sm_90a takes the WGMMA template.
   const std::string expect = sha256_hex(std::string(prelude_for(target("sm_90a"))) + "\n" +
                                         std::string(embedded_file("codegen/preludes/common.prelude")) + "\n" +
-                                        std::string(embedded_file("templates/gemm/gemm.kernel")));
+                                        std::string(embedded_file("templates/gemm/gemm_sm90.kernel")));
   EXPECT_EQ(nv->template_sha256, expect);
 }
 

@@ -30,6 +30,19 @@ std::vector<KernelSpec> gpu_specs() {
     s.push_back(gemm_spec(129, 257, 65, true, false, dt, dt));
   }
   s.push_back(gemm_spec(200, 300, 1000, false, true, DType::bf16, DType::f32));
+  // The sm_90a tensor-core (WGMMA) path for 16-bit inputs: odd M, N, K (1, 7, 127, 4097) in every
+  // layout, bf16/fp16 in, bf16/fp16/fp32 out; leading dimensions that are not a multiple of 8
+  // take the element-wise copy; 1536 x 5632 fills every SM with 128 x 256 tiles.
+  const struct {
+    int64_t M, N, K;
+    DType in, out;
+  } tc_shapes[] = {{127, 4097, 7, DType::bf16, DType::bf16}, {4097, 7, 127, DType::bf16, DType::f32},
+                   {7, 127, 4097, DType::f16, DType::f16},   {1, 4097, 127, DType::f16, DType::f32},
+                   {4097, 1, 1, DType::bf16, DType::bf16},   {1537, 5632, 200, DType::bf16, DType::bf16},
+                   {256, 512, 4096, DType::f16, DType::f32}};
+  for (auto [M, N, K, in, out] : tc_shapes)
+    for (auto [ta, tb] : {std::pair{false, true}, std::pair{false, false}, std::pair{true, false}})
+      s.push_back(gemm_spec(M, N, K, ta, tb, in, out));
   s.push_back(gemm_spec(200, 300, 100, false, false, DType::f32, DType::bf16));
   for (DType dt : {DType::bf16, DType::f16, DType::f32}) {
     for (int64_t hidden : {1, 7, 64, 1000, 4096, 8192, 16384}) s.push_back(rmsnorm_spec(hidden < 4096 ? 33 : 1025, hidden, dt));
