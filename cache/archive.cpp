@@ -136,7 +136,8 @@ Result<EntryFiles> read_entry_files(const std::string& dir, const std::string& k
     for (const auto& [name, want] : out.meta["files"].items()) {
       auto data = read_file(dir + "/" + name);
       if (!data) return make_error(Errc::io_error, fmt::format("{} is unreadable", name));
-      if (data->size() != want.at("bytes").get<uint64_t>() || sha256_hex(*data) != want.at("sha256").get<std::string>())
+      if (!want.at("bytes").is_number_unsigned() || data->size() != want.at("bytes").get<uint64_t>() ||
+          sha256_hex(*data) != want.at("sha256").get<std::string>())
         return make_error(Errc::corrupt, fmt::format("{} changed while exporting", name));
       out.files[name] = std::move(*data);
     }

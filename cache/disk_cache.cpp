@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <climits>
+#include <stdexcept>
 #include <csignal>
 #include <filesystem>
 #include <thread>
@@ -33,17 +35,40 @@ nlohmann::json info_to_json(const CodeObjectInfo& i) {
           {"assembler_report", i.extra}};
 }
 
+// Typed reads that refuse what nlohmann's get<> would convert with undefined behaviour (a float
+// outside the range of int, found by fuzz_metadata: fuzz/regressions/metadata/).
+int int_at(const nlohmann::json& j, const char* key) {
+  const nlohmann::json& v = j.at(key);
+  if (!v.is_number_integer()) throw std::invalid_argument(fmt::format("'{}' is not an integer", key));
+  const int64_t x = v.get<int64_t>();
+  if (x < INT32_MIN || x > INT32_MAX || (v.is_number_unsigned() && v.get<uint64_t>() > INT32_MAX))
+    throw std::invalid_argument(fmt::format("'{}' is out of range", key));
+  return static_cast<int>(x);
+}
+
+uint64_t size_at(const nlohmann::json& j, const char* key) {
+  const nlohmann::json& v = j.at(key);
+  if (!v.is_number_unsigned()) throw std::invalid_argument(fmt::format("'{}' is not a size", key));
+  return v.get<uint64_t>();
+}
+
+double number_at(const nlohmann::json& j, const char* key) {
+  const nlohmann::json& v = j.at(key);
+  if (!v.is_number()) throw std::invalid_argument(fmt::format("'{}' is not a number", key));
+  return v.get<double>();
+}
+
 CodeObjectInfo info_from_json(const nlohmann::json& j) {
   CodeObjectInfo i;
   i.kernel = j.at("kernel").get<std::string>();
-  i.registers = j.at("registers").get<int>();
-  i.sgprs = j.at("sgprs").get<int>();
-  i.agprs = j.at("agprs").get<int>();
-  i.shared_bytes = j.at("shared_bytes").get<int>();
-  i.scratch_bytes = j.at("scratch_bytes").get<int>();
-  i.spill_stores = j.at("spill_stores").get<int>();
-  i.spill_loads = j.at("spill_loads").get<int>();
-  i.wave_size = j.at("wave_size").get<int>();
+  i.registers = int_at(j, "registers");
+  i.sgprs = int_at(j, "sgprs");
+  i.agprs = int_at(j, "agprs");
+  i.shared_bytes = int_at(j, "shared_bytes");
+  i.scratch_bytes = int_at(j, "scratch_bytes");
+  i.spill_stores = int_at(j, "spill_stores");
+  i.spill_loads = int_at(j, "spill_loads");
+  i.wave_size = int_at(j, "wave_size");
   i.extra = j.value("assembler_report", "");
   return i;
 }
@@ -161,7 +186,7 @@ Result<EntryMetadata> parse_entry_metadata(std::string_view text, const std::str
   if (meta.is_discarded() || !meta.is_object()) return make_error(Errc::corrupt, "meta.json is not valid JSON");
   // nlohmann's typed accessors throw on a wrong type or a missing field: each is a bad entry.
   try {
-    if (meta.at("format_version").get<int>() != kCacheFormatVersion)
+    if (int_at(meta, "format_version") != kCacheFormatVersion)
       return make_error(Errc::corrupt, "meta.json has another format version");
     if (meta.at("key").get<std::string>() != key) return make_error(Errc::corrupt, "meta.json names another key");
     EntryMetadata m;
@@ -173,7 +198,7 @@ Result<EntryMetadata> parse_entry_metadata(std::string_view text, const std::str
     e.kernel_name = meta.at("kernel_name").get<std::string>();
     e.compiled.code.format = meta.at("code_format").get<std::string>();
     e.compiled.info = info_from_json(meta.at("info"));
-    e.compiled.compile_ms = meta.at("compile_ms").get<double>();
+    e.compiled.compile_ms = number_at(meta, "compile_ms");
     e.compiled.log = meta.value("compiler_log", "");
     if (e.key_json.value("target", "") != e.target)
       return make_error(Errc::corrupt, "meta.json's target disagrees with its key");
@@ -186,10 +211,10 @@ Result<EntryMetadata> parse_entry_metadata(std::string_view text, const std::str
       if (name.empty() || name.find('/') != std::string::npos || name.find("..") != std::string::npos ||
           name == "meta.json")
         return make_error(Errc::corrupt, "meta.json lists a file outside the entry");
-      m.files[name] = {want.at("sha256").get<std::string>(), want.at("bytes").get<uint64_t>()};
+      m.files[name] = {want.at("sha256").get<std::string>(), size_at(want, "bytes")};
     }
     return m;
-  } catch (const nlohmann::json::exception& ex) {
+  } catch (const std::exception& ex) {  // nlohmann's type errors and the typed reads above
     return make_error(Errc::corrupt, fmt::format("meta.json is malformed: {}", ex.what()));
   }
 }
