@@ -9,6 +9,7 @@
 #include <string>
 
 #include "kiln/spec.h"
+#include "kiln/target.h"
 
 namespace kiln::testing {
 
@@ -30,6 +31,9 @@ class TempDir {
  private:
   std::string path_;
 };
+
+/// A target of the table by name (the tests name only real ones).
+inline const TargetInfo& target(const char* name) { return **find_target(name); }
 
 /// A target this build can compile for without a GPU: an AMD one with LLVM, else sm_90a (NVRTC).
 inline const char* compilable_target() { return KILN_WITH_LLVM ? "gfx942" : "sm_90a"; }

@@ -70,24 +70,22 @@ TileConfig GemmOp::choose_config(const KernelSpec& spec, const TargetInfo& targe
 }
 
 std::string GemmOp::specialize(const KernelSpec& spec, const TileConfig& c) const {
-  if (c.count("WGMMA") && c.at("WGMMA"))
-    return fmt::format(
-        "constexpr long long M = {}, N = {}, K = {};\n"
-        "constexpr bool TRANS_A = {}, TRANS_B = {}, IN_BF16 = {};\n"
-        "constexpr int BM = {}, BN = {}, BK = {}, STAGES = {}, THREADS = {};\n"
-        "typedef {} in_t;\ntypedef {} out_t;\n",
-        spec.param("M"), spec.param("N"), spec.param("K"), spec.param("trans_a") ? "true" : "false",
-        spec.param("trans_b") ? "true" : "false", spec.dtype == DType::bf16 ? "true" : "false",
-        c.at("BM"), c.at("BN"), c.at("BK"), c.at("STAGES"), c.at("THREADS"),
-        device_type_name(spec.dtype), device_type_name(spec.out_dtype));
-  return fmt::format(
-      "constexpr long long M = {}, N = {}, K = {};\n"
-      "constexpr bool TRANS_A = {}, TRANS_B = {};\n"
-      "constexpr int BM = {}, BN = {}, BK = {}, TM = {}, TN = {}, THREADS = {};\n"
-      "typedef {} in_t;\ntypedef {} out_t;\n",
-      spec.param("M"), spec.param("N"), spec.param("K"), spec.param("trans_a") ? "true" : "false",
-      spec.param("trans_b") ? "true" : "false", c.at("BM"), c.at("BN"), c.at("BK"), c.at("TM"),
-      c.at("TN"), c.at("THREADS"), device_type_name(spec.dtype), device_type_name(spec.out_dtype));
+  const bool wgmma = c.count("WGMMA") && c.at("WGMMA");
+  std::string out = fmt::format("constexpr long long M = {}, N = {}, K = {};\n"
+                                "constexpr bool TRANS_A = {}, TRANS_B = {}",
+                                spec.param("M"), spec.param("N"), spec.param("K"),
+                                spec.param("trans_a") ? "true" : "false", spec.param("trans_b") ? "true" : "false");
+  if (wgmma)
+    out += fmt::format(", IN_BF16 = {};\n"
+                       "constexpr int BM = {}, BN = {}, BK = {}, STAGES = {}, THREADS = {};\n",
+                       spec.dtype == DType::bf16 ? "true" : "false", c.at("BM"), c.at("BN"), c.at("BK"),
+                       c.at("STAGES"), c.at("THREADS"));
+  else
+    out += fmt::format(";\nconstexpr int BM = {}, BN = {}, BK = {}, TM = {}, TN = {}, THREADS = {};\n", c.at("BM"),
+                       c.at("BN"), c.at("BK"), c.at("TM"), c.at("TN"), c.at("THREADS"));
+  out += fmt::format("typedef {} in_t;\ntypedef {} out_t;\n", device_type_name(spec.dtype),
+                     device_type_name(spec.out_dtype));
+  return out;
 }
 
 LaunchGeometry GemmOp::geometry(const KernelSpec& spec, const TileConfig& c) const {

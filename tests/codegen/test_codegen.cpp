@@ -11,8 +11,7 @@ namespace {
 using testing::gemm_spec;
 using testing::rmsnorm_spec;
 using testing::swiglu_spec;
-
-const TargetInfo& target(const char* name) { return **find_target(name); }
+using testing::target;
 
 std::string key_of(const KernelSpec& spec, const char* t, const char* compiler = "nvrtc") {
   auto src = generate(spec, target(t));

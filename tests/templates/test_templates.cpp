@@ -9,8 +9,7 @@ namespace {
 using testing::gemm_spec;
 using testing::rmsnorm_spec;
 using testing::swiglu_spec;
-
-const TargetInfo& target(const char* name) { return **find_target(name); }
+using testing::target;
 
 TEST(Templates, RegistryListsTheThreeOps) {
   std::vector<std::string> names;

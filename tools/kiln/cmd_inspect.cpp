@@ -107,17 +107,23 @@ std::string sass_of(std::span<const uint8_t> cubin) {
   return out;
 }
 
+// A runtime without a device on the command's cache and NVIDIA compiler: inspect goes through the
+// cache like any application would.
+Result<std::unique_ptr<Runtime>> compile_only_runtime(const InspectOptions& o) {
+  RuntimeOptions ro;
+  ro.backend = "none";
+  ro.cache_dir = cache_root(o.cache_dir);
+  ro.nvidia_compiler = nvidia_compiler(o.nvidia_compiler);
+  return Runtime::create(ro);
+}
+
 std::string entry_dir(const std::string& cache, const std::string& key) {
   if (cache.empty() || key.size() < 2) return "(memory only: the disk cache is off or unusable)";
   return fmt::format("{}/v1/entries/{}/{}", cache, key.substr(0, 2), key);
 }
 
 int print_meta(const KernelSpec& spec, const TargetInfo& target, const InspectOptions& o) {
-  RuntimeOptions ro;
-  ro.backend = "none";
-  ro.cache_dir = cache_root(o.cache_dir);
-  ro.nvidia_compiler = nvidia_compiler(o.nvidia_compiler);
-  auto rt = Runtime::create(ro);
+  auto rt = compile_only_runtime(o);
   if (!rt) return fail(rt.error());
   auto compiled = (*rt)->compile(spec, target.name);
   if (!compiled) return fail(compiled.error());
@@ -186,11 +192,7 @@ int run_inspect(const InspectOptions& o) {
   }
   fmt::print("// PTX ({} {})\n{}\n", (*compiler)->name(), (*compiler)->version(), *text);
   // SASS of the cubin the runtime would load (through the cache).
-  RuntimeOptions ro;
-  ro.backend = "none";
-  ro.cache_dir = cache_root(o.cache_dir);
-  ro.nvidia_compiler = nvidia_compiler(o.nvidia_compiler);
-  auto rt = Runtime::create(ro);
+  auto rt = compile_only_runtime(o);
   if (!rt) return fail(rt.error());
   auto compiled = (*rt)->compile(*spec, (*target)->name);
   if (!compiled) return fail(compiled.error());
