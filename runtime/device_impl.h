@@ -1,6 +1,7 @@
 // Internal side of kiln::Device: loading code objects and launching their kernels.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -10,10 +11,21 @@
 
 namespace kiln {
 
+/// The 128 bytes of a TMA tensor map (CUtensorMap), as a kernel argument passed by value.
+struct alignas(64) TensorMapBytes {
+  uint8_t bytes[128];
+};
+
 /// A code object loaded on a device (CUmodule / hipModule_t) and its one kernel function.
 class LoadedModule {
  public:
   virtual ~LoadedModule() = default;
+  /// Encodes the tensor map of a kernel argument for the tensor at `address` (NVIDIA only:
+  /// cuTensorMapEncodeTiled; the error names the tensor's requirement that failed).
+  virtual Result<void> encode_tensor_map(const TensorMapInfo& info, DType dtype, const void* address,
+                                         TensorMapBytes& out) const {
+    return make_error(Errc::unsupported, "TMA tensor maps exist only on NVIDIA GPUs (sm_90a)");
+  }
   /// `args` is the kernel-parameter array of cuLaunchKernel / hipModuleLaunchKernel.
   virtual Result<void> launch(const LaunchGeometry& geometry, void** args, Stream stream) const = 0;
   /// The raw function handle (CUfunction / hipFunction_t), for benchmarks against the driver.

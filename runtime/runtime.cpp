@@ -67,10 +67,14 @@ class CompiledKernelImpl final : public CompiledKernel {
 
 class KernelImpl final : public Kernel {
  public:
-  KernelImpl(std::shared_ptr<const CompiledKernelImpl> compiled, std::unique_ptr<LoadedModule> module)
-      : compiled_(std::move(compiled)), module_(std::move(module)) {
+  KernelImpl(std::shared_ptr<const CompiledKernelImpl> compiled, std::unique_ptr<LoadedModule> module,
+             int compute_units)
+      : compiled_(std::move(compiled)), module_(std::move(module)), compute_units_(compute_units) {
     const OpTemplate* op = compiled_->op();
-    tensor_count_ = op->tensors(compiled_->spec()).size();
+    const std::vector<TensorInfo> tensors = op->tensors(compiled_->spec());
+    tensor_count_ = tensors.size();
+    for (const TensorMapInfo& m : op->tensor_maps(compiled_->spec(), compiled_->config()))
+      tensor_maps_.push_back({m, tensors.at(m.tensor).dtype});
     for (const ParamInfo& p : op->params())
       if (!p.baked) runtime_params_.emplace_back(p.name);
     for (const ScalarInfo& s : op->scalars()) scalars_.push_back(&s);
@@ -84,16 +88,27 @@ class KernelImpl final : public Kernel {
       return make_error(Errc::invalid_argument,
                         fmt::format("{} takes {} device buffers ({}), got {}", compiled_->op()->name(), tensor_count_,
                                     tensor_names(), buffers.size()));
-    // Kernel arguments: tensor pointers, then runtime int parameters, then fp32 scalars.
+    // Kernel arguments: tensor pointers (or TMA tensor maps), then runtime int parameters, then
+    // fp32 scalars.
     constexpr size_t kMax = 16;
     void* args[kMax];
     void* ptrs[kMax];
+    TensorMapBytes maps[4];
     int ints[kMax];
     float floats[kMax];
     size_t n = 0;
     for (size_t i = 0; i < buffers.size(); ++i) {
       ptrs[i] = buffers[i];
       args[n++] = &ptrs[i];
+    }
+    for (size_t j = 0; j < tensor_maps_.size() && j < std::size(maps); ++j) {
+      const auto& [info, dtype] = tensor_maps_[j];
+      if (Result<void> r = module_->encode_tensor_map(info, dtype, buffers[info.tensor], maps[j]); !r) {
+        Error e = r.error();
+        e.message = fmt::format("{} (tensor {}): {}", compiled_->op()->name(), tensor_name(info.tensor), e.message);
+        return e;
+      }
+      args[info.tensor] = &maps[j];
     }
     for (size_t i = 0; i < runtime_params_.size(); ++i) {
       auto it = call.params.find(runtime_params_[i]);
@@ -108,14 +123,17 @@ class KernelImpl final : public Kernel {
       floats[i] = it == scalars.end() ? scalars_[i]->default_value : it->second;
       args[n++] = &floats[i];
     }
-    const LaunchGeometry geometry =
-        fixed_geometry_ ? *fixed_geometry_ : compiled_->op()->geometry(call, compiled_->config());
+    LaunchGeometry geometry = fixed_geometry_ ? *fixed_geometry_ : compiled_->op()->geometry(call, compiled_->config());
+    // A persistent kernel gets one block per compute unit at most: more would only queue.
+    if (geometry.persistent && compute_units_ > 0)
+      geometry.grid.x = std::min<uint32_t>(geometry.grid.x, static_cast<uint32_t>(compute_units_));
     return module_->launch(geometry, args, stream);
   }
 
   const LoadedModule& module() const { return *module_; }
 
  private:
+  std::string tensor_name(size_t i) const { return compiled_->op()->tensors(compiled_->spec()).at(i).name; }
   std::string tensor_names() const {
     std::string s;
     for (const auto& t : compiled_->op()->tensors(compiled_->spec())) s += (s.empty() ? "" : ", ") + t.name;
@@ -123,7 +141,9 @@ class KernelImpl final : public Kernel {
   }
   std::shared_ptr<const CompiledKernelImpl> compiled_;
   std::unique_ptr<LoadedModule> module_;
+  int compute_units_ = 0;
   size_t tensor_count_ = 0;
+  std::vector<std::pair<TensorMapInfo, DType>> tensor_maps_;
   std::vector<std::string> runtime_params_;
   std::vector<const ScalarInfo*> scalars_;
   std::optional<LaunchGeometry> fixed_geometry_;
@@ -189,7 +209,7 @@ class RuntimeImpl final : public Runtime {
     }
     auto module = device_->load(compiled->code(), compiled->info().kernel);
     if (!module) return module.take_error();
-    auto k = std::make_shared<KernelImpl>(compiled, std::move(module).value());
+    auto k = std::make_shared<KernelImpl>(compiled, std::move(module).value(), device_->compute_units());
     std::unique_lock lock(mu_);
     kernels_.emplace(memo, k);
     return std::shared_ptr<const Kernel>(k);

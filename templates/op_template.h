@@ -54,12 +54,26 @@ struct Dim3 {
 };
 
 /// Grid and block of one launch. Most templates use static LDS arrays (sized by baked constants)
-/// and leave dynamic shared memory 0; gemm's sm_90a WGMMA kernel stages its tiles in dynamic
+/// and leave dynamic shared memory 0; gemm's sm_90a WGMMA kernels stage their tiles in dynamic
 /// shared memory beyond 48 KiB (the CUDA launch raises the function's opt-in limit for it).
 struct LaunchGeometry {
   Dim3 grid;
   Dim3 block;
   uint32_t dynamic_shared_bytes = 0;
+  /// A persistent kernel: grid.x is the number of work tiles and blocks stride over them by
+  /// gridDim.x, so the launch may shrink grid.x to the device's compute units (one block each).
+  bool persistent = false;
+};
+
+/// A TMA tensor map (CUtensorMap, 128 bytes) that the kernel takes by value, in place of one
+/// tensor's pointer. 2-D view of a row-major tensor: `inner` elements contiguous (the last
+/// dimension), `outer` rows of `inner` elements; tiles of box_inner x box_outer elements land in
+/// shared memory with the 128-byte swizzle; elements outside the tensor read as zero. The host
+/// encodes it for every launch from the buffer's address (cuTensorMapEncodeTiled on CUDA).
+struct TensorMapInfo {
+  size_t tensor;  ///< Index into tensors().
+  uint64_t inner, outer;
+  uint32_t box_inner, box_outer;
 };
 
 /// Baked tuning choices (tile sizes, threads per block), picked by the op's heuristic. They are
@@ -101,6 +115,10 @@ class OpTemplate {
   virtual LaunchGeometry geometry(const KernelSpec& spec, const TileConfig& config) const = 0;
   /// Tensor arguments of a spec, in kernel-argument order.
   virtual std::vector<TensorInfo> tensors(const KernelSpec& spec) const = 0;
+  /// Tensors passed as TMA tensor maps instead of pointers (default: none).
+  virtual std::vector<TensorMapInfo> tensor_maps(const KernelSpec& spec, const TileConfig& config) const {
+    return {};
+  }
 
   /// CPU reference in fp64 on the (already dtype-rounded) input values. Computes the output rows
   /// listed in `rows` (rows of the first dimension of the single output tensor) into `out`,

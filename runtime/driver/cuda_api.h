@@ -18,7 +18,7 @@ namespace kiln {
   X(cuLaunchKernel) X(cuMemAlloc) X(cuMemFree) X(cuMemcpyHtoD) X(cuMemcpyDtoH)              \
   X(cuMemsetD8) X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamSynchronize)                 \
   X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord) X(cuEventSynchronize)                 \
-  X(cuEventElapsedTime)
+  X(cuEventElapsedTime) X(cuTensorMapEncodeTiled)
 
 struct CudaApi {
   KILN_CUDA_SYMBOLS(KILN_DECLARE_SYMBOL)

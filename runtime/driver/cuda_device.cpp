@@ -38,6 +38,31 @@ class CudaModule final : public LoadedModule {
   }
   void* function() const override { return fn_; }
 
+  Result<void> encode_tensor_map(const TensorMapInfo& m, DType dtype, const void* address,
+                                 TensorMapBytes& out) const override {
+    static_assert(sizeof(CUtensorMap) == sizeof(TensorMapBytes));
+    // TMA's rules (cuTensorMapEncodeTiled): 16-byte aligned base, strides multiples of 16 bytes.
+    const size_t elem = dtype_size(dtype);
+    if (reinterpret_cast<uintptr_t>(address) % 16 != 0)
+      return make_error(Errc::invalid_argument,
+                        fmt::format("address {} is not 16-byte aligned; this kernel loads it with TMA, which "
+                                    "needs a 16-byte aligned base (every device allocation is: pass a view that "
+                                    "starts a multiple of 16 bytes into it)",
+                                    address));
+    const CUtensorMapDataType type = dtype == DType::bf16  ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                     : dtype == DType::f16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                                           : CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
+    const cuuint64_t dims[2] = {m.inner, m.outer};
+    const cuuint64_t strides[1] = {m.inner * elem};
+    const cuuint32_t box[2] = {m.box_inner, m.box_outer};
+    const cuuint32_t element_strides[2] = {1, 1};
+    auto* map = reinterpret_cast<CUtensorMap*>(out.bytes);
+    KILN_CU(*api_, cuTensorMapEncodeTiled(map, type, 2, const_cast<void*>(address), dims, strides, box,
+                                          element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                          CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
+    return ok();
+  }
+
  private:
   const CudaApi* api_;
   CUcontext ctx_;

@@ -2,6 +2,10 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <climits>
+#include <string>
+
 #include "support/embedded.h"
 
 namespace kiln {
@@ -23,9 +27,21 @@ const DType kDTypes[] = {DType::bf16, DType::f16, DType::f32};
 std::span<const ParamInfo> GemmOp::params() const { return kParams; }
 std::span<const DType> GemmOp::dtypes() const { return kDTypes; }
 std::string_view GemmOp::device_template() const { return embedded_file("templates/gemm/gemm.kernel"); }
+namespace {
+bool flag(const TileConfig& c, const char* key) {
+  auto it = c.find(key);
+  return it != c.end() && it->second != 0;
+}
+}  // namespace
+
 std::string_view GemmOp::device_template_for(const TileConfig& c) const {
-  auto it = c.find("WGMMA");
-  if (it != c.end() && it->second) return embedded_file("templates/gemm/gemm_sm90.kernel");
+  // The Hopper kernels share their WGMMA pieces (wgmma.kernel), placed before their own text.
+  static const std::string tma = std::string(embedded_file("templates/gemm/wgmma.kernel")) + "\n" +
+                                 std::string(embedded_file("templates/gemm/gemm_sm90_tma.kernel"));
+  static const std::string cp_async = std::string(embedded_file("templates/gemm/wgmma.kernel")) + "\n" +
+                                      std::string(embedded_file("templates/gemm/gemm_sm90.kernel"));
+  if (flag(c, "TMA")) return tma;
+  if (flag(c, "WGMMA")) return cp_async;
   return device_template();
 }
 
@@ -35,9 +51,16 @@ bool use_wgmma(const KernelSpec& spec, const TargetInfo& target) {
   return target.vendor == Vendor::nvidia && target.cpu == "sm_90a" &&
          (spec.dtype == DType::bf16 || spec.dtype == DType::f16);
 }
-// Dynamic shared memory of the WGMMA kernel: the stages plus 1 KiB to align them to 1024 bytes.
+// TMA needs 16-byte global strides: leading dimensions that are multiples of 8 bf16/fp16 elements.
+bool tma_strides(const KernelSpec& spec) {
+  const int64_t lda = spec.param("trans_a") ? spec.param("M") : spec.param("K");
+  const int64_t ldb = spec.param("trans_b") ? spec.param("K") : spec.param("N");
+  return lda % 8 == 0 && ldb % 8 == 0;
+}
+// Dynamic shared memory of the WGMMA kernels: the stages, 1 KiB to align them to 1024 bytes, and
+// the TMA kernel's mbarriers.
 int64_t wgmma_shared_bytes(const TileConfig& c) {
-  return c.at("STAGES") * (c.at("BM") + c.at("BN")) * c.at("BK") * 2 + 1024;
+  return c.at("STAGES") * (c.at("BM") + c.at("BN")) * c.at("BK") * 2 + 1024 + (flag(c, "TMA") ? 256 : 0);
 }
 }  // namespace
 
@@ -56,9 +79,14 @@ TileConfig GemmOp::choose_config(const KernelSpec& spec, const TargetInfo& targe
   if (use_wgmma(spec, target)) {
     // 128 x 256 tiles (two warpgroups of m64n256) when they still fill every SM, else 128 x 128.
     // Stages: 4 x 48 KiB or 6 x 32 KiB, 193 KiB of the 227 KiB a block may opt into.
+    // TMA (gemm_sm90_tma.kernel: a producer warpgroup, persistent) where the strides allow it,
+    // else the cp.async kernel (gemm_sm90.kernel).
     const bool wide = ceil_div(M, 128) * ceil_div(N, 256) >= target.compute_units;
-    return {{"WGMMA", 1}, {"BM", 128}, {"BN", wide ? 256 : 128}, {"BK", 64},
-            {"STAGES", wide ? 4 : 6}, {"THREADS", 256}};
+    const bool tma = tma_strides(spec);
+    TileConfig c = {{"WGMMA", 1}, {"BM", 128}, {"BN", wide ? 256 : 128}, {"BK", 64},
+                    {"STAGES", wide ? 4 : 6}, {"THREADS", tma ? 384 : 256}};
+    if (tma) c["TMA"] = 1;
+    return c;
   }
   // Large tiles (128x128, an 8x8 register tile per thread) reuse each staged element 128 times;
   // use them when they still give every compute unit a block, else 64x64 with 4x4 per thread.
@@ -70,7 +98,7 @@ TileConfig GemmOp::choose_config(const KernelSpec& spec, const TargetInfo& targe
 }
 
 std::string GemmOp::specialize(const KernelSpec& spec, const TileConfig& c) const {
-  const bool wgmma = c.count("WGMMA") && c.at("WGMMA");
+  const bool wgmma = flag(c, "WGMMA");
   std::string out = fmt::format("constexpr long long M = {}, N = {}, K = {};\n"
                                 "constexpr bool TRANS_A = {}, TRANS_B = {}",
                                 spec.param("M"), spec.param("N"), spec.param("K"),
@@ -90,10 +118,19 @@ std::string GemmOp::specialize(const KernelSpec& spec, const TileConfig& c) cons
 
 LaunchGeometry GemmOp::geometry(const KernelSpec& spec, const TileConfig& c) const {
   LaunchGeometry g;
+  if (flag(c, "TMA")) {
+    // Persistent: one block per tile at most; the launch caps it at one block per SM.
+    const int64_t tiles = ceil_div(spec.param("M"), c.at("BM")) * ceil_div(spec.param("N"), c.at("BN"));
+    g.grid.x = static_cast<uint32_t>(std::min<int64_t>(tiles, INT32_MAX));
+    g.block.x = static_cast<uint32_t>(c.at("THREADS"));
+    g.dynamic_shared_bytes = static_cast<uint32_t>(wgmma_shared_bytes(c));
+    g.persistent = true;
+    return g;
+  }
   g.grid.x = static_cast<uint32_t>(ceil_div(spec.param("N"), c.at("BN")));
   g.grid.y = static_cast<uint32_t>(ceil_div(spec.param("M"), c.at("BM")));
   g.block.x = static_cast<uint32_t>(c.at("THREADS"));
-  if (c.count("WGMMA") && c.at("WGMMA")) g.dynamic_shared_bytes = static_cast<uint32_t>(wgmma_shared_bytes(c));
+  if (flag(c, "WGMMA")) g.dynamic_shared_bytes = static_cast<uint32_t>(wgmma_shared_bytes(c));
   return g;
 }
 
@@ -104,6 +141,17 @@ std::vector<TensorInfo> GemmOp::tensors(const KernelSpec& spec) const {
       {"B", spec.dtype, spec.param("trans_b") ? std::vector<int64_t>{N, K} : std::vector<int64_t>{K, N}, false},
       {"C", spec.out_dtype, {M, N}, true},
   };
+}
+
+std::vector<TensorMapInfo> GemmOp::tensor_maps(const KernelSpec& spec, const TileConfig& c) const {
+  if (!flag(c, "TMA")) return {};
+  const uint64_t M = spec.param("M"), N = spec.param("N"), K = spec.param("K");
+  const uint32_t bm = static_cast<uint32_t>(c.at("BM")), bn = static_cast<uint32_t>(c.at("BN"));
+  // K-major operands load one box of 64 K x the tile's rows; MN-major ones 64 x 64 boxes, one per
+  // 64 M (or N) of the tile (the 128-byte swizzle spans 64 contiguous elements).
+  const TensorMapInfo a = spec.param("trans_a") ? TensorMapInfo{0, M, K, 64, 64} : TensorMapInfo{0, K, M, 64, bm};
+  const TensorMapInfo b = spec.param("trans_b") ? TensorMapInfo{1, K, N, 64, bn} : TensorMapInfo{1, N, K, 64, 64};
+  return {a, b};
 }
 
 void GemmOp::reference(const KernelSpec& spec, const Scalars&,

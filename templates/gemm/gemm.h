@@ -8,8 +8,12 @@ namespace kiln {
 /// Parameters (all baked): M, N, K >= 1; trans_a, trans_b (0/1).
 /// Tensors: A [M,K] (or [K,M] with trans_a), B [K,N] (or [N,K] with trans_b), C [M,N], all
 /// row-major. Inputs bf16/fp16/fp32; out_dtype any of the three.
-/// On sm_90a, bf16/fp16 inputs use the tensor-core kernel (gemm_sm90.kernel: WGMMA, cp.async
-/// pipeline, dynamic shared memory); fp32 inputs and AMD targets use the LDS-tiled gemm.kernel.
+/// On sm_90a, bf16/fp16 inputs use the tensor-core kernels: gemm_sm90_tma.kernel (WGMMA, TMA
+/// tensor maps for A and B, producer/consumer warpgroups, persistent grid) when the leading
+/// dimensions are multiples of 8 elements, else gemm_sm90.kernel (WGMMA, cp.async pipeline).
+/// fp32 inputs and AMD targets use the LDS-tiled gemm.kernel.
+/// The TMA kernel needs A and B 16-byte aligned (every device allocation is); a launch with an
+/// unaligned view fails with Errc::invalid_argument.
 class GemmOp final : public OpTemplate {
  public:
   std::string_view name() const override { return "gemm"; }
@@ -27,6 +31,7 @@ class GemmOp final : public OpTemplate {
   std::string specialize(const KernelSpec& spec, const TileConfig& config) const override;
   LaunchGeometry geometry(const KernelSpec& spec, const TileConfig& config) const override;
   std::vector<TensorInfo> tensors(const KernelSpec& spec) const override;
+  std::vector<TensorMapInfo> tensor_maps(const KernelSpec& spec, const TileConfig& config) const override;
   void reference(const KernelSpec& spec, const Scalars& scalars,
                  std::span<const std::vector<float>> inputs, std::span<const int64_t> rows,
                  std::vector<double>& out) const override;

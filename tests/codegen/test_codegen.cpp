@@ -44,16 +44,25 @@ TEST(Codegen, SourceHoldsPreludeConstantsAndTemplate) {
   EXPECT_NE(nv->text.find("kWaveSize = 32"), std::string::npos);
   EXPECT_EQ(nv->text.find("__builtin_amdgcn"), std::string::npos);
   // The template hash covers the prelude, the common helpers and the device template actually
-  // used: bf16 gemm on sm_90a takes the WGMMA template.
-  const std::string expect = sha256_hex(std::string(prelude_for(target("sm_90a"))) + "\n" +
-                                        std::string(embedded_file("codegen/preludes/common.prelude")) + "\n" +
-                                        std::string(embedded_file("templates/gemm/gemm_sm90.kernel")));
-  EXPECT_EQ(nv->template_sha256, expect);
+  // used: bf16 gemm on sm_90a takes a WGMMA template, the cp.async one when K = 33 rules out TMA.
+  const auto hash_of = [](const char* kernel) {
+    return sha256_hex(std::string(prelude_for(target("sm_90a"))) + "\n" +
+                      std::string(embedded_file("codegen/preludes/common.prelude")) + "\n" +
+                      std::string(embedded_file("templates/gemm/wgmma.kernel")) + "\n" +
+                      std::string(embedded_file(kernel)));
+  };
+  EXPECT_EQ(nv->template_sha256, hash_of("templates/gemm/gemm_sm90.kernel"));
+  auto tma = generate(gemm_spec(100, 72, 40, false, true), target("sm_90a"));
+  ASSERT_TRUE(tma.ok());
+  EXPECT_EQ(tma->template_sha256, hash_of("templates/gemm/gemm_sm90_tma.kernel"));
+  EXPECT_NE(tma->text.find("cp.async.bulk.tensor.2d"), std::string::npos);
 }
 
 TEST(Codegen, EveryTemplateAndPreludeIsEmbedded) {
   for (const char* f : {"codegen/preludes/amdgpu.prelude", "codegen/preludes/nvptx.prelude",
                         "codegen/preludes/common.prelude", "templates/gemm/gemm.kernel",
+                        "templates/gemm/gemm_sm90.kernel", "templates/gemm/gemm_sm90_tma.kernel",
+                        "templates/gemm/wgmma.kernel",
                         "templates/rmsnorm/rmsnorm.kernel", "templates/swiglu/swiglu.kernel"})
     EXPECT_FALSE(embedded_file(f).empty()) << f;
   EXPECT_TRUE(embedded_file("no/such/file").empty());

@@ -43,6 +43,17 @@ std::vector<KernelSpec> gpu_specs() {
   for (auto [M, N, K, in, out] : tc_shapes)
     for (auto [ta, tb] : {std::pair{false, true}, std::pair{false, false}, std::pair{true, false}})
       s.push_back(gemm_spec(M, N, K, ta, tb, in, out));
+  // The TMA kernel (leading dimensions multiples of 8): boxes larger than the whole matrix
+  // (8 x 8 x 8), M = 1, tails in M, N and K, and more tiles than SMs (persistent blocks loop).
+  const struct {
+    int64_t M, N, K;
+    DType in, out;
+  } tma_shapes[] = {{8, 8, 8, DType::bf16, DType::bf16},        {1, 4104, 136, DType::bf16, DType::bf16},
+                    {4104, 24, 8, DType::f16, DType::f32},      {1000, 2056, 4104, DType::bf16, DType::bf16},
+                    {3000, 5000, 264, DType::f16, DType::f16}};
+  for (auto [M, N, K, in, out] : tma_shapes)
+    for (auto [ta, tb] : {std::pair{false, true}, std::pair{false, false}, std::pair{true, false}})
+      s.push_back(gemm_spec(M, N, K, ta, tb, in, out));
   s.push_back(gemm_spec(200, 300, 100, false, false, DType::f32, DType::bf16));
   for (DType dt : {DType::bf16, DType::f16, DType::f32}) {
     for (int64_t hidden : {1, 7, 64, 1000, 4096, 8192, 16384}) s.push_back(rmsnorm_spec(hidden < 4096 ? 33 : 1025, hidden, dt));
@@ -146,6 +157,35 @@ TEST(GpuRuntime, TypedOpsAndLaunchesFromManyThreads) {
   EXPECT_NE(bad.error().message.find("takes 2 device buffers (x, y), got 1"), std::string::npos) << bad.error().message;
   (void)dev.free(x);
   (void)dev.free(y);
+}
+
+TEST(GpuRuntime, TmaGemmRefusesAnUnalignedView) {
+  testing::TempDir scratch;
+  RuntimeOptions o;
+  o.cache_dir = scratch.path();
+  auto rt = std::move(Runtime::create(o)).value();
+  if (!rt->device()) GTEST_SKIP() << "no GPU: no NVIDIA or AMD device found";
+  if (rt->device()->target().name != "sm_90a") GTEST_SKIP() << "the TMA GEMM is an sm_90a kernel";
+  Device& dev = *rt->device();
+  const KernelSpec spec = gemm_spec(256, 256, 256, false, true);
+  auto k = rt->kernel(spec);
+  ASSERT_TRUE(k.ok()) << k.error().message;
+  ASSERT_NE((*k)->compiled().info().config.find("TMA=1"), std::string::npos) << "this shape takes the TMA kernel";
+  void* a = *dev.malloc(256 * 256 * 2 + 16);
+  void* b = *dev.malloc(256 * 256 * 2);
+  void* c = *dev.malloc(256 * 256 * 2);
+  void* shifted[] = {static_cast<char*>(a) + 2, b, c};
+  auto bad = (*k)->launch(spec, shifted);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.error().code, Errc::invalid_argument);
+  EXPECT_NE(bad.error().message.find("tensor A"), std::string::npos) << bad.error().message;
+  EXPECT_NE(bad.error().message.find("16-byte aligned"), std::string::npos) << bad.error().message;
+  void* aligned[] = {static_cast<char*>(a) + 16, b, c};
+  EXPECT_TRUE((*k)->launch(spec, aligned).ok());
+  ASSERT_TRUE(dev.synchronize().ok());
+  (void)dev.free(a);
+  (void)dev.free(b);
+  (void)dev.free(c);
 }
 
 }  // namespace

@@ -85,9 +85,15 @@ TEST(Templates, GeometryCoversEveryOutput) {
     const KernelSpec s = gemm_spec(1000, 3000, 64, false, true);
     const TileConfig c = gemm->choose_config(s, target(t));
     const LaunchGeometry g = gemm->geometry(s, c);
+    EXPECT_EQ(int64_t(g.block.x), c.at("THREADS"));
+    if (g.persistent) {
+      // Blocks stride over the tiles: grid.x counts the tiles (the launch caps it at the SMs).
+      EXPECT_EQ(int64_t(g.grid.x), ceil_div(1000, c.at("BM")) * ceil_div(3000, c.at("BN"))) << t;
+      EXPECT_EQ(g.grid.y, 1u);
+      continue;
+    }
     EXPECT_GE(int64_t(g.grid.x) * c.at("BN"), 3000);
     EXPECT_GE(int64_t(g.grid.y) * c.at("BM"), 1000);
-    EXPECT_EQ(int64_t(g.block.x), c.at("THREADS"));
   }
   const OpTemplate* norm = *find_op("rmsnorm");
   const TileConfig c = norm->choose_config(rmsnorm_spec(77, 4096), target("gfx942"));
