@@ -51,16 +51,20 @@ bool use_wgmma(const KernelSpec& spec, const TargetInfo& target) {
   return target.vendor == Vendor::nvidia && target.cpu == "sm_90a" &&
          (spec.dtype == DType::bf16 || spec.dtype == DType::f16);
 }
-// TMA needs 16-byte global strides: leading dimensions that are multiples of 8 bf16/fp16 elements.
+// TMA needs 16-byte global strides: leading dimensions of A and B, and N (C's), that are
+// multiples of 8 elements.
 bool tma_strides(const KernelSpec& spec) {
   const int64_t lda = spec.param("trans_a") ? spec.param("M") : spec.param("K");
   const int64_t ldb = spec.param("trans_b") ? spec.param("K") : spec.param("N");
-  return lda % 8 == 0 && ldb % 8 == 0;
+  return lda % 8 == 0 && ldb % 8 == 0 && spec.param("N") % 8 == 0;
 }
 // Dynamic shared memory of the WGMMA kernels: the stages, 1 KiB to align them to 1024 bytes, and
 // the TMA kernel's mbarriers.
 int64_t wgmma_shared_bytes(const TileConfig& c) {
-  return c.at("STAGES") * (c.at("BM") + c.at("BN")) * c.at("BK") * 2 + 1024 + (flag(c, "TMA") ? 256 : 0);
+  const int64_t stages = c.at("STAGES") * (c.at("BM") + c.at("BN")) * c.at("BK") * 2 + 1024;
+  // The TMA kernel adds two 64 x 128-byte epilogue staging buffers per consumer warpgroup and
+  // its mbarriers.
+  return flag(c, "TMA") ? stages + (c.at("BM") / 64) * 2 * 64 * 128 + 256 : stages;
 }
 }  // namespace
 
@@ -151,7 +155,9 @@ std::vector<TensorMapInfo> GemmOp::tensor_maps(const KernelSpec& spec, const Til
   // 64 M (or N) of the tile (the 128-byte swizzle spans 64 contiguous elements).
   const TensorMapInfo a = spec.param("trans_a") ? TensorMapInfo{0, M, K, 64, 64} : TensorMapInfo{0, K, M, 64, bm};
   const TensorMapInfo b = spec.param("trans_b") ? TensorMapInfo{1, K, N, 64, bn} : TensorMapInfo{1, N, K, 64, 64};
-  return {a, b};
+  // C: 64-row boxes of one 128-byte line (64 bf16/fp16 or 32 fp32 columns).
+  const TensorMapInfo out{2, N, M, static_cast<uint32_t>(128 / dtype_size(spec.out_dtype)), 64};
+  return {a, b, out};
 }
 
 void GemmOp::reference(const KernelSpec& spec, const Scalars&,
