@@ -148,6 +148,20 @@ int print_meta(const KernelSpec& spec, const TargetInfo& target, const InspectOp
   }
   line("wave size", known(i.wave_size));
   line("tile config", i.config);
+  // Launch geometry of the heuristic's configuration (what a launch of this spec uses).
+  const OpTemplate* op = *find_op(spec.op);
+  const TileConfig config = op->choose_config(op->baked_spec(spec), target);
+  const LaunchGeometry g = op->geometry(spec, config);
+  const std::string grid = g.persistent ? fmt::format("persistent, {} tiles over at most one block per SM", g.grid.x)
+                                        : fmt::format("grid {}x{}x{}", g.grid.x, g.grid.y, g.grid.z);
+  line("launch", fmt::format("{}, block {}, dynamic {} {} bytes", grid, g.block.x, amd ? "LDS" : "shared",
+                             g.dynamic_shared_bytes));
+  const std::vector<TensorInfo> tensors = op->tensors(spec);
+  std::string maps;
+  for (const TensorMapInfo& m : op->tensor_maps(spec, config))
+    maps += fmt::format("{}{} (box {}x{})", maps.empty() ? "" : ", ", tensors.at(m.tensor).name, m.box_inner,
+                        m.box_outer);
+  if (!maps.empty()) line("tensor maps", maps + ": TMA, encoded at each launch");
   line("cache key", i.cache_key);
   line("compile ms", fmt::format("{:.1f}", i.compile_ms));
   line("origin", std::string((*compiled)->origin()));
