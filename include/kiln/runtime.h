@@ -43,6 +43,10 @@ struct RuntimeOptions {
   /// Append every kernel spec requested to this manifest (JSON lines), for `kiln prewarm`;
   /// empty = KILN_RECORD.
   std::string record_file;
+  /// With a device: kernel() and launch() compile the configuration of a tuning record
+  /// (Runtime::tune, here or in another process) for the spec, device and compiler when the
+  /// cache holds one, else the heuristic's. KILN_TUNING=0 turns it off too.
+  bool use_tuning = true;
 };
 
 /// Cache and compile counters (per Runtime).
@@ -56,6 +60,8 @@ struct CacheStats {
   uint64_t disk_errors = 0;  ///< Failed disk writes (the kernel is still served from memory).
   uint64_t layer_hits = 0;   ///< Disk hits served by a read-only layer (counted in disk_hits too).
   uint64_t evictions = 0;    ///< Entries evicted to keep the cache within its byte budget.
+  uint64_t tunings = 0;      ///< Specs timed by Runtime::tune in this runtime.
+  uint64_t tuning_hits = 0;  ///< Tuning records found (by kernel() on a memory miss, or by tune()).
 };
 
 /// Options of Runtime::tune.
@@ -157,6 +163,21 @@ class Runtime {
   virtual Result<void> launch(const KernelSpec& spec, std::span<void* const> buffers,
                               const std::map<std::string, float>& scalars = {},
                               Stream stream = nullptr) = 0;
+
+  /// Autotunes the kernel of `spec` on the device: compiles each of the op's tuning candidates
+  /// (through the cache), runs it once on fresh random inputs in the op's tensors, times
+  /// `options.reps` launches with device events and keeps the configuration of the lowest median
+  /// time. The winner is stored as a tuning record in the writable cache (v1/tuning/, keyed by the
+  /// spec, target, device name and compiler; see docs/cache.md), so that kernel() in this and in
+  /// every later process compiles it, and it replaces the spec's kernel in memory now. A record
+  /// that exists already is returned without timing (from_record), unless `options.force`.
+  /// Only gemm on sm_90a's TMA path has several candidates (tile width x tile-order group); for
+  /// any other spec the report lists the one configuration, untimed, and nothing is stored.
+  /// A candidate that fails to compile, load or launch is reported (TuneCandidate::error) and
+  /// skipped. Errors: Errc::driver_unavailable (no GPU), invalid_argument (the spec, reps < 1),
+  /// timeout (another process tuning the spec for too long), and the error of the heuristic's
+  /// candidate when every candidate fails.
+  virtual Result<TuneReport> tune(const KernelSpec& spec, const TuneOptions& options = {}) = 0;
 
   virtual CacheStats stats() const = 0;
 };
