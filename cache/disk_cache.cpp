@@ -15,6 +15,7 @@
 
 #include "cache/cache_key.h"
 #include "support/fs.h"
+#include "support/json_read.h"
 #include "support/log.h"
 #include "support/env.h"
 #include "support/sha256.h"
@@ -35,40 +36,17 @@ nlohmann::json info_to_json(const CodeObjectInfo& i) {
           {"assembler_report", i.extra}};
 }
 
-// Typed reads that refuse what nlohmann's get<> would convert with undefined behaviour (a float
-// outside the range of int, found by fuzz_metadata: fuzz/regressions/metadata/).
-int int_at(const nlohmann::json& j, const char* key) {
-  const nlohmann::json& v = j.at(key);
-  if (!v.is_number_integer()) throw std::invalid_argument(fmt::format("'{}' is not an integer", key));
-  const int64_t x = v.get<int64_t>();
-  if (x < INT32_MIN || x > INT32_MAX || (v.is_number_unsigned() && v.get<uint64_t>() > INT32_MAX))
-    throw std::invalid_argument(fmt::format("'{}' is out of range", key));
-  return static_cast<int>(x);
-}
-
-uint64_t size_at(const nlohmann::json& j, const char* key) {
-  const nlohmann::json& v = j.at(key);
-  if (!v.is_number_unsigned()) throw std::invalid_argument(fmt::format("'{}' is not a size", key));
-  return v.get<uint64_t>();
-}
-
-double number_at(const nlohmann::json& j, const char* key) {
-  const nlohmann::json& v = j.at(key);
-  if (!v.is_number()) throw std::invalid_argument(fmt::format("'{}' is not a number", key));
-  return v.get<double>();
-}
-
 CodeObjectInfo info_from_json(const nlohmann::json& j) {
   CodeObjectInfo i;
   i.kernel = j.at("kernel").get<std::string>();
-  i.registers = int_at(j, "registers");
-  i.sgprs = int_at(j, "sgprs");
-  i.agprs = int_at(j, "agprs");
-  i.shared_bytes = int_at(j, "shared_bytes");
-  i.scratch_bytes = int_at(j, "scratch_bytes");
-  i.spill_stores = int_at(j, "spill_stores");
-  i.spill_loads = int_at(j, "spill_loads");
-  i.wave_size = int_at(j, "wave_size");
+  i.registers = json_int(j, "registers");
+  i.sgprs = json_int(j, "sgprs");
+  i.agprs = json_int(j, "agprs");
+  i.shared_bytes = json_int(j, "shared_bytes");
+  i.scratch_bytes = json_int(j, "scratch_bytes");
+  i.spill_stores = json_int(j, "spill_stores");
+  i.spill_loads = json_int(j, "spill_loads");
+  i.wave_size = json_int(j, "wave_size");
   i.extra = j.value("assembler_report", "");
   return i;
 }
@@ -128,7 +106,7 @@ Result<std::unique_ptr<DiskCache>> DiskCache::open(const std::string& root, bool
                                   "refusing it, since anyone could plant a code object: chmod 700 it",
                                   root, st.st_mode & 0777));
   if (read_only) return std::unique_ptr<DiskCache>(new DiskCache(root, true));
-  for (const char* sub : {"/v1/entries", "/v1/tmp", "/v1/locks", "/v1/corrupt"})
+  for (const char* sub : {"/v1/entries", "/v1/tmp", "/v1/locks", "/v1/corrupt", "/v1/tuning"})
     KILN_TRY(make_dirs(root + sub, 0700));
   if (::access(root.c_str(), W_OK) != 0)
     return make_error(Errc::io_error, "cache directory is not writable: " + errno_message(root));
@@ -186,7 +164,7 @@ Result<EntryMetadata> parse_entry_metadata(std::string_view text, const std::str
   if (meta.is_discarded() || !meta.is_object()) return make_error(Errc::corrupt, "meta.json is not valid JSON");
   // nlohmann's typed accessors throw on a wrong type or a missing field: each is a bad entry.
   try {
-    if (int_at(meta, "format_version") != kCacheFormatVersion)
+    if (json_int(meta, "format_version") != kCacheFormatVersion)
       return make_error(Errc::corrupt, "meta.json has another format version");
     if (meta.at("key").get<std::string>() != key) return make_error(Errc::corrupt, "meta.json names another key");
     EntryMetadata m;
@@ -198,7 +176,7 @@ Result<EntryMetadata> parse_entry_metadata(std::string_view text, const std::str
     e.kernel_name = meta.at("kernel_name").get<std::string>();
     e.compiled.code.format = meta.at("code_format").get<std::string>();
     e.compiled.info = info_from_json(meta.at("info"));
-    e.compiled.compile_ms = number_at(meta, "compile_ms");
+    e.compiled.compile_ms = json_number(meta, "compile_ms");
     e.compiled.log = meta.value("compiler_log", "");
     if (e.key_json.value("target", "") != e.target)
       return make_error(Errc::corrupt, "meta.json's target disagrees with its key");
@@ -211,7 +189,7 @@ Result<EntryMetadata> parse_entry_metadata(std::string_view text, const std::str
       if (name.empty() || name.find('/') != std::string::npos || name.find("..") != std::string::npos ||
           name == "meta.json")
         return make_error(Errc::corrupt, "meta.json lists a file outside the entry");
-      m.files[name] = {want.at("sha256").get<std::string>(), size_at(want, "bytes")};
+      m.files[name] = {want.at("sha256").get<std::string>(), json_size(want, "bytes")};
     }
     return m;
   } catch (const std::exception& ex) {  // nlohmann's type errors and the typed reads above
@@ -356,7 +334,7 @@ std::vector<EntryStatus> DiskCache::list(bool verify) const {
 Result<size_t> DiskCache::clear() {
   size_t n = list(false).size();
   std::error_code ec;
-  for (const char* sub : {"/v1/entries", "/v1/tmp", "/v1/corrupt"}) {
+  for (const char* sub : {"/v1/entries", "/v1/tmp", "/v1/corrupt", "/v1/tuning"}) {
     fs::remove_all(root_ + sub, ec);
     if (ec) return make_error(Errc::io_error, fmt::format("cannot remove '{}{}': {}", root_, sub, ec.message()));
     KILN_TRY(make_dirs(root_ + sub, 0700));
@@ -441,6 +419,55 @@ Result<DiskCache::GcResult> DiskCache::collect(uint64_t max_bytes) {
   r.bytes_after = total;
   if (r.evicted) KILN_LOG_INFO("cache budget {} bytes: evicted {} entries ({} -> {} bytes)", max_bytes, r.evicted, r.bytes_before, r.bytes_after);
   return r;
+}
+
+std::string DiskCache::tuning_path(const std::string& key) const {
+  return fmt::format("{}/v1/tuning/{}.json", root_, key);
+}
+
+Result<std::optional<std::string>> DiskCache::read_tuning(const std::string& key) const {
+  const std::string path = tuning_path(key);
+  struct stat st{};
+  if (::stat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT || errno == ENOTDIR) return std::optional<std::string>();
+    return make_error(Errc::io_error, "cannot read tuning record " + errno_message(path));
+  }
+  // The same rule as for entries: a record anyone else could have written is not trusted.
+  if ((st.st_uid != ::geteuid() && !(read_only_ && st.st_uid == 0)) || (st.st_mode & (S_IWGRP | S_IWOTH)) ||
+      !S_ISREG(st.st_mode))
+    return make_error(Errc::corrupt, fmt::format("tuning record '{}' is owned by uid {} with mode {:o}; refusing it",
+                                                 path, st.st_uid, st.st_mode & 0777));
+  KILN_ASSIGN_OR_RETURN(std::string text, read_file(path));
+  return std::optional<std::string>(std::move(text));
+}
+
+Result<std::string> DiskCache::write_tuning(const std::string& key, const std::string& text) {
+  if (read_only_) return make_error(Errc::io_error, fmt::format("cache '{}' is a read-only layer", root_));
+  // <name>.<host>.<pid>.<n>, as entries: clean_stale_tmp removes it if this process dies now.
+  const std::string tmp = fmt::format("{}/v1/tmp/tuning-{}.{}.{}.{}", root_, key, host_tag(), ::getpid(), tmp_counter_++);
+  const std::string path = tuning_path(key);
+  Result<void> r = make_dirs(root_ + "/v1/tuning", 0700);
+  if (r) r = write_file_synced(tmp, text);
+  // NOTES: rename(2) of a file over another is atomic: readers see the old record or the new one.
+  if (r && ::rename(tmp.c_str(), path.c_str()) != 0) r = make_error(Errc::io_error, "cannot publish tuning record " + errno_message(path));
+  if (!r) {
+    ::unlink(tmp.c_str());
+    return r.take_error();
+  }
+  KILN_TRY(sync_dir(root_ + "/v1/tuning"));
+  return path;
+}
+
+void DiskCache::quarantine_tuning(const std::string& key, const std::string& why) {
+  ++corrupt_;
+  const std::string path = tuning_path(key);
+  if (read_only_) {
+    KILN_LOG_WARN("read-only tuning record {} is bad ({}); ignoring it", path, why);
+    return;
+  }
+  const std::string dest = fmt::format("{}/v1/corrupt/tuning-{}.{}.{}.json", root_, key, ::getpid(), tmp_counter_++);
+  const bool moved = ::rename(path.c_str(), dest.c_str()) == 0;
+  KILN_LOG_WARN("tuning record {} is bad ({}); ignoring it{}", path, why, moved ? ", moved to " + dest : "");
 }
 
 void DiskCache::append_telemetry(const nlohmann::json& counters) {

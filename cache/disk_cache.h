@@ -6,7 +6,9 @@
 //                                 Left behind only by a process that died; removed by the next
 //                                 writer on that host (dead pid) or after a day (other hosts).
 //   v1/locks/<key>.lock           per-key lock file for single-flight compiles across processes
-//   v1/corrupt/                   entries that failed verification, moved aside
+//   v1/tuning/<key>.json          tuning records (cache/tuning.h): the autotuner's winner for a
+//                                 spec, target, device name and compiler; replaced atomically
+//   v1/corrupt/                   entries and records that failed verification, moved aside
 //   v1/telemetry.jsonl            one line of counters per finished Runtime (kiln cache stat sums them)
 // meta.json records the key fields, the kernel's metadata and the SHA-256 and size of every file
 // of the entry; an entry whose files do not match is never loaded. An entry's directory mtime is
@@ -87,7 +89,7 @@ class DiskCache {
 
   /// Every entry, verified (checksums) when `verify`.
   std::vector<EntryStatus> list(bool verify) const;
-  /// Removes every entry; returns how many.
+  /// Removes every entry and tuning record; returns how many entries.
   Result<size_t> clear();
   /// Moves a bad entry aside (v1/corrupt/), as load() does; for `kiln cache verify --fix`.
   void quarantine_entry(const std::string& key, const std::string& why);
@@ -102,6 +104,17 @@ class DiskCache {
   uint64_t total_bytes() const;
   /// Removes temporary entries left by dead processes; returns how many.
   size_t clean_stale_tmp();
+
+  /// The text of tuning record `key` (v1/tuning/<key>.json, see cache/tuning.h), or nullopt when
+  /// there is none. Errors: Errc::corrupt (owned by another user or writable by group/others:
+  /// refused like an entry), io_error (unreadable).
+  Result<std::optional<std::string>> read_tuning(const std::string& key) const;
+  /// Publishes tuning record `key` atomically: written and fsynced in v1/tmp/, renamed over any
+  /// older record. Returns its path. Errors: Errc::io_error (a read-only layer, a failed write).
+  Result<std::string> write_tuning(const std::string& key, const std::string& text);
+  /// Moves a bad tuning record aside to v1/corrupt/ (in a read-only layer it is only counted).
+  void quarantine_tuning(const std::string& key, const std::string& why);
+  std::string tuning_path(const std::string& key) const;
 
   /// Appends a Runtime's counters to v1/telemetry.jsonl; telemetry() sums every line.
   void append_telemetry(const nlohmann::json& counters);

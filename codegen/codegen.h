@@ -23,14 +23,20 @@ struct KernelSource {
   KernelSpec spec;             ///< The baked spec (runtime parameters removed).
   const OpTemplate* op = nullptr;
   const TargetInfo* target = nullptr;
-  TileConfig config;           ///< The heuristic's choice, baked into the text.
+  TileConfig config;           ///< The heuristic's choice (or the one asked for), baked into the text.
   std::string kernel_name;     ///< The `extern "C"` entry point.
   std::string text;            ///< The complete source.
   std::string template_sha256; ///< SHA-256 of prelude + common helpers + device template.
 };
 
-/// Validates the spec for the target and generates its source.
-Result<KernelSource> generate(const KernelSpec& spec, const TargetInfo& target);
+/// Validates the spec for the target and generates its source, with the heuristic's tile
+/// configuration, or with `config`, which must be one of op->tuning_candidates(spec, target)
+/// (else Errc::invalid_argument, listing them).
+Result<KernelSource> generate(const KernelSpec& spec, const TargetInfo& target, const TileConfig* config = nullptr);
+
+/// The template hash of KernelSource: SHA-256 of the target prelude, the common helpers and the
+/// op's device template for `config`.
+std::string template_sha256(const OpTemplate& op, const TargetInfo& target, const TileConfig& config);
 
 /// The prelude text of a target (empty for an unknown vendor).
 std::string_view prelude_for(const TargetInfo& target);

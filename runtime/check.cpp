@@ -8,31 +8,11 @@
 #include <cstring>
 #include <random>
 
+#include "runtime/device_tensors.h"
 #include "templates/op_template.h"
 
 namespace kiln {
 namespace {
-
-struct DeviceBuffer {
-  Device* device = nullptr;
-  void* ptr = nullptr;
-  ~DeviceBuffer() {
-    if (ptr) (void)device->free(ptr);
-  }
-};
-
-std::vector<uint8_t> encode(const std::vector<float>& values, DType t) {
-  std::vector<uint8_t> out(values.size() * dtype_size(t));
-  for (size_t i = 0; i < values.size(); ++i) {
-    if (t == DType::f32) {
-      std::memcpy(&out[i * 4], &values[i], 4);
-    } else {
-      const uint16_t h = t == DType::bf16 ? float_to_bf16_bits(values[i]) : float_to_f16_bits(values[i]);
-      std::memcpy(&out[i * 2], &h, 2);
-    }
-  }
-  return out;
-}
 
 float decode(const uint8_t* p, DType t) {
   if (t == DType::f32) {
@@ -66,36 +46,12 @@ Result<CheckReport> check_on_device(Runtime& rt, const KernelSpec& spec, const C
   (void)again;
 
   std::mt19937_64 rng(options.seed ? options.seed : std::random_device{}());
-  const std::vector<TensorInfo> tensors = op->tensors(spec);
-  std::vector<std::vector<float>> inputs;
-  std::vector<DeviceBuffer> buffers(tensors.size());
-  std::vector<void*> ptrs;
+  KILN_ASSIGN_OR_RETURN(DeviceTensors tensors, DeviceTensors::make(*device, *op, spec, rng));
+  report.bytes = tensors.bytes();
+  const std::span<void* const> ptrs = tensors.pointers();
   const TensorInfo* output = nullptr;
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    const TensorInfo& t = tensors[i];
-    const size_t bytes = static_cast<size_t>(t.elements()) * dtype_size(t.dtype);
-    report.bytes += static_cast<double>(bytes);
-    buffers[i].device = device;
-    KILN_ASSIGN_OR_RETURN(buffers[i].ptr, device->malloc(bytes));
-    ptrs.push_back(buffers[i].ptr);
-    if (t.output) {
-      output = &t;
-      KILN_TRY(device->memset(buffers[i].ptr, 0xff, bytes));  // 0xff.. is NaN in fp32, fp16 and bf16
-      continue;
-    }
-    // Uniform in [-1, 1], scaled for GEMM's B so that outputs stay O(1) for any K; rounded to the
-    // tensor's dtype so the reference sees exactly what the GPU sees.
-    const double scale = (op->name() == "gemm" && t.name == "B") ? 1.0 / std::sqrt(double(spec.param("K"))) : 1.0;
-    std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-    std::vector<float> values(static_cast<size_t>(t.elements()));
-    for (float& v : values) {
-      do v = round_to_dtype(static_cast<float>(dist(rng) * scale), t.dtype);
-      while (v == 0.0f);
-    }
-    const auto encoded = encode(values, t.dtype);
-    KILN_TRY(device->copy_to_device(buffers[i].ptr, encoded.data(), encoded.size()));
-    inputs.push_back(std::move(values));
-  }
+  for (const TensorInfo& t : tensors.tensors())
+    if (t.output) output = &t;
   if (!output) return make_error(Errc::invalid_argument, "op has no output tensor");
 
   KILN_TRY(kernel->launch(spec, ptrs, options.scalars, nullptr));
@@ -117,7 +73,7 @@ Result<CheckReport> check_on_device(Runtime& rt, const KernelSpec& spec, const C
     sample.erase(std::unique(sample.begin(), sample.end()), sample.end());
   }
   std::vector<double> ref;
-  op->reference(spec, options.scalars, inputs, sample, ref);
+  op->reference(spec, options.scalars, tensors.inputs(), sample, ref);
 
   const bool fp32 = output->dtype == DType::f32;
   const double tol = fp32 ? 1e-4 : 1e-2;

@@ -7,15 +7,19 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <mutex>
+#include <random>
 #include <shared_mutex>
 #include <unordered_map>
 
 #include "cache/cache_key.h"
 #include "cache/disk_cache.h"
+#include "cache/tuning.h"
 #include "codegen/codegen.h"
 #include "runtime/compile/compiler.h"
 #include "runtime/device_impl.h"
+#include "runtime/device_tensors.h"
 #include "support/env.h"
 #include "support/fs.h"
 #include "support/log.h"
@@ -41,7 +45,7 @@ class CompiledKernelImpl final : public CompiledKernel {
     info_.spill_loads = i.spill_loads;
     info_.wave_size = i.wave_size;
     info_.cache_key = entry_.key;
-    for (const auto& [k, v] : config_) info_.config += fmt::format("{}{}={}", info_.config.empty() ? "" : " ", k, v);
+    info_.config = config_string(config_);
     info_.compile_ms = entry_.compiled.compile_ms;
     info_.assembler_report = i.extra;
   }
@@ -156,6 +160,7 @@ class RuntimeImpl final : public Runtime {
       : device_(std::move(device)), disk_(std::move(disk)), layers_(std::move(layers)) {
     nvidia_compiler_ = options.nvidia_compiler.empty() ? env().nvidia_compiler : options.nvidia_compiler;
     max_bytes_ = options.cache_max_bytes ? options.cache_max_bytes : env().cache_max_bytes;
+    use_tuning_ = options.use_tuning && env().tuning;
     const std::string record = options.record_file.empty() ? env().record_file : options.record_file;
     if (!record.empty()) {
       record_fd_ = ::open(record.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
@@ -174,7 +179,7 @@ class RuntimeImpl final : public Runtime {
       disk_->append_telemetry({{"memory_hits", s.memory_hits}, {"disk_hits", s.disk_hits}, {"layer_hits", s.layer_hits},
                                {"compiles", s.compiles}, {"compile_ms", s.compile_ms}, {"lock_waits", s.lock_waits},
                                {"evictions", s.evictions}, {"corrupt_entries", s.corrupt_entries},
-                               {"disk_errors", s.disk_errors}});
+                               {"disk_errors", s.disk_errors}, {"tunings", s.tunings}, {"tuning_hits", s.tuning_hits}});
   }
 
   Device* device() override { return device_.get(); }
@@ -200,16 +205,16 @@ class RuntimeImpl final : public Runtime {
         return std::shared_ptr<const Kernel>(it->second);
       }
     }
-    KILN_ASSIGN_OR_RETURN(auto compiled, get_compiled(spec, device_->target()));
+    // A miss: the configuration of the spec's tuning record, if any, else the heuristic's.
+    const std::optional<TileConfig> tuned = use_tuning_ ? tuned_config(spec) : std::nullopt;
+    KILN_ASSIGN_OR_RETURN(auto compiled, get_compiled(spec, device_->target(), tuned ? &*tuned : nullptr));
     std::lock_guard load_lock(load_mu_);  // one module load per kernel, even under contention
     {
       std::shared_lock lock(mu_);
       auto it = kernels_.find(memo);
       if (it != kernels_.end()) return std::shared_ptr<const Kernel>(it->second);
     }
-    auto module = device_->load(compiled->code(), compiled->info().kernel);
-    if (!module) return module.take_error();
-    auto k = std::make_shared<KernelImpl>(compiled, std::move(module).value(), device_->compute_units());
+    KILN_ASSIGN_OR_RETURN(auto k, load(compiled));
     std::unique_lock lock(mu_);
     kernels_.emplace(memo, k);
     return std::shared_ptr<const Kernel>(k);
@@ -219,6 +224,96 @@ class RuntimeImpl final : public Runtime {
                       const std::map<std::string, float>& scalars, Stream stream) override {
     KILN_ASSIGN_OR_RETURN(auto k, kernel(spec));
     return k->launch(spec, buffers, scalars, stream);
+  }
+
+  Result<TuneReport> tune(const KernelSpec& spec, const TuneOptions& options) override {
+    if (!device_)
+      return make_error(Errc::driver_unavailable,
+                        "no GPU: tuning times kernels on a device, and this runtime is compile-only (no driver or "
+                        "no device was found)");
+    if (options.reps < 1)
+      return make_error(Errc::invalid_argument, fmt::format("tune: reps = {}; time at least 1 launch", options.reps));
+    KILN_ASSIGN_OR_RETURN(const OpTemplate* op, find_op(spec.op));
+    const TargetInfo& target = device_->target();
+    KILN_TRY(op->validate(spec, target));
+    KILN_ASSIGN_OR_RETURN(const std::string memo, memo_key(spec, target));
+    const std::vector<TileConfig> candidates = op->tuning_candidates(op->baked_spec(spec), target);
+    TuneReport report;
+    report.spec = to_string(op->baked_spec(spec));
+    report.device = device_->name();
+    report.target = std::string(target.name);
+    report.compiler = compiler_name(target);
+    if (candidates.size() == 1) {  // nothing to choose
+      report.candidates.emplace_back().config = candidates.front();
+      return report;
+    }
+    const TuningKey key = TuningKey::make(*op, spec, target, report.device, report.compiler);
+
+    // Single flight across processes: one times the spec, the others wait and read its record.
+    FileLock lock;
+    if (disk_ && writes_enabled_) {
+      auto locked = disk_->lock(key.digest(), env().lock_timeout_s);
+      if (locked) lock = std::move(locked).value();
+      else if (locked.error().code == Errc::timeout) return locked.take_error();
+      else KILN_LOG_WARN("tuning without the cross-process lock: {}", locked.error().message);
+    }
+    if (!options.force) {
+      if (auto found = find_tuning(tuning_caches(), key, candidates)) {
+        ++stats_.tuning_hits;
+        KILN_ASSIGN_OR_RETURN(auto compiled, get_compiled(spec, target, &found->record.winner));
+        KILN_ASSIGN_OR_RETURN(auto k, load(compiled));
+        install(memo, std::move(k));
+        report.candidates = std::move(found->record.candidates);
+        report.winner = winner_index(report.candidates, found->record.winner);
+        report.reps = found->record.reps;
+        report.created_utc = std::move(found->record.created_utc);
+        report.from_record = true;
+        report.record = std::move(found->path);
+        return report;
+      }
+    }
+
+    // Every candidate on the same inputs: compile (through the caches), load, warm up, time.
+    std::mt19937_64 rng(std::random_device{}());
+    KILN_ASSIGN_OR_RETURN(DeviceTensors tensors, DeviceTensors::make(*device_, *op, spec, rng));
+    report.reps = options.reps;
+    report.created_utc = utc_now();
+    std::vector<std::shared_ptr<KernelImpl>> loaded(candidates.size());
+    std::optional<Error> first_error;
+    for (size_t i = 0; i < candidates.size(); ++i) {
+      TuneCandidate& c = report.candidates.emplace_back();
+      c.config = candidates[i];
+      auto timed = time_candidate(spec, candidates[i], tensors.pointers(), options.reps, c);
+      if (!timed) {
+        c.error = timed.error().message;
+        KILN_LOG_WARN("tuning {}: candidate {} failed: {}", report.spec, config_string(c.config), c.error);
+        if (!first_error) first_error = timed.take_error();
+        continue;
+      }
+      loaded[i] = std::move(timed).value();
+    }
+    std::optional<size_t> best;
+    for (size_t i = 0; i < candidates.size(); ++i)
+      if (loaded[i] && (!best || report.candidates[i].median_ms < report.candidates[*best].median_ms)) best = i;
+    if (!best) {
+      first_error->message = fmt::format("tuning {}: every candidate failed; the first: {}", report.spec, first_error->message);
+      return *first_error;
+    }
+    report.winner = *best;
+    ++stats_.tunings;
+    install(memo, loaded[*best]);
+
+    TuningRecord record{key, candidates[*best], report.candidates, options.reps, report.created_utc};
+    if (disk_ && writes_enabled_) {
+      if (auto stored = store_tuning(*disk_, record)) {
+        report.record = std::move(stored).value();
+      } else {
+        ++stats_.disk_errors;
+        KILN_LOG_WARN("cannot keep the tuning result of {} ({}); it holds for this runtime only", report.spec,
+                      stored.error().message);
+      }
+    }
+    return report;
   }
 
   CacheStats stats() const override {
@@ -233,6 +328,8 @@ class RuntimeImpl final : public Runtime {
     s.corrupt_entries = disk_ ? disk_->corrupt_entries() : 0;
     for (const auto& layer : layers_) s.corrupt_entries += layer->corrupt_entries();
     s.evictions = disk_ ? disk_->evictions() : 0;
+    s.tunings = stats_.tunings;
+    s.tuning_hits = stats_.tuning_hits;
     return s;
   }
 
@@ -241,8 +338,8 @@ class RuntimeImpl final : public Runtime {
   // lookup and a short string; no codegen, no SHA-256.
   Result<std::string> memo_key(const KernelSpec& spec, const TargetInfo& target) const {
     KILN_ASSIGN_OR_RETURN(const OpTemplate* op, find_op(spec.op));
-    std::string key = fmt::format("{}|{}|{}|{}|{}", target.name, target.vendor == Vendor::nvidia ? nvidia_compiler_ : "clang",
-                                  spec.op, dtype_name(spec.dtype), dtype_name(spec.out_dtype));
+    std::string key = fmt::format("{}|{}|{}|{}|{}", target.name, compiler_name(target), spec.op, dtype_name(spec.dtype),
+                                  dtype_name(spec.out_dtype));
     for (const ParamInfo& p : op->params()) {
       if (!p.baked) continue;
       auto it = spec.params.find(std::string(p.name));
@@ -252,8 +349,77 @@ class RuntimeImpl final : public Runtime {
     return key;
   }
 
-  Result<std::shared_ptr<CompiledKernelImpl>> get_compiled(const KernelSpec& spec, const TargetInfo& target) {
-    KILN_ASSIGN_OR_RETURN(const std::string memo, memo_key(spec, target));
+  std::string compiler_name(const TargetInfo& target) const {
+    return target.vendor == Vendor::nvidia ? nvidia_compiler_ : "clang";
+  }
+
+  // The writable cache, then the read-only layers: where tuning records are looked up.
+  std::vector<DiskCache*> tuning_caches() const {
+    std::vector<DiskCache*> caches;
+    if (disk_) caches.push_back(disk_.get());
+    for (const auto& layer : layers_) caches.push_back(layer.get());
+    return caches;
+  }
+
+  // The winner of the spec's tuning record on this device, or nullopt: none, or a spec with one
+  // candidate (every kernel but sm_90a's TMA gemm), which is not looked up at all.
+  std::optional<TileConfig> tuned_config(const KernelSpec& spec) {
+    auto op = find_op(spec.op);
+    const TargetInfo& target = device_->target();
+    if (!op || !(*op)->validate(spec, target)) return std::nullopt;  // get_compiled reports it
+    const std::vector<TileConfig> candidates = (*op)->tuning_candidates((*op)->baked_spec(spec), target);
+    if (candidates.size() < 2) return std::nullopt;
+    const TuningKey key = TuningKey::make(**op, spec, target, device_->name(), compiler_name(target));
+    auto found = find_tuning(tuning_caches(), key, candidates);
+    if (!found) return std::nullopt;
+    ++stats_.tuning_hits;
+    KILN_LOG_DEBUG("{}: tuned configuration {} from {}", to_string(spec), config_string(found->record.winner), found->path);
+    return std::move(found->record.winner);
+  }
+
+  static size_t winner_index(const std::vector<TuneCandidate>& candidates, const TileConfig& winner) {
+    auto it = std::find_if(candidates.begin(), candidates.end(), [&](const TuneCandidate& c) { return c.config == winner; });
+    return static_cast<size_t>(it - candidates.begin());
+  }
+
+  Result<std::shared_ptr<KernelImpl>> load(const std::shared_ptr<CompiledKernelImpl>& compiled) {
+    auto module = device_->load(compiled->code(), compiled->info().kernel);
+    if (!module) return module.take_error();
+    return std::make_shared<KernelImpl>(compiled, std::move(module).value(), device_->compute_units());
+  }
+
+  // Makes `k` the kernel that kernel() returns for its spec from now on.
+  void install(const std::string& memo, std::shared_ptr<KernelImpl> k) {
+    std::unique_lock lock(mu_);
+    kernels_[memo] = std::move(k);
+  }
+
+  // Compiles, loads and times one tuning candidate: one launch to warm up (and to surface launch
+  // errors), then `reps` launches, each timed with device events; fills in c's times.
+  Result<std::shared_ptr<KernelImpl>> time_candidate(const KernelSpec& spec, const TileConfig& config,
+                                                     std::span<void* const> buffers, int reps, TuneCandidate& c) {
+    KILN_ASSIGN_OR_RETURN(auto compiled, get_compiled(spec, device_->target(), &config));
+    KILN_ASSIGN_OR_RETURN(auto k, load(compiled));
+    KILN_TRY(k->launch(spec, buffers, {}, nullptr));
+    KILN_TRY(device_->synchronize(nullptr));
+    std::vector<float> ms;
+    for (int r = 0; r < reps; ++r) {
+      KILN_ASSIGN_OR_RETURN(float t, device_->time_ms(nullptr, [&] { return k->launch(spec, buffers, {}, nullptr); }));
+      ms.push_back(t);
+    }
+    std::sort(ms.begin(), ms.end());
+    c.median_ms = ms.size() % 2 ? ms[ms.size() / 2] : 0.5 * (ms[ms.size() / 2 - 1] + ms[ms.size() / 2]);
+    c.min_ms = ms.front();
+    c.max_ms = ms.back();
+    return k;
+  }
+
+  // The heuristic's kernel (config == nullptr), or the given tuning candidate's: memoized apart,
+  // so that compile() keeps returning the heuristic's while kernel() serves a tuned one.
+  Result<std::shared_ptr<CompiledKernelImpl>> get_compiled(const KernelSpec& spec, const TargetInfo& target,
+                                                           const TileConfig* config = nullptr) {
+    KILN_ASSIGN_OR_RETURN(std::string memo, memo_key(spec, target));
+    if (config) memo += "|" + config_string(*config);
     {
       std::shared_lock lock(mu_);
       auto it = compiled_.find(memo);
@@ -279,7 +445,7 @@ class RuntimeImpl final : public Runtime {
         return it->second;
       }
     }
-    auto built = build(spec, target);
+    auto built = build(spec, target, config);
     std::unique_lock lock(mu_);
     inflight_.erase(memo);  // on failure too: a later request tries again
     if (!built) return built.take_error();
@@ -289,8 +455,9 @@ class RuntimeImpl final : public Runtime {
     return std::move(built).value();
   }
 
-  Result<std::shared_ptr<CompiledKernelImpl>> build(const KernelSpec& spec, const TargetInfo& target) {
-    KILN_ASSIGN_OR_RETURN(KernelSource src, generate(spec, target));
+  Result<std::shared_ptr<CompiledKernelImpl>> build(const KernelSpec& spec, const TargetInfo& target,
+                                                    const TileConfig* config) {
+    KILN_ASSIGN_OR_RETURN(KernelSource src, generate(spec, target, config));
     KILN_ASSIGN_OR_RETURN(Compiler * compiler, compiler_for(target, nvidia_compiler_));
     const CacheKey key = CacheKey::make(src, *compiler);
     const std::string digest = key.digest();
@@ -353,7 +520,7 @@ class RuntimeImpl final : public Runtime {
 
   struct Counters {
     std::atomic<uint64_t> memory_hits{0}, disk_hits{0}, compiles{0}, compile_us{0}, lock_waits{0}, disk_errors{0},
-        layer_hits{0};
+        layer_hits{0}, tunings{0}, tuning_hits{0};
   };
 
   // Appends the spec as one manifest line (JSON lines, for `kiln prewarm`); O_APPEND keeps lines
@@ -376,6 +543,7 @@ class RuntimeImpl final : public Runtime {
   std::vector<std::unique_ptr<DiskCache>> layers_;
   std::atomic<bool> writes_enabled_{true};
   uint64_t max_bytes_ = 0;
+  bool use_tuning_ = true;
   int record_fd_ = -1;
   std::string nvidia_compiler_;
   mutable std::shared_mutex mu_;

@@ -32,6 +32,7 @@ Env read_env() {
   if (auto size = get("KILN_CACHE_MAX_SIZE"); !size.empty()) e.cache_max_bytes = parse_size(size).value_or(0);
   e.cache_path = get("KILN_CACHE_PATH");
   e.record_file = get("KILN_RECORD");
+  if (auto t = get("KILN_TUNING"); !t.empty()) e.tuning = truthy(t);
   e.test_kill_at = get("KILN_TEST_KILL_AT");
   e.cuda_lib = get("KILN_CUDA_LIB");
   e.hip_lib = get("KILN_HIP_LIB");

@@ -69,6 +69,12 @@ float OpTemplate::scalar(const Scalars& scalars, std::string_view key) const {
   return 0.0f;
 }
 
+std::string config_string(const TileConfig& config) {
+  std::string out;
+  for (const auto& [k, v] : config) out += fmt::format("{}{}={}", out.empty() ? "" : " ", k, v);
+  return out;
+}
+
 std::span<const OpTemplate* const> all_ops() {
   static const GemmOp gemm;
   static const RmsNormOp rmsnorm;

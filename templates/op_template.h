@@ -80,6 +80,9 @@ struct TensorMapInfo {
 /// part of the generated code and of the cache key.
 using TileConfig = std::map<std::string, int64_t>;
 
+/// "BM=128 BN=256 BK=64 ...": a configuration in one line (keys in order).
+std::string config_string(const TileConfig& config);
+
 /// Runtime fp32 arguments by name; missing ones take ScalarInfo::default_value.
 using Scalars = std::map<std::string, float>;
 
@@ -109,6 +112,12 @@ class OpTemplate {
 
   /// The configuration heuristic for the exact spec and target.
   virtual TileConfig choose_config(const KernelSpec& spec, const TargetInfo& target) const = 0;
+  /// The configurations the autotuner times for the spec (Runtime::tune), the heuristic's first;
+  /// all distinct. Codegen accepts no other configuration. Default: the heuristic's only, so the
+  /// spec needs no tuning.
+  virtual std::vector<TileConfig> tuning_candidates(const KernelSpec& spec, const TargetInfo& target) const {
+    return {choose_config(spec, target)};
+  }
   /// C++ declarations of the baked constants and type aliases for codegen.
   virtual std::string specialize(const KernelSpec& spec, const TileConfig& config) const = 0;
   /// Launch geometry for a call (runtime parameters taken from the spec).

@@ -43,6 +43,10 @@ struct RuntimeOptions {
   /// Append every kernel spec requested to this manifest (JSON lines), for `kiln prewarm`;
   /// empty = KILN_RECORD.
   std::string record_file;
+  /// With a device: kernel() and launch() compile the configuration of a tuning record
+  /// (Runtime::tune, here or in another process) for the spec, device and compiler when the
+  /// cache holds one, else the heuristic's. KILN_TUNING=0 turns it off too.
+  bool use_tuning = true;
 };
 
 /// Cache and compile counters (per Runtime).
@@ -56,6 +60,37 @@ struct CacheStats {
   uint64_t disk_errors = 0;  ///< Failed disk writes (the kernel is still served from memory).
   uint64_t layer_hits = 0;   ///< Disk hits served by a read-only layer (counted in disk_hits too).
   uint64_t evictions = 0;    ///< Entries evicted to keep the cache within its byte budget.
+  uint64_t tunings = 0;      ///< Specs timed by Runtime::tune in this runtime.
+  uint64_t tuning_hits = 0;  ///< Tuning records found (by kernel() on a memory miss, or by tune()).
+};
+
+/// Options of Runtime::tune.
+struct TuneOptions {
+  int reps = 20;       ///< Timed launches per candidate (after one warm-up launch); the median counts.
+  bool force = false;  ///< Time again even when a tuning record exists (and replace it).
+};
+
+/// One tile configuration the autotuner considered.
+struct TuneCandidate {
+  std::map<std::string, int64_t> config;  ///< Tile configuration ("BN" -> 256, ...), as KernelInfo::config.
+  double median_ms = 0;  ///< Median device time of one launch, milliseconds (0: not timed).
+  double min_ms = 0;     ///< Fastest launch.
+  double max_ms = 0;     ///< Slowest launch.
+  std::string error;     ///< Why it was skipped (its compile, load or launch error); empty when timed.
+};
+
+/// What Runtime::tune measured, or found in a tuning record.
+struct TuneReport {
+  std::string spec;        ///< to_string of the baked spec.
+  std::string device;      ///< Device::name() ("NVIDIA H200").
+  std::string target;      ///< "sm_90a".
+  std::string compiler;    ///< "nvrtc" or "clang".
+  std::vector<TuneCandidate> candidates;  ///< In the op's order; the heuristic's first.
+  size_t winner = 0;       ///< Index of the fastest timed candidate.
+  int reps = 0;            ///< Timed launches per candidate.
+  bool from_record = false;  ///< Found in a tuning record: nothing was timed now.
+  std::string record;      ///< The record read or written; "" when none (memory-only cache, one candidate).
+  std::string created_utc; ///< When the candidates were timed ("2025-06-01T12:00:00Z").
 };
 
 /// Resource usage of a compiled kernel (-1 = unknown). See `kiln inspect --emit meta`.
@@ -128,6 +163,21 @@ class Runtime {
   virtual Result<void> launch(const KernelSpec& spec, std::span<void* const> buffers,
                               const std::map<std::string, float>& scalars = {},
                               Stream stream = nullptr) = 0;
+
+  /// Autotunes the kernel of `spec` on the device: compiles each of the op's tuning candidates
+  /// (through the cache), runs it once on fresh random inputs in the op's tensors, times
+  /// `options.reps` launches with device events and keeps the configuration of the lowest median
+  /// time. The winner is stored as a tuning record in the writable cache (v1/tuning/, keyed by the
+  /// spec, target, device name and compiler; see docs/cache.md), so that kernel() in this and in
+  /// every later process compiles it, and it replaces the spec's kernel in memory now. A record
+  /// that exists already is returned without timing (from_record), unless `options.force`.
+  /// Only gemm on sm_90a's TMA path has several candidates (tile width x tile-order group); for
+  /// any other spec the report lists the one configuration, untimed, and nothing is stored.
+  /// A candidate that fails to compile, load or launch is reported (TuneCandidate::error) and
+  /// skipped. Errors: Errc::driver_unavailable (no GPU), invalid_argument (the spec, reps < 1),
+  /// timeout (another process tuning the spec for too long), and the error of the heuristic's
+  /// candidate when every candidate fails.
+  virtual Result<TuneReport> tune(const KernelSpec& spec, const TuneOptions& options = {}) = 0;
 
   virtual CacheStats stats() const = 0;
 };

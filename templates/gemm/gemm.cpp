@@ -101,20 +101,39 @@ TileConfig GemmOp::choose_config(const KernelSpec& spec, const TargetInfo& targe
           {"THREADS", (bm / tm) * (bn / tn)}};
 }
 
+std::vector<TileConfig> GemmOp::tuning_candidates(const KernelSpec& spec, const TargetInfo& target) const {
+  const TileConfig heuristic = choose_config(spec, target);
+  if (!flag(heuristic, "TMA")) return {heuristic};
+  TileConfig other = heuristic;
+  const bool wide = heuristic.at("BN") == 256;
+  other["BN"] = wide ? 128 : 256;
+  other["STAGES"] = wide ? 6 : 4;  // the same 192 KiB of stages either way
+  std::vector<TileConfig> out;
+  for (const TileConfig& tile : {heuristic, other})
+    for (int64_t group : {8, 16}) {
+      TileConfig c = tile;
+      if (group != 8) c["GROUP_M"] = group;  // 8 is the default: the heuristic leaves it implicit
+      out.push_back(std::move(c));
+    }
+  return out;
+}
+
 std::string GemmOp::specialize(const KernelSpec& spec, const TileConfig& c) const {
   const bool wgmma = flag(c, "WGMMA");
   std::string out = fmt::format("constexpr long long M = {}, N = {}, K = {};\n"
                                 "constexpr bool TRANS_A = {}, TRANS_B = {}",
                                 spec.param("M"), spec.param("N"), spec.param("K"),
                                 spec.param("trans_a") ? "true" : "false", spec.param("trans_b") ? "true" : "false");
-  if (wgmma)
+  if (wgmma) {
+    // GROUP_M: row tiles per group of the tile order (8 unless a tuned configuration says).
     out += fmt::format(", IN_BF16 = {};\n"
-                       "constexpr int BM = {}, BN = {}, BK = {}, STAGES = {}, THREADS = {};\n",
+                       "constexpr int BM = {}, BN = {}, BK = {}, STAGES = {}, THREADS = {}, GROUP_M = {};\n",
                        spec.dtype == DType::bf16 ? "true" : "false", c.at("BM"), c.at("BN"), c.at("BK"),
-                       c.at("STAGES"), c.at("THREADS"));
-  else
+                       c.at("STAGES"), c.at("THREADS"), c.count("GROUP_M") ? c.at("GROUP_M") : 8);
+  } else {
     out += fmt::format(";\nconstexpr int BM = {}, BN = {}, BK = {}, TM = {}, TN = {}, THREADS = {};\n", c.at("BM"),
                        c.at("BN"), c.at("BK"), c.at("TM"), c.at("TN"), c.at("THREADS"));
+  }
   out += fmt::format("typedef {} in_t;\ntypedef {} out_t;\n", device_type_name(spec.dtype),
                      device_type_name(spec.out_dtype));
   return out;

@@ -28,6 +28,10 @@ class GemmOp final : public OpTemplate {
   std::string_view device_template_for(const TileConfig& config) const override;
   std::string_view kernel_name() const override { return "kiln_gemm"; }
   TileConfig choose_config(const KernelSpec& spec, const TargetInfo& target) const override;
+  /// The TMA kernel (sm_90a): the heuristic's tile, then the other of 128 x 256 (4 stages) and
+  /// 128 x 128 (6 stages), each with tile-order groups of 8 row tiles (the kernel's default, no
+  /// key) and of 16 (GROUP_M=16). Every other path: the heuristic's configuration only.
+  std::vector<TileConfig> tuning_candidates(const KernelSpec& spec, const TargetInfo& target) const override;
   std::string specialize(const KernelSpec& spec, const TileConfig& config) const override;
   LaunchGeometry geometry(const KernelSpec& spec, const TileConfig& config) const override;
   std::vector<TensorInfo> tensors(const KernelSpec& spec) const override;

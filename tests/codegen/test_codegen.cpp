@@ -1,4 +1,8 @@
 // Codegen and the cache key: determinism, and exactly the right things change the key.
+#include <fmt/format.h>
+
+#include <set>
+
 #include "cache/cache_key.h"
 #include "codegen/codegen.h"
 #include "runtime/compile/compiler.h"
@@ -77,6 +81,43 @@ TEST(Codegen, InvalidSpecsAreRejectedBeforeCodegen) {
   EXPECT_EQ(unknown.error().code, Errc::unknown);
 }
 
+TEST(Codegen, GeneratesEveryTuningCandidateAndRefusesOtherConfigs) {
+  const KernelSpec spec = gemm_spec(1024, 1024, 1024, false, true);
+  const TargetInfo& sm90 = target("sm_90a");
+  const OpTemplate* gemm = *find_op("gemm");
+  auto heuristic = generate(spec, sm90);
+  ASSERT_TRUE(heuristic.ok());
+  // The heuristic's tile-order group is the default, 8.
+  EXPECT_NE(heuristic->text.find("GROUP_M = 8;"), std::string::npos);
+  std::set<std::string> texts;
+  for (const TileConfig& c : gemm->tuning_candidates(spec, sm90)) {
+    auto src = generate(spec, sm90, &c);
+    ASSERT_TRUE(src.ok()) << src.error().message;
+    EXPECT_EQ(src->config, c);
+    EXPECT_EQ(src->template_sha256, heuristic->template_sha256) << "one kernel family, other constants";
+    EXPECT_EQ(src->text.find("GROUP_M = 16;") != std::string::npos, c.count("GROUP_M") == 1);
+    EXPECT_NE(src->text.find(fmt::format("BN = {}, BK = 64, STAGES = {}", c.at("BN"), c.at("STAGES"))), std::string::npos);
+    texts.insert(src->text);
+  }
+  EXPECT_EQ(texts.size(), 4u);
+  EXPECT_TRUE(texts.count(heuristic->text)) << "the heuristic's config given explicitly generates the same text";
+
+  // A configuration the op does not offer: refused, naming it and listing the valid ones.
+  TileConfig foreign = heuristic->config;
+  foreign["BK"] = 32;
+  auto bad = generate(spec, sm90, &foreign);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.error().code, Errc::invalid_argument);
+  EXPECT_NE(bad.error().message.find("'BK=32 BM=128"), std::string::npos) << bad.error().message;
+  EXPECT_NE(bad.error().message.find("is not one of its tuning candidates; use one of: '" +
+                                     config_string(heuristic->config) + "'"),
+            std::string::npos)
+      << bad.error().message;
+  // Another target's configuration is foreign too.
+  const TileConfig amd = gemm->choose_config(spec, target("gfx942"));
+  EXPECT_FALSE(generate(spec, sm90, &amd).ok());
+}
+
 TEST(CacheKey, EveryBakedParameterChangesTheKey) {
   const std::string base = key_of(gemm_spec(64, 64, 64, false, true), "sm_90a");
   EXPECT_EQ(base, key_of(gemm_spec(64, 64, 64, false, true), "sm_90a")) << "the key is stable";
@@ -124,6 +165,7 @@ TEST(CacheKey, TemplateTextVersionsAndFlagsChangeTheKey) {
   EXPECT_TRUE(changed([](CacheKey& k) { k.format_version += 1; }));
   EXPECT_TRUE(changed([](CacheKey& k) { k.codegen_version += 1; }));
   EXPECT_TRUE(changed([](CacheKey& k) { k.config["BK"] = 32; }));
+  EXPECT_TRUE(changed([](CacheKey& k) { k.config["GROUP_M"] = 16; }));
 }
 
 TEST(CacheKey, HoldsNoPathsOrHostNames) {

@@ -6,9 +6,12 @@
 // the same variable points the clang tests at it (tools/gpu_check.sh does both halves).
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <thread>
 
+#include "cache/tuning.h"
 #include "kiln/kiln.h"
+#include "templates/op_template.h"
 #include "test_util.h"
 
 namespace kiln {
@@ -186,6 +189,100 @@ TEST(GpuRuntime, TmaGemmRefusesAnUnalignedView) {
   (void)dev.free(a);
   (void)dev.free(b);
   (void)dev.free(c);
+}
+
+TEST(GpuTuning, TheWinnerIsKeptForTheNextProcess) {
+  testing::TempDir scratch;
+  RuntimeOptions o;
+  o.cache_dir = scratch.path();
+  auto rt = std::move(Runtime::create(o)).value();
+  if (!rt->device()) GTEST_SKIP() << "no GPU: no NVIDIA or AMD device found";
+  if (rt->device()->target().name != "sm_90a") GTEST_SKIP() << "only sm_90a's TMA gemm has several tuning candidates";
+  const KernelSpec spec = gemm_spec(1024, 1024, 1024, false, true);
+  auto report = rt->tune(spec);
+  ASSERT_TRUE(report.ok()) << report.error().message;
+  EXPECT_FALSE(report->from_record);
+  EXPECT_EQ(report->device, rt->device()->name());
+  EXPECT_EQ(report->reps, 20);
+  ASSERT_EQ(report->candidates.size(), 4u);
+  for (const TuneCandidate& c : report->candidates) {
+    EXPECT_TRUE(c.error.empty()) << config_string(c.config) << ": " << c.error;
+    EXPECT_GT(c.median_ms, 0.0);
+    EXPECT_LE(c.min_ms, c.median_ms);
+    EXPECT_LE(c.median_ms, c.max_ms);
+    EXPECT_LE(report->candidates[report->winner].median_ms, c.median_ms) << "the winner is the fastest";
+  }
+  const TileConfig winner = report->candidates[report->winner].config;
+  ASSERT_FALSE(report->record.empty());
+  EXPECT_TRUE(std::filesystem::exists(report->record)) << report->record;
+  EXPECT_EQ(rt->stats().tunings, 1u);
+  // This runtime now serves the winner, and it is correct.
+  auto k = rt->kernel(spec);
+  ASSERT_TRUE(k.ok()) << k.error().message;
+  EXPECT_EQ((*k)->compiled().info().config, config_string(winner));
+  auto check = check_on_device(*rt, spec);
+  ASSERT_TRUE(check.ok()) << check.error().message;
+  EXPECT_TRUE(check->pass) << format_report(*check);
+
+  // A second runtime on the same cache (another process, as far as the cache can tell) never
+  // tunes again: kernel() finds the record, and tune() returns it without timing.
+  auto second = std::move(Runtime::create(o)).value();
+  auto k2 = second->kernel(spec);
+  ASSERT_TRUE(k2.ok()) << k2.error().message;
+  EXPECT_EQ((*k2)->compiled().info().config, config_string(winner));
+  EXPECT_EQ(second->stats().tuning_hits, 1u);
+  EXPECT_EQ(second->stats().tunings, 0u);
+  EXPECT_EQ(second->stats().compiles, 0u) << "every candidate was compiled into the cache by the first runtime";
+  auto again = second->tune(spec);
+  ASSERT_TRUE(again.ok()) << again.error().message;
+  EXPECT_TRUE(again->from_record);
+  EXPECT_EQ(again->candidates[again->winner].config, winner);
+  EXPECT_EQ(second->stats().tunings, 0u);
+
+  // use_tuning = false: the heuristic's configuration, whatever the cache holds.
+  RuntimeOptions untuned = o;
+  untuned.use_tuning = false;
+  auto third = std::move(Runtime::create(untuned)).value();
+  auto k3 = third->kernel(spec);
+  ASSERT_TRUE(k3.ok()) << k3.error().message;
+  EXPECT_EQ((*k3)->compiled().info().config, config_string(report->candidates.front().config));
+  EXPECT_EQ(third->stats().tuning_hits, 0u);
+}
+
+TEST(GpuTuning, EveryCandidateMatchesTheReference) {
+  // Each candidate made the winner of a record by hand, then checked through kernel(): the tuned
+  // configurations (the other tile width, GROUP_M = 16) are as correct as the heuristic's.
+  testing::TempDir scratch;
+  RuntimeOptions o;
+  o.cache_dir = scratch.path();
+  o.nvidia_compiler = "nvrtc";  // the records below are NVRTC's
+  auto probe = std::move(Runtime::create(o)).value();
+  if (!probe->device()) GTEST_SKIP() << "no GPU: no NVIDIA or AMD device found";
+  if (probe->device()->target().name != "sm_90a") GTEST_SKIP() << "only sm_90a's TMA gemm has several tuning candidates";
+  const std::string device = probe->device()->name();
+  const OpTemplate& gemm = **find_op("gemm");
+  auto cache = std::move(DiskCache::open(scratch.path())).value();
+  for (const KernelSpec& spec : {gemm_spec(1000, 2056, 4104, false, true), gemm_spec(3000, 5000, 264, false, false),
+                                 gemm_spec(1024, 1024, 1024, true, false, DType::f16, DType::f32)}) {
+    for (const TileConfig& c : gemm.tuning_candidates(spec, probe->device()->target())) {
+      SCOPED_TRACE(to_string(spec) + ": " + config_string(c));
+      TuningRecord r;
+      r.key = TuningKey::make(gemm, spec, probe->device()->target(), device, "nvrtc");
+      r.winner = c;
+      r.candidates = {TuneCandidate{c, 1.0, 1.0, 1.0, ""}};
+      r.reps = 1;
+      r.created_utc = utc_now();
+      ASSERT_TRUE(store_tuning(*cache, r).ok());
+      auto rt = std::move(Runtime::create(o)).value();
+      auto k = rt->kernel(spec);
+      ASSERT_TRUE(k.ok()) << k.error().message;
+      EXPECT_EQ((*k)->compiled().info().config, config_string(c));
+      auto report = check_on_device(*rt, spec);
+      ASSERT_TRUE(report.ok()) << report.error().message;
+      EXPECT_TRUE(report->pass) << format_report(*report);
+      EXPECT_EQ(report->nonfinite, 0);
+    }
+  }
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
 // Every op compiles for every target with every compiler, and the code objects are what the
 // drivers expect: AMDGPU ELF shared objects whose metadata notes name the kernel with its
 // registers and LDS, and CUDA ELF cubins that define the kernel symbol.
+#include <fmt/format.h>
+
 #include <set>
 
 #include "codegen/codegen.h"
@@ -112,6 +114,32 @@ INSTANTIATE_TEST_SUITE_P(Targets, CompileEveryTarget,
                          ::testing::Values(Case{"gfx942", "clang"}, Case{"gfx950", "clang"}, Case{"sm_90a", "nvrtc"},
                                            Case{"sm_90a", "clang"}),
                          [](const auto& info) { return std::string(info.param.target) + "_" + info.param.compiler; });
+
+TEST(Compile, EveryTuningCandidateCompilesWithItsTileOrderGroup) {
+  const TargetInfo& target = **find_target("sm_90a");
+  const OpTemplate* gemm = *find_op("gemm");
+  for (auto [ta, tb] : {std::pair{false, true}, std::pair{false, false}, std::pair{true, false}})
+  for (const char* name : {"nvrtc", "clang"}) {
+    const KernelSpec spec = gemm_spec(1024, 1024, 1024, ta, tb);
+#if !KILN_WITH_LLVM
+    if (std::string(name) == "clang") continue;
+#endif
+    auto compiler = compiler_for(target, name);
+    if (!compiler && compiler.error().code == Errc::driver_unavailable) GTEST_SKIP() << compiler.error().message;
+    ASSERT_TRUE(compiler.ok()) << compiler.error().message;
+    for (const TileConfig& c : gemm->tuning_candidates(spec, target)) {
+      SCOPED_TRACE(std::string(name) + ": " + config_string(c));
+      auto src = generate(spec, target, &c);
+      ASSERT_TRUE(src.ok()) << src.error().message;
+      // The kernel's GROUP_M is the configuration's (8, the kernel's own, when it has none).
+      src->text += fmt::format("\nstatic_assert(GROUP_M == {}, \"tile-order group\");\n",
+                               c.count("GROUP_M") ? c.at("GROUP_M") : 8);
+      auto out = (*compiler)->compile(*src);
+      ASSERT_TRUE(out.ok()) << out.error().message;
+      EXPECT_EQ(out->info.spill_stores, 0);
+    }
+  }
+}
 
 TEST(Compile, CompilerErrorsCarryTheLogAndTheSource) {
   const TargetInfo& target = **find_target("sm_90a");

@@ -1,7 +1,9 @@
 // The public runtime API without a GPU: compile-only runtimes, errors as values, thread safety.
 #include <thread>
 
+#include "cache/tuning.h"
 #include "kiln/kiln.h"
+#include "support/env.h"
 #include "test_util.h"
 
 namespace kiln {
@@ -81,6 +83,52 @@ TEST(Runtime, DiskCacheCanBeTurnedOff) {
   auto rt = std::move(Runtime::create(o)).value();
   EXPECT_EQ(rt->cache_dir(), "");
   EXPECT_TRUE(rt->compile(rmsnorm_spec(1, 64), "sm_90a").ok());
+}
+
+TEST(Runtime, TuningNeedsAGpu) {
+  TempDir dir;
+  auto rt = compile_only(dir.path());
+  auto r = rt->tune(gemm_spec(1024, 1024, 1024, false, true));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code, Errc::driver_unavailable);
+  EXPECT_NE(r.error().message.find("no GPU: tuning times kernels on a device"), std::string::npos) << r.error().message;
+  EXPECT_EQ(rt->stats().tunings, 0u);
+  EXPECT_EQ(rt->stats().compiles, 0u);
+}
+
+TEST(Runtime, CompileKeepsTheHeuristicWhenATuningRecordExists) {
+  // A record from a GPU machine in the cache: compile() (no device) still builds the heuristic's
+  // configuration; only kernel() on that device reads records.
+  TempDir dir;
+  const KernelSpec spec = gemm_spec(1024, 1024, 1024, false, true);
+  const OpTemplate& gemm = **find_op("gemm");
+  const TargetInfo& sm90 = testing::target("sm_90a");
+  const std::vector<TileConfig> candidates = gemm.tuning_candidates(spec, sm90);
+  {
+    auto cache = std::move(DiskCache::open(dir.path())).value();
+    TuningRecord r;
+    r.key = TuningKey::make(gemm, spec, sm90, "NVIDIA H200", "nvrtc");
+    r.winner = candidates.back();
+    r.candidates = {TuneCandidate{candidates.back(), 0.01, 0.009, 0.011, ""}};
+    r.reps = 1;
+    r.created_utc = utc_now();
+    ASSERT_TRUE(store_tuning(*cache, r).ok());
+  }
+  auto rt = compile_only(dir.path());
+  auto c = rt->compile(spec, "sm_90a");
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  EXPECT_EQ((*c)->info().config, config_string(candidates.front()));
+  EXPECT_EQ(rt->stats().tuning_hits, 0u);
+}
+
+TEST(Runtime, KilnTuningZeroTurnsRecordsOff) {
+  ::setenv("KILN_TUNING", "0", 1);
+  EXPECT_FALSE(read_env().tuning);
+  ::setenv("KILN_TUNING", "1", 1);
+  EXPECT_TRUE(read_env().tuning);
+  ::unsetenv("KILN_TUNING");
+  EXPECT_TRUE(read_env().tuning) << "on by default";
+  EXPECT_TRUE(RuntimeOptions{}.use_tuning);
 }
 
 TEST(Runtime, KernelInfoDescribesTheCodeObject) {

@@ -1,5 +1,6 @@
 // Op templates: validation, tensors, geometry, and CPU references on hand-computed cases.
 #include <cmath>
+#include <set>
 
 #include "templates/op_template.h"
 #include "test_util.h"
@@ -99,6 +100,39 @@ TEST(Templates, GeometryCoversEveryOutput) {
   const TileConfig c = norm->choose_config(rmsnorm_spec(77, 4096), target("gfx942"));
   EXPECT_EQ(c.at("THREADS") % 64, 0) << "whole wavefronts on AMD";
   EXPECT_EQ(norm->geometry(rmsnorm_spec(77, 4096), c).grid.x, 77u);
+}
+
+TEST(Templates, TuningCandidatesStartWithTheHeuristicAndAreDistinct) {
+  const OpTemplate* gemm = *find_op("gemm");
+  const TargetInfo& sm90 = target("sm_90a");
+  // The TMA path: the heuristic's tile width and the other one, each with groups of 8 and 16.
+  for (const KernelSpec& s : {gemm_spec(1024, 1024, 1024, false, true), gemm_spec(8192, 6144, 4096, false, true)}) {
+    SCOPED_TRACE(to_string(s));
+    const TileConfig heuristic = gemm->choose_config(s, sm90);
+    ASSERT_EQ(heuristic.at("TMA"), 1);
+    const std::vector<TileConfig> c = gemm->tuning_candidates(s, sm90);
+    ASSERT_EQ(c.size(), 4u);
+    EXPECT_EQ(c.front(), heuristic);
+    for (size_t i = 0; i < c.size(); ++i)
+      for (size_t j = i + 1; j < c.size(); ++j) EXPECT_NE(c[i], c[j]) << i << " and " << j;
+    std::set<std::pair<int64_t, int64_t>> tiles;
+    for (const TileConfig& t : c) {
+      tiles.insert({t.at("BN"), t.at("STAGES")});
+      // GROUP_M only where it differs from the default 8, which the heuristic leaves implicit.
+      if (t.count("GROUP_M")) EXPECT_EQ(t.at("GROUP_M"), 16);
+      EXPECT_EQ(t.at("TMA"), 1);
+      EXPECT_EQ(t.at("THREADS"), heuristic.at("THREADS"));
+    }
+    EXPECT_EQ(tiles, (std::set<std::pair<int64_t, int64_t>>{{128, 6}, {256, 4}}));
+  }
+  // Everything else has the heuristic's configuration only: AMD, fp32, the cp.async WGMMA kernel
+  // (K = 33 rules out TMA), and the other ops.
+  EXPECT_EQ(gemm->tuning_candidates(gemm_spec(1024, 1024, 1024, false, true), target("gfx942")).size(), 1u);
+  EXPECT_EQ(gemm->tuning_candidates(gemm_spec(1024, 1024, 1024, false, true, DType::f32, DType::f32), sm90).size(), 1u);
+  const KernelSpec cp_async = gemm_spec(100, 70, 33, false, true);
+  EXPECT_EQ(gemm->tuning_candidates(cp_async, sm90), std::vector<TileConfig>{gemm->choose_config(cp_async, sm90)});
+  const OpTemplate* norm = *find_op("rmsnorm");
+  EXPECT_EQ(norm->tuning_candidates(rmsnorm_spec(8, 4096), sm90).size(), 1u);
 }
 
 TEST(Templates, GemmReferenceMatchesHandComputedProducts) {

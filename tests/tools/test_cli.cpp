@@ -17,8 +17,10 @@
 #include <string>
 #include <vector>
 
-#include "test_util.h"
+#include "cache/tuning.h"
 #include "kiln/manifest.h"
+#include "templates/op_template.h"
+#include "test_util.h"
 
 extern char** environ;
 
@@ -431,6 +433,69 @@ TEST_F(CliTest, RunNeedsAGpu) {
     return;
   }
   expect_one_error_line(o, {"no GPU found: 'kiln run' needs an NVIDIA or AMD GPU"});
+}
+
+TEST_F(CliTest, RunBenchTakesNoTune) {
+  Output o = kiln_cached({"run", "gemm", "--param", "M=64,N=128,K=32,trans_a=false,trans_b=true", "--bench", "--no-tune"});
+  if (o.code == 0) {  // a machine with a GPU: no tuning line, just the benchmark
+    EXPECT_EQ(o.out.find("tuning "), std::string::npos) << o.out;
+    return;
+  }
+  expect_one_error_line(o, {"no GPU found: 'kiln run' needs an NVIDIA or AMD GPU"});
+}
+
+// ---- tuning ----------------------------------------------------------------------------------
+
+TEST_F(CliTest, PrewarmTuneNeedsAGpuAndLeavesNothing) {
+  write(path("small.json"), kSmallManifest);
+  Output o = kiln_cached({"prewarm", path("small.json"), "--arch", "sm_90a", "--tune"});
+  if (o.code == 0) {  // a machine with a GPU: a progress line per kernel built for it
+    EXPECT_NE(o.out.find("tune [1/3]"), std::string::npos) << o.out;
+    EXPECT_NE(o.out.find("tuned "), std::string::npos) << o.out;
+    return;
+  }
+  expect_one_error_line(o, {"--tune times kernels on this machine's GPU, and no NVIDIA or AMD GPU was found",
+                            "prewarm without --tune"});
+  EXPECT_TRUE(o.out.empty()) << o.out;
+  EXPECT_FALSE(fs::exists(cache_)) << "nothing was created";
+}
+
+TEST_F(CliTest, InspectMetaListsTuningRecords) {
+  const std::vector<std::string> args = {"inspect", "gemm", "--param", "M=1024,N=1024,K=1024,trans_a=false,trans_b=true",
+                                         "--arch", "sm_90a", "--emit", "meta", "--nvidia-compiler", "nvrtc"};
+  Output before = kiln_cached(args);
+  ASSERT_EQ(before.code, 0) << before.err;
+  EXPECT_NE(before.out.find("tuned         not yet"), std::string::npos) << before.out;
+  EXPECT_NE(before.out.find("tile config   BK=64 BM=128 BN=128"), std::string::npos) << before.out;
+
+  // A record from a GPU machine, as Runtime::tune writes it.
+  const kiln::KernelSpec spec{"gemm", kiln::DType::bf16, kiln::DType::bf16,
+                              {{"M", 1024}, {"N", 1024}, {"K", 1024}, {"trans_a", 0}, {"trans_b", 1}}};
+  const kiln::OpTemplate& gemm = **kiln::find_op("gemm");
+  const kiln::TargetInfo& sm90 = kiln::testing::target("sm_90a");
+  const kiln::TileConfig winner = gemm.tuning_candidates(spec, sm90).back();
+  kiln::TuningRecord r;
+  r.key = kiln::TuningKey::make(gemm, spec, sm90, "NVIDIA H200", "nvrtc");
+  r.winner = winner;
+  r.candidates = {kiln::TuneCandidate{winner, 0.0123, 0.012, 0.013, ""}};
+  r.reps = 20;
+  r.created_utc = "2025-06-01T12:00:00Z";
+  auto cache = kiln::DiskCache::open(cache_);
+  ASSERT_TRUE(cache.ok()) << cache.error().message;
+  auto stored = kiln::store_tuning(**cache, r);
+  ASSERT_TRUE(stored.ok()) << stored.error().message;
+
+  Output after = kiln_cached(args);
+  ASSERT_EQ(after.code, 0) << after.err;
+  EXPECT_NE(after.out.find("tuned         " + kiln::config_string(winner) +
+                           " on NVIDIA H200 (0.0123 ms median, 1 candidate, 2025-06-01T12:00:00Z)"),
+            std::string::npos)
+      << after.out;
+  EXPECT_NE(after.out.find("record        " + *stored), std::string::npos) << after.out;
+  // A spec with one configuration has nothing to tune and says nothing about it.
+  Output plain = kiln_cached({"inspect", "rmsnorm", "--param", "rows=4,hidden=128", "--arch", "sm_90a", "--emit", "meta"});
+  ASSERT_EQ(plain.code, 0) << plain.err;
+  EXPECT_EQ(plain.out.find("tuned"), std::string::npos) << plain.out;
 }
 
 // ---- cache archives, gc, verify --fix, record and replay ------------------------------------

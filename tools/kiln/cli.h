@@ -69,6 +69,13 @@ Result<std::vector<const TargetInfo*>> parse_targets(const std::vector<std::stri
 
 /// "gemm bf16 8192x6144x4096 NT", "rmsnorm bf16 rows=8192 hidden=4096".
 std::string spec_summary(const KernelSpec& spec);
+/// One line per candidate of a tuning report, each starting with `indent`: the tile
+/// configuration, then the median ms and, when `flops` > 0 (gemm: 2MNK), TFLOP/s, with
+/// "<- winner" on the winner's line; or the first line of the candidate's error.
+std::string format_candidates(const TuneReport& report, double flops, std::string_view indent);
+/// Floating-point operations of one launch of `spec` (gemm: 2*M*N*K), 0 for other ops.
+double spec_flops(const KernelSpec& spec);
+
 /// "12.3 KiB", "812 B", "1.2 MiB".
 std::string human_bytes(uint64_t bytes);
 /// "-" for unknown (-1) values, else the number.

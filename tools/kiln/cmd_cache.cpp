@@ -397,7 +397,7 @@ Command add_cache_command(CLI::App& app) {
   verify->add_flag("--fix", o->fix,
                    "Move each bad entry aside and rebuild it from its key (compile-only); exit 0 when all are "
                    "rebuilt or removed");
-  add("clear", "Remove every entry", cache_clear);
+  add("clear", "Remove every entry and tuning record", cache_clear);
   auto* gc = add("gc", "Evict least recently used entries down to a byte budget; remove stale temporaries", cache_gc);
   gc->add_option("--max-size", o->max_size, "Budget: 2G, 500M, 64K or bytes (default: $KILN_CACHE_MAX_SIZE)");
   auto* exp = add("export", "Write every entry that verifies to an archive (tar.zst), to carry the cache to other "

@@ -5,11 +5,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
+#include "cache/tuning.h"
 #include "codegen/codegen.h"
 #include "runtime/compile/compiler.h"
 #include "templates/op_template.h"
@@ -122,6 +124,28 @@ std::string entry_dir(const std::string& cache, const std::string& key) {
   return fmt::format("{}/v1/entries/{}/{}", cache, key.substr(0, 2), key);
 }
 
+// The tuning records of the spec in the cache, whatever GPU they were timed on: the configuration
+// kernel() compiles there instead of the heuristic's ("tile config", which compile() shows).
+template <class Line>
+void print_tunings(const KernelSpec& spec, const TargetInfo& target, const std::string& cache_dir,
+                   const InspectOptions& o, const Line& line) {
+  const OpTemplate* op = *find_op(spec.op);  // validated by the caller
+  if (op->tuning_candidates(op->baked_spec(spec), target).size() < 2) return;  // nothing to tune
+  const std::string compiler = target.vendor == Vendor::nvidia ? nvidia_compiler(o.nvidia_compiler) : "clang";
+  std::vector<FoundTuning> found;
+  if (!cache_dir.empty())
+    if (auto cache = DiskCache::open(cache_dir, /*read_only=*/true)) found = tunings_of(**cache, *op, spec, target, compiler);
+  if (found.empty()) line("tuned", "not yet ('kiln run --bench' or 'kiln prewarm --tune' on the GPU tunes it)");
+  for (const FoundTuning& f : found) {
+    const TuneCandidate& w = *std::find_if(f.record.candidates.begin(), f.record.candidates.end(),
+                                           [&](const TuneCandidate& c) { return c.config == f.record.winner; });
+    const size_t n = f.record.candidates.size();
+    line("tuned", fmt::format("{} on {} ({:.4f} ms median, {} candidate{}, {})", config_string(f.record.winner),
+                              f.record.key.device, w.median_ms, n, n == 1 ? "" : "s", f.record.created_utc));
+    line("record", f.path);
+  }
+}
+
 int print_meta(const KernelSpec& spec, const TargetInfo& target, const InspectOptions& o) {
   auto rt = compile_only_runtime(o);
   if (!rt) return fail(rt.error());
@@ -162,6 +186,7 @@ int print_meta(const KernelSpec& spec, const TargetInfo& target, const InspectOp
     maps += fmt::format("{}{} (box {}x{})", maps.empty() ? "" : ", ", tensors.at(m.tensor).name, m.box_inner,
                         m.box_outer);
   if (!maps.empty()) line("tensor maps", maps + ": TMA, encoded at each launch");
+  print_tunings(spec, target, (*rt)->cache_dir(), o, line);
   line("cache key", i.cache_key);
   line("compile ms", fmt::format("{:.1f}", i.compile_ms));
   line("origin", std::string((*compiled)->origin()));

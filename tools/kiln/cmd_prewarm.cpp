@@ -1,5 +1,6 @@
 // kiln prewarm: compile every kernel of a manifest for every --arch into the disk cache, with N
-// worker threads sharing one compile-only Runtime.
+// worker threads sharing one Runtime (compile-only, unless --tune: then the kernels for this
+// machine's GPU are also tuned on it, one after the other, and the winners kept in the cache).
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -23,6 +24,7 @@ struct PrewarmOptions {
   int jobs = 0;
   std::string cache_dir;
   std::string nvidia_compiler;
+  bool tune = false;
 };
 
 struct Job {
@@ -83,16 +85,26 @@ int run_prewarm(const PrewarmOptions& o) {
   }
   if (!env().disk_cache)
     return fail("the disk cache is disabled (KILN_DISABLE_DISK_CACHE); prewarm would keep nothing");
+  if (o.tune) {
+    // Before the cache is touched: without a GPU, --tune fails and leaves nothing behind.
+    RuntimeOptions probe;
+    probe.disk_cache = false;
+    auto gpu = Runtime::create(probe);
+    if (!gpu || !(*gpu)->device())
+      return fail("--tune times kernels on this machine's GPU, and no NVIDIA or AMD GPU was found; "
+                  "prewarm without --tune compiles for every --arch without one");
+  }
   const std::string root = cache_root(o.cache_dir);
   if (auto disk = DiskCache::open(root); !disk) return fail(disk.error());
 
   RuntimeOptions ro;
-  ro.backend = "none";
+  ro.backend = o.tune ? "auto" : "none";
   ro.cache_dir = root;
   ro.nvidia_compiler = nvcc;
   auto runtime = Runtime::create(ro);
   if (!runtime) return fail(runtime.error());
   Runtime& rt = **runtime;
+  if (o.tune && !rt.device()) return fail("--tune: the GPU found a moment ago cannot be opened now");
 
   // 2. Compile every (kernel, target) pair; workers pull the next pair from an atomic index.
   std::vector<Job> jobs;
@@ -139,10 +151,44 @@ int run_prewarm(const PrewarmOptions& o) {
   for (size_t w = 0; w + 1 < workers; ++w) pool.emplace_back(work);
   work();
   for (std::thread& t : pool) t.join();
-  const double wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   progress.finish();
 
-  // 3. Summary, then the table of what was built.
+  // 3. --tune: the kernels built for this GPU's target, one at a time (timings need the GPU to
+  //    themselves), each once (kernels that share a cache entry share a tuning record).
+  size_t tuned = 0, from_records = 0, untunable = 0, tune_failed = 0;
+  if (o.tune) {
+    const TargetInfo& local = rt.device()->target();
+    std::vector<const Job*> to_tune;
+    std::set<std::string> seen;
+    for (const Job& job : jobs)
+      if (job.target == &local && job.compiled && seen.insert(job.compiled->info().cache_key).second)
+        to_tune.push_back(&job);
+    if (to_tune.empty())
+      warn(fmt::format("--tune: nothing to tune: no kernel was built for this GPU's target {} (add it to --arch)",
+                       local.name));
+    for (size_t i = 0; i < to_tune.size(); ++i) {
+      const KernelSpec& spec = to_tune[i]->kernel->spec;
+      const std::string head = fmt::format("tune [{}/{}] {}:", i + 1, to_tune.size(), spec_summary(spec));
+      auto r = rt.tune(spec);
+      if (!r) {
+        ++tune_failed;
+        fmt::print("{} failed: {}\n", head, first_line(r.error().message));
+      } else if (r->candidates.size() == 1) {
+        ++untunable;
+        fmt::print("{} one configuration, nothing to tune\n", head);
+      } else {
+        ++(r->from_record ? from_records : tuned);
+        const TuneCandidate& w = r->candidates[r->winner];
+        fmt::print("{} {} {} ({:.4f} ms{})\n", head, r->from_record ? "from record:" : "winner", config_string(w.config),
+                   w.median_ms, r->from_record ? "" : fmt::format(", {} candidates", r->candidates.size()));
+        if (globals().verbose) fmt::print("{}", format_candidates(*r, spec_flops(spec), "    "));
+      }
+      std::fflush(stdout);
+    }
+  }
+  const double wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+  // 4. Summary, then the table of what was built.
   std::string names;
   for (const TargetInfo* t : *targets) names += fmt::format("{}{}", names.empty() ? "" : ",", t->name);
   const size_t nk = manifest->kernels.size(), nt = targets->size();
@@ -153,6 +199,9 @@ int run_prewarm(const PrewarmOptions& o) {
   fmt::print("  compiled        {}\n", compiled.load());
   fmt::print("  already cached  {}\n", cached.load());
   fmt::print("  failed          {}\n", failed.load());
+  if (o.tune)
+    fmt::print("  tuned           {} on {} ({} from records, {} with one configuration, {} failed)\n", tuned,
+               rt.device()->name(), from_records, untunable, tune_failed);
   for (const Job& job : jobs) {
     if (job.error.empty()) continue;
     const std::string label = job.kernel->label.empty() ? spec_summary(job.kernel->spec) : job.kernel->label;
@@ -177,7 +226,8 @@ int run_prewarm(const PrewarmOptions& o) {
   }
   fmt::print("\n{}", table.render({4, 5, 6, 7, 8}));
   std::fflush(stdout);
-  if (!failed.load()) return 0;
+  if (!failed.load() && !tune_failed) return 0;
+  if (!failed.load()) return fail(fmt::format("{} kernels could not be tuned", tune_failed));
   fail(fmt::format("{} of {} builds failed{}", failed.load(), jobs.size(),
                    globals().verbose ? "" : " (--verbose prints the compiler logs)"));
   if (globals().verbose) {
@@ -199,6 +249,9 @@ Command add_prewarm_command(CLI::App& app) {
   cmd->add_option("-j,--jobs", o->jobs, "Parallel compiles (default: the number of hardware threads)");
   add_cache_dir_option(*cmd, o->cache_dir);
   add_nvidia_compiler_option(*cmd, o->nvidia_compiler);
+  cmd->add_flag("--tune", o->tune,
+                "Also tune the kernels built for this machine's GPU (needs one): time each tuning candidate and keep "
+                "the winner in the cache, for every later process");
   return [o] { return run_prewarm(*o); };
 }
 

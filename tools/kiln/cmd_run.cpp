@@ -1,5 +1,5 @@
 // kiln run: build one kernel for this machine's GPU, check it against the CPU reference and
-// optionally time it.
+// optionally tune and time it.
 #include <fmt/format.h>
 
 #include "kiln/check.h"
@@ -13,6 +13,7 @@ struct RunOptions {
   SpecOptions spec;
   bool check = false;
   bool bench = false;
+  bool no_tune = false;
   int64_t sample_rows = -1;
   int iterations = 0;
   std::vector<float> eps;
@@ -21,6 +22,20 @@ struct RunOptions {
   std::string cache_dir;
   std::string nvidia_compiler;
 };
+
+void print_tuning(const TuneReport& r, double flops) {
+  if (r.candidates.size() == 1) {
+    fmt::print("tuning       one configuration for this spec on {}: nothing to tune\n", r.target);
+    return;
+  }
+  if (r.from_record)
+    fmt::print("tuning       from record {} ({} launches per candidate on {}, {})\n", r.record, r.reps, r.device,
+               r.created_utc);
+  else
+    fmt::print("tuning       {} candidates, {} timed launches each; {}\n", r.candidates.size(), r.reps,
+               r.record.empty() ? "not kept (memory-only cache)" : "record " + r.record);
+  fmt::print("{}", format_candidates(r, flops, "             "));
+}
 
 constexpr int64_t kDefaultSampleRows = 256;
 constexpr int kDefaultIterations = 100;
@@ -55,6 +70,12 @@ int run_run(const RunOptions& o) {
   if (auto valid = (*op)->validate(*spec, device->target()); !valid) return fail(valid.error());
 
   fmt::print("device       {} ({}, {} compute units)\n", device->name(), device->target().name, device->compute_units());
+  if (co.bench_iterations > 0 && !o.no_tune) {
+    // The benchmark times the tuned kernel: tune() installs its winner for the check below.
+    auto tuned = (*rt)->tune(*spec);
+    if (!tuned) return fail(tuned.error());
+    print_tuning(*tuned, spec_flops(*spec));
+  }
   auto report = check_on_device(**rt, *spec, co);
   if (!report) return fail(report.error());
   fmt::print("{}\n", format_report(*report));
@@ -80,7 +101,10 @@ Command add_run_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("run", "Check one kernel on this machine's GPU against the CPU reference (and time it)");
   add_spec_options(*cmd, o->spec);
   cmd->add_flag("--check", o->check, "Compare every output row (default: a sample of 256 rows)");
-  cmd->add_flag("--bench", o->bench, "Also time the kernel: median device time, TFLOP/s (gemm), GB/s");
+  cmd->add_flag("--bench", o->bench,
+                "Also time the kernel: median device time, TFLOP/s (gemm), GB/s; tunes it first (the tuning "
+                "record is kept in the cache, so only the first run times the candidates)");
+  cmd->add_flag("--no-tune", o->no_tune, "With --bench: time the heuristic's (or an existing record's) configuration, without tuning");
   cmd->add_option("--sample-rows", o->sample_rows, "Output rows compared with the reference (0: all)");
   cmd->add_option("--iterations", o->iterations, "Launches timed with --bench (default 100)");
   cmd->add_option("--eps", o->eps, "rmsnorm's eps (default 1e-5)")->expected(1);

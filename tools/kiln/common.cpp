@@ -150,6 +150,28 @@ std::string spec_summary(const KernelSpec& spec) {
   return s;
 }
 
+std::string format_candidates(const TuneReport& r, double flops, std::string_view indent) {
+  size_t width = 0;
+  for (const TuneCandidate& c : r.candidates) width = std::max(width, config_string(c.config).size());
+  std::string out;
+  for (size_t i = 0; i < r.candidates.size(); ++i) {
+    const TuneCandidate& c = r.candidates[i];
+    std::string result;
+    if (!c.error.empty()) result = "failed: " + first_line(c.error);
+    else if (c.median_ms <= 0) result = "not timed";
+    else result = fmt::format("{:.4f} ms", c.median_ms);
+    if (c.error.empty() && c.median_ms > 0 && flops > 0)
+      result += fmt::format("  {:.1f} TFLOP/s", flops / (c.median_ms * 1e-3) / 1e12);
+    if (c.error.empty() && c.median_ms > 0 && i == r.winner) result += "  <- winner";
+    out += fmt::format("{}{:<{}}  {}\n", indent, config_string(c.config), width, result);
+  }
+  return out;
+}
+
+double spec_flops(const KernelSpec& spec) {
+  return spec.op == "gemm" ? 2.0 * double(spec.param("M")) * double(spec.param("N")) * double(spec.param("K")) : 0.0;
+}
+
 std::string human_bytes(uint64_t bytes) {
   if (bytes < 1024) return fmt::format("{} B", bytes);
   if (bytes < 1024 * 1024) return fmt::format("{:.1f} KiB", bytes / 1024.0);
