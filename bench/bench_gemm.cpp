@@ -12,7 +12,9 @@
 // with 0xFF (NaN) before each checked launch, sampled output rows of all three GEMMs compared with
 // the float64 CPU reference (kiln::reference) under the bf16 gate of BENCHMARKS.md, then 1
 // warm-up and --reps timed repetitions (device events; the median time is reported, the stddev
-// is that of the per-repetition TFLOP/s). Shapes that recur across models (Mistral-7B mb2 and
+// is that of the per-repetition TFLOP/s). A repetition times --batch back-to-back launches (default
+// 1) and divides by the count: --batch 20 measures sustained throughput, with the clocks the
+// card holds under continuous load, instead of single launches after an idle gap. Shapes that recur across models (Mistral-7B mb2 and
 // Llama-3.1-8B mb1, ...) run once and are reported under every label.
 //
 // Output (BENCHMARKS.md "Benchmark report format"): the Kiln rows as a table on stdout and as
@@ -449,6 +451,7 @@ struct Options {
   std::vector<std::string> models;
   std::vector<int64_t> micro_batch = {1, 2};
   int reps = 5;
+  int batch = 1;
   int64_t max_rows = 0;
   int64_t check_rows = 4;
   int device = 0;
@@ -486,10 +489,17 @@ Result<std::array<std::vector<float>, 3>> checked_run(Bench& b, const std::array
 /// one event pair).
 template <class Launch>
 Result<void> timed_runs(Bench& b, Side& side, Launch&& launch) {
-  auto fwd = [&]() -> Result<void> { return launch(kFwd); };
+  const int batch = b.opt.batch;
+  auto fwd = [&]() -> Result<void> {
+    for (int i = 0; i < batch; ++i) KILN_TRY(launch(kFwd));
+    return kiln::ok();
+  };
   auto bwd = [&]() -> Result<void> {
-    KILN_TRY(launch(kDgrad));
-    return launch(kWgrad);
+    for (int i = 0; i < batch; ++i) {
+      KILN_TRY(launch(kDgrad));
+      KILN_TRY(launch(kWgrad));
+    }
+    return kiln::ok();
   };
   KILN_TRY(fwd());
   KILN_TRY(bwd());
@@ -497,8 +507,8 @@ Result<void> timed_runs(Bench& b, Side& side, Launch&& launch) {
   for (int r = 0; r < b.opt.reps; ++r) {
     KILN_ASSIGN_OR_RETURN(float f, b.dev->time_ms(nullptr, fwd));
     KILN_ASSIGN_OR_RETURN(float g, b.dev->time_ms(nullptr, bwd));
-    side.fwd_ms.push_back(f);
-    side.bwd_ms.push_back(g);
+    side.fwd_ms.push_back(f / batch);
+    side.bwd_ms.push_back(g / batch);
   }
   return kiln::ok();
 }
@@ -743,9 +753,10 @@ int run(const Options& opt, std::unique_ptr<kiln::Runtime> runtime) {
   std::printf("bench_gemm: %s (%s, %d SMs), cuBLAS %d, Kiln cache %s\n", b.dev->name().c_str(),
               std::string(b.dev->target().name).c_str(), b.dev->compute_units(), cublas_version,
               b.rt->cache_dir().empty() ? "(memory only)" : b.rt->cache_dir().c_str());
-  std::printf("bench_gemm: %zu rows, %zu distinct shapes, reps %d (median after 1 warm-up), %ld checked rows "
-              "per output, seed %llu\n\n",
-              cases.size(), shapes.size(), opt.reps, long(opt.check_rows), static_cast<unsigned long long>(seed));
+  std::printf("bench_gemm: %zu rows, %zu distinct shapes, reps %d of %d back-to-back launches (median after 1 "
+              "warm-up), %ld checked rows per output, seed %llu\n\n",
+              cases.size(), shapes.size(), opt.reps, opt.batch, long(opt.check_rows),
+              static_cast<unsigned long long>(seed));
   std::fflush(stdout);
 
   if (opt.self_test) {
@@ -915,6 +926,11 @@ int main(int argc, char** argv) {
       ->delimiter(',')
       ->capture_default_str();
   app.add_option("--reps", opt.reps, "Timed repetitions after 1 warm-up (median reported)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--batch", opt.batch,
+                 "Back-to-back launches per timed repetition (time divided by the count): 1 times single "
+                 "launches, 20 sustained throughput")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   app.add_option("--max-rows", opt.max_rows, "Stop after the first N rows (labels) of the list (0: all)")
