@@ -302,6 +302,7 @@ class RuntimeImpl final : public Runtime {
     report.winner = *best;
     ++stats_.tunings;
     install(memo, loaded[*best]);
+    record(spec);  // once, not once per candidate
 
     TuningRecord record{key, candidates[*best], report.candidates, options.reps, report.created_utc};
     if (disk_ && writes_enabled_) {
@@ -398,7 +399,7 @@ class RuntimeImpl final : public Runtime {
   // errors), then `reps` launches, each timed with device events; fills in c's times.
   Result<std::shared_ptr<KernelImpl>> time_candidate(const KernelSpec& spec, const TileConfig& config,
                                                      std::span<void* const> buffers, int reps, TuneCandidate& c) {
-    KILN_ASSIGN_OR_RETURN(auto compiled, get_compiled(spec, device_->target(), &config));
+    KILN_ASSIGN_OR_RETURN(auto compiled, get_compiled(spec, device_->target(), &config, /*record_spec=*/false));
     KILN_ASSIGN_OR_RETURN(auto k, load(compiled));
     KILN_TRY(k->launch(spec, buffers, {}, nullptr));
     KILN_TRY(device_->synchronize(nullptr));
@@ -416,8 +417,11 @@ class RuntimeImpl final : public Runtime {
 
   // The heuristic's kernel (config == nullptr), or the given tuning candidate's: memoized apart,
   // so that compile() keeps returning the heuristic's while kernel() serves a tuned one.
+  // `record_spec`: append the spec to KILN_RECORD when built (tuning candidates are recorded once,
+  // by tune()).
   Result<std::shared_ptr<CompiledKernelImpl>> get_compiled(const KernelSpec& spec, const TargetInfo& target,
-                                                           const TileConfig* config = nullptr) {
+                                                           const TileConfig* config = nullptr,
+                                                           bool record_spec = true) {
     KILN_ASSIGN_OR_RETURN(std::string memo, memo_key(spec, target));
     if (config) memo += "|" + config_string(*config);
     {
@@ -451,7 +455,7 @@ class RuntimeImpl final : public Runtime {
     if (!built) return built.take_error();
     compiled_.emplace(memo, *built);
     lock.unlock();
-    record(spec);
+    if (record_spec) record(spec);
     return std::move(built).value();
   }
 
