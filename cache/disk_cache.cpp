@@ -448,7 +448,7 @@ Result<std::string> DiskCache::write_tuning(const std::string& key, const std::s
   const std::string path = tuning_path(key);
   Result<void> r = make_dirs(root_ + "/v1/tuning", 0700);
   if (r) r = write_file_synced(tmp, text);
-  // NOTES: rename(2) of a file over another is atomic: readers see the old record or the new one.
+  // rename(2) over an older record is atomic: readers see the old record or the new one.
   if (r && ::rename(tmp.c_str(), path.c_str()) != 0) r = make_error(Errc::io_error, "cannot publish tuning record " + errno_message(path));
   if (!r) {
     ::unlink(tmp.c_str());

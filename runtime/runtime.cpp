@@ -82,7 +82,7 @@ class KernelImpl final : public Kernel {
     for (const ParamInfo& p : op->params())
       if (!p.baked) runtime_params_.emplace_back(p.name);
     for (const ScalarInfo& s : op->scalars()) scalars_.push_back(&s);
-    if (runtime_params_.empty()) fixed_geometry_ = op->geometry(compiled_->spec(), compiled_->config());
+    if (runtime_params_.empty()) fixed_geometry_ = fit(op->geometry(compiled_->spec(), compiled_->config()));
   }
   const CompiledKernel& compiled() const override { return *compiled_; }
 
@@ -97,7 +97,7 @@ class KernelImpl final : public Kernel {
     constexpr size_t kMax = 16;
     void* args[kMax];
     void* ptrs[kMax];
-    TensorMapBytes maps[4];
+    TensorMapBytes maps[kMax];
     int ints[kMax];
     float floats[kMax];
     size_t n = 0;
@@ -105,7 +105,7 @@ class KernelImpl final : public Kernel {
       ptrs[i] = buffers[i];
       args[n++] = &ptrs[i];
     }
-    for (size_t j = 0; j < tensor_maps_.size() && j < std::size(maps); ++j) {
+    for (size_t j = 0; j < tensor_maps_.size(); ++j) {
       const auto& [info, dtype] = tensor_maps_[j];
       if (Result<void> r = module_->encode_tensor_map(info, dtype, buffers[info.tensor], maps[j]); !r) {
         Error e = r.error();
@@ -127,16 +127,18 @@ class KernelImpl final : public Kernel {
       floats[i] = it == scalars.end() ? scalars_[i]->default_value : it->second;
       args[n++] = &floats[i];
     }
-    LaunchGeometry geometry = fixed_geometry_ ? *fixed_geometry_ : compiled_->op()->geometry(call, compiled_->config());
-    // A persistent kernel gets one block per compute unit at most: more would only queue.
-    if (geometry.persistent && compute_units_ > 0)
-      geometry.grid.x = std::min<uint32_t>(geometry.grid.x, static_cast<uint32_t>(compute_units_));
-    return module_->launch(geometry, args, stream);
+    return module_->launch(fixed_geometry_ ? *fixed_geometry_ : fit(compiled_->op()->geometry(call, compiled_->config())),
+                           args, stream);
   }
 
   const LoadedModule& module() const { return *module_; }
 
  private:
+  // A persistent kernel gets one block per compute unit at most: more would only queue.
+  LaunchGeometry fit(LaunchGeometry g) const {
+    if (g.persistent && compute_units_ > 0) g.grid.x = std::min<uint32_t>(g.grid.x, static_cast<uint32_t>(compute_units_));
+    return g;
+  }
   std::string tensor_name(size_t i) const { return compiled_->op()->tensors(compiled_->spec()).at(i).name; }
   std::string tensor_names() const {
     std::string s;

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <string>
 
+#include "kiln/runtime.h"
 #include "kiln/spec.h"
 #include "kiln/target.h"
 
@@ -31,6 +32,16 @@ class TempDir {
  private:
   std::string path_;
 };
+
+/// A runtime without a device (compile, cache and prewarm only) on the cache directory `dir`.
+inline std::unique_ptr<Runtime> compile_only_runtime(const std::string& dir) {
+  RuntimeOptions o;
+  o.backend = "none";
+  o.cache_dir = dir;
+  auto rt = Runtime::create(o);
+  EXPECT_TRUE(rt.ok()) << rt.error().message;
+  return std::move(rt).value();
+}
 
 /// A target of the table by name (the tests name only real ones).
 inline const TargetInfo& target(const char* name) { return **find_target(name); }

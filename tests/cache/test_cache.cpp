@@ -20,16 +20,8 @@ namespace {
 using testing::gemm_spec;
 using testing::rmsnorm_spec;
 using testing::swiglu_spec;
+using testing::compile_only_runtime;
 using testing::TempDir;
-
-std::unique_ptr<Runtime> make_runtime(const std::string& dir) {
-  RuntimeOptions o;
-  o.backend = "none";
-  o.cache_dir = dir;
-  auto rt = Runtime::create(o);
-  EXPECT_TRUE(rt.ok()) << rt.error().message;
-  return std::move(rt).value();
-}
 
 std::vector<fs::path> entry_dirs(const std::string& root) {
   std::vector<fs::path> out;
@@ -50,7 +42,7 @@ TEST(DiskCache, RoundTripCountsHitsAndMisses) {
   const char* target = testing::compilable_target();
   const bool amd = std::string(target) != "sm_90a";
   {
-    auto rt = make_runtime(dir.path());
+    auto rt = compile_only_runtime(dir.path());
     auto first = rt->compile(spec, target);
     ASSERT_TRUE(first.ok()) << first.error().message;
     EXPECT_EQ((*first)->origin(), "compiled");
@@ -63,7 +55,7 @@ TEST(DiskCache, RoundTripCountsHitsAndMisses) {
     EXPECT_EQ(s.disk_hits, 0u);
   }
   // A new runtime (a new process, in effect) finds the entry on disk.
-  auto rt = make_runtime(dir.path());
+  auto rt = compile_only_runtime(dir.path());
   auto loaded = rt->compile(spec, target);
   ASSERT_TRUE(loaded.ok()) << loaded.error().message;
   EXPECT_EQ((*loaded)->origin(), "disk");
@@ -84,7 +76,7 @@ TEST(DiskCache, RoundTripCountsHitsAndMisses) {
 
 TEST(DiskCache, DirectoryIsPrivate) {
   TempDir dir;
-  auto rt = make_runtime(dir / "cache");
+  auto rt = compile_only_runtime(dir / "cache");
   struct stat st{};
   ASSERT_EQ(stat((dir / "cache").c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0700u);
@@ -98,7 +90,7 @@ TEST(DiskCache, WorldWritableDirectoryIsRefusedAndTheRuntimeGoesOn) {
   auto refused = DiskCache::open(root);
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.error().message.find("writable by group or others"), std::string::npos);
-  auto rt = make_runtime(root);
+  auto rt = compile_only_runtime(root);
   EXPECT_EQ(rt->cache_dir(), "") << "memory-only";
   auto c = rt->compile(swiglu_spec(1, 64), "sm_90a");
   ASSERT_TRUE(c.ok()) << c.error().message;
@@ -111,7 +103,7 @@ TEST(DiskCache, UnwritableDirectoryDegradesToMemory) {
   const std::string root = dir / "ro";
   fs::create_directories(root);
   chmod(root.c_str(), 0500);
-  auto rt = make_runtime(root);
+  auto rt = compile_only_runtime(root);
   EXPECT_EQ(rt->cache_dir(), "");
   EXPECT_TRUE(rt->compile(swiglu_spec(1, 64), "sm_90a").ok());
 }
@@ -124,7 +116,7 @@ TEST_P(Corruption, IsDetectedAndRebuilt) {
   if (kind == "wrong_target_code") KILN_REQUIRE_LLVM();
   TempDir dir;
   const KernelSpec spec = rmsnorm_spec(4, 1024);
-  { ASSERT_TRUE(make_runtime(dir.path())->compile(spec, "sm_90a").ok()); }
+  { ASSERT_TRUE(compile_only_runtime(dir.path())->compile(spec, "sm_90a").ok()); }
   auto entries = entry_dirs(dir.path());
   ASSERT_EQ(entries.size(), 1u);
   const fs::path entry = entries[0];
@@ -147,7 +139,7 @@ TEST_P(Corruption, IsDetectedAndRebuilt) {
     // An hsaco in place of the cubin, with meta.json's checksum updated to match: only the
     // code-object check can tell.
     TempDir other;
-    auto amd = make_runtime(other.path())->compile(spec, "gfx942");
+    auto amd = compile_only_runtime(other.path())->compile(spec, "gfx942");
     ASSERT_TRUE(amd.ok());
     auto bytes = (*amd)->code_object();
     std::ofstream(code, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()), bytes.size());
@@ -157,7 +149,7 @@ TEST_P(Corruption, IsDetectedAndRebuilt) {
     meta["files"]["code.cubin"] = {{"sha256", sha256_hex(data)}, {"bytes", bytes.size()}};
     std::ofstream(entry / "meta.json") << meta.dump();
   }
-  auto rt = make_runtime(dir.path());
+  auto rt = compile_only_runtime(dir.path());
   auto again = rt->compile(spec, "sm_90a");
   ASSERT_TRUE(again.ok()) << again.error().message;
   EXPECT_EQ((*again)->origin(), "compiled") << "rebuilt, not loaded";
@@ -177,7 +169,7 @@ INSTANTIATE_TEST_SUITE_P(Kinds, Corruption,
 TEST(DiskCache, VerifyFindsEveryBadEntry) {
   TempDir dir;
   {
-    auto rt = make_runtime(dir.path());
+    auto rt = compile_only_runtime(dir.path());
     ASSERT_TRUE(rt->compile(swiglu_spec(1, 64), "sm_90a").ok());
     ASSERT_TRUE(rt->compile(swiglu_spec(1, 128), "sm_90a").ok());
   }
@@ -197,7 +189,7 @@ TEST(DiskCache, VerifyFindsEveryBadEntry) {
 
 TEST(DiskCache, ThreadsAskingForOneKernelCompileItOnce) {
   TempDir dir;
-  auto rt = make_runtime(dir.path());
+  auto rt = compile_only_runtime(dir.path());
   std::vector<std::thread> threads;
   std::atomic<int> failures{0};
   for (int i = 0; i < 8; ++i)

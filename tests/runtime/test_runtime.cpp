@@ -10,18 +10,12 @@ namespace kiln {
 namespace {
 using testing::gemm_spec;
 using testing::rmsnorm_spec;
+using testing::compile_only_runtime;
 using testing::TempDir;
-
-std::unique_ptr<Runtime> compile_only(const std::string& dir) {
-  RuntimeOptions o;
-  o.backend = "none";
-  o.cache_dir = dir;
-  return std::move(Runtime::create(o)).value();
-}
 
 TEST(Runtime, CompileOnlyRuntimeCompilesButCannotLaunch) {
   TempDir dir;
-  auto rt = compile_only(dir.path());
+  auto rt = compile_only_runtime(dir.path());
   EXPECT_EQ(rt->device(), nullptr);
   EXPECT_TRUE(rt->compile(rmsnorm_spec(1, 128), testing::compilable_target()).ok());
   auto k = rt->kernel(rmsnorm_spec(1, 128));
@@ -41,7 +35,7 @@ TEST(Runtime, CompileOnlyRuntimeCompilesButCannotLaunch) {
 
 TEST(Runtime, BadRequestsAreErrorsNotCrashes) {
   TempDir dir;
-  auto rt = compile_only(dir.path());
+  auto rt = compile_only_runtime(dir.path());
   auto unknown_target = rt->compile(rmsnorm_spec(1, 128), "gfx1100");
   ASSERT_FALSE(unknown_target.ok());
   EXPECT_EQ(unknown_target.error().code, Errc::unknown);
@@ -60,7 +54,7 @@ TEST(Runtime, BadRequestsAreErrorsNotCrashes) {
 
 TEST(Runtime, ConcurrentRequestsForManyKernelsAreSafe) {
   TempDir dir;
-  auto rt = compile_only(dir.path());
+  auto rt = compile_only_runtime(dir.path());
   std::vector<std::thread> threads;
   std::atomic<int> failures{0};
   for (int t = 0; t < 4; ++t)
@@ -87,7 +81,7 @@ TEST(Runtime, DiskCacheCanBeTurnedOff) {
 
 TEST(Runtime, TuningNeedsAGpu) {
   TempDir dir;
-  auto rt = compile_only(dir.path());
+  auto rt = compile_only_runtime(dir.path());
   auto r = rt->tune(gemm_spec(1024, 1024, 1024, false, true));
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.error().code, Errc::driver_unavailable);
@@ -114,7 +108,7 @@ TEST(Runtime, CompileKeepsTheHeuristicWhenATuningRecordExists) {
     r.created_utc = utc_now();
     ASSERT_TRUE(store_tuning(*cache, r).ok());
   }
-  auto rt = compile_only(dir.path());
+  auto rt = compile_only_runtime(dir.path());
   auto c = rt->compile(spec, "sm_90a");
   ASSERT_TRUE(c.ok()) << c.error().message;
   EXPECT_EQ((*c)->info().config, config_string(candidates.front()));
@@ -134,7 +128,7 @@ TEST(Runtime, KilnTuningZeroTurnsRecordsOff) {
 TEST(Runtime, KernelInfoDescribesTheCodeObject) {
   KILN_REQUIRE_LLVM();
   TempDir dir;
-  auto rt = compile_only(dir.path());
+  auto rt = compile_only_runtime(dir.path());
   auto c = rt->compile(gemm_spec(256, 256, 64, false, true), "gfx942");
   ASSERT_TRUE(c.ok());
   const KernelInfo& i = (*c)->info();
