@@ -291,9 +291,13 @@ Result<std::vector<double>> reference_rows(const Gemm& g, std::span<const std::v
   std::vector<std::thread> pool;
   for (size_t i = 0; i < rows.size(); ++i)
     pool.emplace_back([&, i] {
-      std::vector<double> one;
-      status[i] = kiln::reference(spec, {}, inputs, std::span<const int64_t>(&rows[i], 1), one);
-      if (status[i]) std::copy(one.begin(), one.end(), ref.begin() + static_cast<ptrdiff_t>(i * g.N));
+      auto one = kiln::reference(spec, {}, inputs, std::span<const int64_t>(&rows[i], 1));
+      if (!one) {
+        status[i] = one.take_error();
+        return;
+      }
+      const std::vector<double>& v = one->front().values;
+      std::copy(v.begin(), v.end(), ref.begin() + static_cast<ptrdiff_t>(i * g.N));
     });
   for (auto& t : pool) t.join();
   for (auto& s : status)
@@ -659,9 +663,11 @@ bool mapping_test() {
         const Gemm g{d[0], d[1], d[2], ta != 0, tb != 0};
         std::vector<std::vector<float>> in = {random_bf16(g.M * g.K, 1.0, rng()), random_bf16(g.K * g.N, 1.0, rng())};
         std::vector<double> ref, emu;
-        if (auto r = kiln::reference(gemm_spec(g), {}, in, {}, ref); !r) {
+        if (auto r = kiln::reference(gemm_spec(g), {}, in); !r) {
           std::printf("mapping-test: reference failed: %s\n", r.error().message.c_str());
           return false;
+        } else {
+          ref = std::move(r->front().values);
         }
         const CublasCall c = cublas_call(g);
         emulate_cublas(c, in[1].data(), in[0].data(), emu);  // first operand: row-major B

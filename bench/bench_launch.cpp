@@ -21,7 +21,7 @@
 
 #include "kiln/kiln.h"
 #include "runtime/driver/cuda_api.h"
-#include "templates/op_template.h"
+#include "templates/gemm/gemm.h"
 
 namespace {
 
@@ -207,10 +207,10 @@ int main(int argc, char** argv) {
     return 1;
   }
   f.gemm = *gk;
-  const kiln::OpTemplate* gemm_op = *kiln::find_op("gemm");
-  const kiln::TileConfig config = gemm_op->choose_config(kGemm, f.rt->device()->target());
-  f.maps = gemm_op->tensor_maps(kGemm, config);
-  f.geometry = gemm_op->geometry(kGemm, config);
+  const kiln::GemmOp gemm_op;
+  const kiln::TileConfig config = gemm_op.choose_config(kGemm, f.rt->device()->target());
+  f.maps = gemm_op.tensor_maps(kGemm, config);
+  f.geometry = gemm_op.geometry(kGemm, config);
   auto gcode = f.gemm->compiled().code_object();
   if (f.maps.size() != 3 || f.api->cuModuleLoadData(&f.gemm_module, gcode.data()) != CUDA_SUCCESS ||
       f.api->cuModuleGetFunction(&f.gemm_raw, f.gemm_module, "kiln_gemm") != CUDA_SUCCESS ||

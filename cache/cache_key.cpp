@@ -16,6 +16,7 @@ CacheKey CacheKey::make(const KernelSource& src, const Compiler& compiler) {
   k.compiler_version = compiler.version();
   k.flags = compiler.flags(*src.target);
   k.template_sha256 = src.template_sha256;
+  k.source_sha256 = src.source_sha256;
   return k;
 }
 
@@ -30,6 +31,7 @@ nlohmann::json CacheKey::to_json() const {
                         {"compiler_version", compiler_version},
                         {"flags", flags},
                         {"template_sha256", template_sha256},
+                        {"source_sha256", source_sha256},
                         {"codegen_version", codegen_version},
                         {"format_version", format_version}};
 }

@@ -12,10 +12,15 @@ namespace kiln {
 
 /// Bump when the layout of a cache entry or of this key changes: old entries then miss instead of
 /// being misread.
-inline constexpr int kCacheFormatVersion = 1;
+inline constexpr int kCacheFormatVersion = 2;
 
-/// Typed key. Never holds an absolute path, a host name or a time: a cache built on one machine is
-/// valid on another with the same compiler.
+/// The key of a code object: the SHA-256 of the full generated source (prelude, helpers, every
+/// host-side specialization, the device template), the compiler's identity, version and flags,
+/// and the format version. A change to any emitted byte changes the key, so no version needs a
+/// manual bump. The typed fields (op, dtypes, parameters, configuration, target) are derived from
+/// the same request and are kept beside it in meta.json for display and for `verify --fix`.
+/// Never holds an absolute path, a host name or a time: a cache built on one machine is valid on
+/// another with the same compiler.
 struct CacheKey {
   std::string op;
   std::string dtype;
@@ -26,7 +31,8 @@ struct CacheKey {
   std::string compiler;                   ///< "clang" / "nvrtc".
   std::string compiler_version;
   std::string flags;
-  std::string template_sha256;            ///< Prelude + helpers + device template text.
+  std::string template_sha256;            ///< Prelude + helpers + device template text (display).
+  std::string source_sha256;              ///< The full generated source: what the key covers.
   int codegen_version = kCodegenVersion;
   int format_version = kCacheFormatVersion;
 

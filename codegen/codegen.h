@@ -16,8 +16,9 @@
 
 namespace kiln {
 
-/// Version of Kiln's generated-code conventions; part of every cache key.
-inline constexpr int kCodegenVersion = 1;
+/// Version of Kiln's generated-code conventions, printed in the source's first line (and so
+/// hashed with it).
+inline constexpr int kCodegenVersion = 2;
 
 struct KernelSource {
   KernelSpec spec;             ///< The baked spec (runtime parameters removed).
@@ -27,10 +28,11 @@ struct KernelSource {
   std::string kernel_name;     ///< The `extern "C"` entry point.
   std::string text;            ///< The complete source.
   std::string template_sha256; ///< SHA-256 of prelude + common helpers + device template.
+  std::string source_sha256;   ///< SHA-256 of `text`: what the cache key hashes.
 };
 
 /// Validates the spec for the target and generates its source, with the heuristic's tile
-/// configuration, or with `config`, which must be one of op->tuning_candidates(spec, target)
+/// configuration, or with `config`, which must be one of the op's variants or tuning_candidates
 /// (else Errc::invalid_argument, listing them).
 Result<KernelSource> generate(const KernelSpec& spec, const TargetInfo& target, const TileConfig* config = nullptr);
 

@@ -12,20 +12,29 @@ OUT=build-fuzz
 mkdir -p "$OUT/obj" "$OUT/crashes"
 command -v "$CXX" >/dev/null || { echo "fuzz: $CXX not found (apt-get install clang-22 libclang-rt-22-dev)"; exit 1; }
 
+# The ops, as CMake collects them: every folder under templates/ (its .cpp and .kernel files).
+op_dirs=(templates/*/)
+kernels=$(ls templates/*/*.kernel | tr '\n' ';')
 cmake -DOUT="$OUT/embedded.cpp" -DROOT="$PWD" \
-  "-DFILES=codegen/preludes/amdgpu.prelude;codegen/preludes/nvptx.prelude;codegen/preludes/common.prelude;templates/gemm/gemm.kernel;templates/gemm/gemm_sm90.kernel;templates/rmsnorm/rmsnorm.kernel;templates/swiglu/swiglu.kernel;models/models.json" \
+  "-DFILES=codegen/preludes/amdgpu.prelude;codegen/preludes/nvptx.prelude;codegen/preludes/common.prelude;${kernels}models/models.json" \
   -P cmake/embed.cmake
+mkdir -p "$OUT/generated"
+{
+  for d in "${op_dirs[@]}"; do op=$(basename "$d"); echo "#include \"templates/$op/$op.h\""; done
+  echo "#define KILN_OP_FOLDERS ${#op_dirs[@]}"
+} >"$OUT/generated/op_headers.h.new"
+cmp -s "$OUT/generated/op_headers.h.new" "$OUT/generated/op_headers.h" || mv "$OUT/generated/op_headers.h.new" "$OUT/generated/op_headers.h"
 SOURCES=(support/dtype.cpp support/dynlib.cpp support/env.cpp support/fs.cpp support/log.cpp support/sha256.cpp
-  templates/op_template.cpp templates/gemm/gemm.cpp templates/rmsnorm/rmsnorm.cpp templates/swiglu/swiglu.cpp
+  templates/op_template.cpp templates/registry.cpp templates/*/*.cpp
   codegen/targets.cpp codegen/codegen.cpp runtime/manifest.cpp cache/disk_cache.cpp cache/cache_key.cpp
   runtime/compile/compiler.cpp runtime/compile/nvrtc_compiler.cpp runtime/compile/clang_options.cpp
   runtime/driver/nvrtc_api.cpp "$OUT/embedded.cpp")
 FLAGS=(-std=c++20 -O1 -g -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined
-  -I. -Iinclude -I/usr/local/cuda/include -DKILN_WITH_LLVM=0 -DKILN_WITH_HIP=0 '-DKILN_CLANG_VERSION="22.1.8"')
+  -I. -Iinclude -I"$OUT" -I/usr/local/cuda/include -DKILN_WITH_LLVM=0 -DKILN_WITH_HIP=0 '-DKILN_CLANG_VERSION="22.1.8"')
 objs=()
 for src in "${SOURCES[@]}"; do
   obj="$OUT/obj/$(echo "$src" | tr '/' '_').o"
-  if [[ ! -f $obj || $src -nt $obj ]]; then "$CXX" "${FLAGS[@]}" -c "$src" -o "$obj" & fi
+  if [[ ! -f $obj || $src -nt $obj || templates/op_template.h -nt $obj || include/kiln/dtype.h -nt $obj ]]; then "$CXX" "${FLAGS[@]}" -c "$src" -o "$obj" & fi
   objs+=("$obj")
   while (( $(jobs -r | wc -l) >= $(nproc) )); do wait -n; done
 done

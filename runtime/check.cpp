@@ -1,6 +1,7 @@
 #include "kiln/check.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <chrono>
@@ -9,20 +10,56 @@
 #include <random>
 
 #include "runtime/device_tensors.h"
-#include "templates/op_template.h"
+#include "templates/registry.h"
 
 namespace kiln {
 namespace {
 
-float decode(const uint8_t* p, DType t) {
-  if (t == DType::f32) {
-    float f;
-    std::memcpy(&f, p, 4);
-    return f;
+// fp8 codes and integers compared as numbers on one line: the signed code index of an fp8 value.
+int64_t code_index(double v, DType t) {
+  if (is_integer(t)) return static_cast<int64_t>(v);
+  const uint8_t b = float_to_fp8_bits(static_cast<float>(v), t);
+  return (b & 0x80) ? -static_cast<int64_t>(b & 0x7f) : static_cast<int64_t>(b & 0x7f);
+}
+
+// Compares one output (host bytes) with its reference values under its gate.
+OutputCheck compare(const TensorInfo& t, const uint8_t* out, const RefOutput& ref, const Gate& gate) {
+  OutputCheck c;
+  c.name = t.name;
+  c.gate = gate.describe();
+  const int64_t rows = t.shape.empty() ? 1 : t.shape.front();
+  const int64_t cols = rows ? t.elements() / rows : 0;
+  const int64_t n_rows = ref.rows.empty() ? rows : static_cast<int64_t>(ref.rows.size());
+  double err_sq = 0, ref_sq = 0;
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const int64_t row = ref.rows.empty() ? r : ref.rows[r];
+    for (int64_t col = 0; col < cols; ++col) {
+      const size_t ri = static_cast<size_t>(r * cols + col);
+      if (ri >= ref.values.size()) continue;
+      const double want = ref.values[ri];
+      const double got = decode_value(out, static_cast<size_t>(row * cols + col), t.dtype);
+      ++c.compared;
+      if (!std::isfinite(got)) {
+        ++c.nonfinite;
+        continue;
+      }
+      const double err = std::fabs(got - want);
+      c.max_abs_err = std::max(c.max_abs_err, err);
+      c.max_rel_err = std::max(c.max_rel_err, err / std::max(std::fabs(want), 1e-6));
+      if (gate.kind == Gate::Kind::tolerance && err > gate.atol + gate.rtol * std::fabs(want)) ++c.gate_failures;
+      if (gate.kind == Gate::Kind::exact &&
+          std::llabs(code_index(got, t.dtype) - code_index(want, t.dtype)) > gate.max_code_diff)
+        ++c.gate_failures;
+      err_sq += err * err;
+      ref_sq += want * want;
+    }
   }
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  return t == DType::bf16 ? bf16_bits_to_float(h) : f16_bits_to_float(h);
+  c.rel_frobenius = ref_sq > 0 ? std::sqrt(err_sq / ref_sq) : std::sqrt(err_sq);
+  c.snr_db = err_sq > 0 ? 10.0 * std::log10(ref_sq / err_sq) : 999.0;
+  c.pass = c.nonfinite == 0 && c.gate_failures == 0 && c.compared == n_rows * cols;
+  if (gate.kind == Gate::Kind::tolerance && gate.max_rel_fro >= 0) c.pass = c.pass && c.rel_frobenius < gate.max_rel_fro;
+  if (gate.kind == Gate::Kind::snr) c.pass = c.pass && c.snr_db > gate.min_snr_db;
+  return c;
 }
 
 }  // namespace
@@ -32,6 +69,7 @@ Result<CheckReport> check_on_device(Runtime& rt, const KernelSpec& spec, const C
   if (!device) return make_error(Errc::driver_unavailable, "no GPU: checking a kernel needs a device");
   KILN_ASSIGN_OR_RETURN(const OpTemplate* op, find_op(spec.op));
   KILN_TRY(op->validate(spec, device->target()));
+  const KernelSpec full = op->with_defaults(spec);
 
   CheckReport report;
   report.spec = to_string(spec);
@@ -46,23 +84,16 @@ Result<CheckReport> check_on_device(Runtime& rt, const KernelSpec& spec, const C
   (void)again;
 
   std::mt19937_64 rng(options.seed ? options.seed : std::random_device{}());
-  KILN_ASSIGN_OR_RETURN(DeviceTensors tensors, DeviceTensors::make(*device, *op, spec, rng));
-  report.bytes = tensors.bytes();
+  KILN_ASSIGN_OR_RETURN(DeviceTensors tensors, DeviceTensors::make(*device, *op, full, rng));
+  report.bytes = op->bytes(full);
+  report.flops = op->flops(full);
   const std::span<void* const> ptrs = tensors.pointers();
-  const TensorInfo* output = nullptr;
-  for (const TensorInfo& t : tensors.tensors())
-    if (t.output) output = &t;
-  if (!output) return make_error(Errc::invalid_argument, "op has no output tensor");
 
   KILN_TRY(kernel->launch(spec, ptrs, options.scalars, nullptr));
   KILN_TRY(device->synchronize(nullptr));
 
-  std::vector<uint8_t> out_bytes(static_cast<size_t>(output->elements()) * dtype_size(output->dtype));
-  KILN_TRY(device->copy_to_host(out_bytes.data(), ptrs.back(), out_bytes.size()));
-
-  // Rows of the output to compare: all, or an evenly spread sample that includes the last row.
-  const int64_t rows = output->shape.front();
-  const int64_t cols = output->elements() / rows;
+  // Rows to compare: all, or an evenly spread sample that includes the first and last row.
+  const int64_t rows = op->sample_dimension(full);
   std::vector<int64_t> sample;
   if (options.sample_rows > 0 && options.sample_rows < rows) {
     std::uniform_int_distribution<int64_t> pick(0, rows - 1);
@@ -72,38 +103,33 @@ Result<CheckReport> check_on_device(Runtime& rt, const KernelSpec& spec, const C
     std::sort(sample.begin(), sample.end());
     sample.erase(std::unique(sample.begin(), sample.end()), sample.end());
   }
-  std::vector<double> ref;
-  op->reference(spec, options.scalars, tensors.inputs(), sample, ref);
+  std::vector<RefOutput> refs;
+  op->reference(full, options.scalars, tensors.inputs(), sample, refs);
 
-  const bool fp32 = output->dtype == DType::f32;
-  const double tol = fp32 ? 1e-4 : 1e-2;
-  report.gate = fp32 ? "fp32: |err| <= 1e-4 + 1e-4|ref|"
-                     : "bf16/fp16: |err| <= 1e-2 + 1e-2|ref| and rel. Frobenius < 1e-2";
-  double err_sq = 0, ref_sq = 0;
-  const int64_t n_rows = sample.empty() ? rows : static_cast<int64_t>(sample.size());
-  for (int64_t r = 0; r < n_rows; ++r) {
-    const int64_t row = sample.empty() ? r : sample[r];
-    for (int64_t c = 0; c < cols; ++c) {
-      const double want = ref[static_cast<size_t>(r * cols + c)];
-      const double got = decode(&out_bytes[static_cast<size_t>(row * cols + c) * dtype_size(output->dtype)], output->dtype);
-      ++report.compared;
-      if (!std::isfinite(got)) {
-        ++report.nonfinite;
-        continue;
-      }
-      const double err = std::fabs(got - want);
-      report.max_abs_err = std::max(report.max_abs_err, err);
-      report.max_rel_err = std::max(report.max_rel_err, err / std::max(std::fabs(want), 1e-6));
-      if (err > tol + tol * std::fabs(want)) ++report.gate_failures;
-      err_sq += err * err;
-      ref_sq += want * want;
-    }
+  report.pass = true;
+  report.snr_db = 999.0;
+  std::vector<std::string> gates;
+  size_t out_index = 0;
+  for (size_t i = 0; i < tensors.tensors().size(); ++i) {
+    const TensorInfo& t = tensors.tensors()[i];
+    if (!t.output) continue;
+    if (out_index >= refs.size())
+      return make_error(Errc::invalid_argument, fmt::format("{}: the reference gave no values for output '{}'", op->name(), t.name));
+    std::vector<uint8_t> bytes(static_cast<size_t>(t.bytes()));
+    if (!bytes.empty()) KILN_TRY(device->copy_to_host(bytes.data(), ptrs[i], bytes.size()));
+    OutputCheck c = compare(t, bytes.data(), refs[out_index++], op->gate(full, t));
+    report.pass = report.pass && c.pass;
+    report.compared += c.compared;
+    report.nonfinite += c.nonfinite;
+    report.gate_failures += c.gate_failures;
+    report.max_abs_err = std::max(report.max_abs_err, c.max_abs_err);
+    report.max_rel_err = std::max(report.max_rel_err, c.max_rel_err);
+    report.rel_frobenius = std::max(report.rel_frobenius, c.rel_frobenius);
+    report.snr_db = std::min(report.snr_db, c.snr_db);
+    gates.push_back(fmt::format("{}: {}", c.name, c.gate));
+    report.outputs.push_back(std::move(c));
   }
-  report.rel_frobenius = ref_sq > 0 ? std::sqrt(err_sq / ref_sq) : std::sqrt(err_sq);
-  report.snr_db = err_sq > 0 ? 10.0 * std::log10(ref_sq / err_sq) : 999.0;
-  report.pass = report.nonfinite == 0 && report.gate_failures == 0 && (fp32 || report.rel_frobenius < 1e-2);
-  if (op->name() == "gemm")
-    report.flops = 2.0 * double(spec.param("M")) * double(spec.param("N")) * double(spec.param("K"));
+  report.gate = fmt::format("{}", fmt::join(gates, "; "));
 
   if (options.bench_iterations > 0) {
     for (int i = 0; i < 3; ++i) KILN_TRY(kernel->launch(spec, ptrs, options.scalars, nullptr));  // warm-up
@@ -121,35 +147,58 @@ Result<CheckReport> check_on_device(Runtime& rt, const KernelSpec& spec, const C
   return report;
 }
 
-Result<void> reference(const KernelSpec& spec, const std::map<std::string, float>& scalars,
-                       std::span<const std::vector<float>> inputs, std::span<const int64_t> rows,
-                       std::vector<double>& out) {
+Result<std::vector<ReferenceOutput>> reference(const KernelSpec& spec, const std::map<std::string, float>& scalars,
+                                               std::span<const std::vector<float>> inputs, std::span<const int64_t> rows) {
   KILN_ASSIGN_OR_RETURN(const OpTemplate* op, find_op(spec.op));
-  KILN_TRY(op->validate(spec, all_targets().front()));
-  const auto tensors = op->tensors(spec);
+  // Any target will do: the reference does not depend on it (an fp8 spec picks one that converts it).
+  const TargetInfo* target = &all_targets().front();
+  for (const TargetInfo& t : all_targets())
+    if (op->validate(spec, t)) {
+      target = &t;
+      break;
+    }
+  KILN_TRY(op->validate(spec, *target));
+  const KernelSpec full = op->with_defaults(spec);
+  const auto tensors = op->tensors(full);
   size_t n_inputs = 0;
+  std::vector<std::string> outputs;
   for (const auto& t : tensors) {
-    if (t.output) continue;
+    if (t.output) {
+      outputs.push_back(t.name);
+      continue;
+    }
     if (n_inputs >= inputs.size() || static_cast<int64_t>(inputs[n_inputs].size()) != t.elements())
-      return make_error(Errc::invalid_argument,
-                        fmt::format("{}: input '{}' needs {} values", spec.op, t.name, t.elements()));
+      return make_error(Errc::invalid_argument, fmt::format("{}: input '{}' needs {} values", spec.op, t.name, t.elements()));
     ++n_inputs;
   }
   if (n_inputs != inputs.size())
     return make_error(Errc::invalid_argument, fmt::format("{}: takes {} inputs, got {}", spec.op, n_inputs, inputs.size()));
-  const int64_t out_rows = tensors.back().shape.front();
+  const int64_t out_rows = op->sample_dimension(full);
   for (int64_t r : rows)
     if (r < 0 || r >= out_rows)
       return make_error(Errc::invalid_argument, fmt::format("{}: row {} is outside [0, {})", spec.op, r, out_rows));
-  op->reference(spec, scalars, inputs, rows, out);
-  return ok();
+  std::vector<int64_t> sorted(rows.begin(), rows.end());
+  std::sort(sorted.begin(), sorted.end());
+  std::vector<RefOutput> refs;
+  op->reference(full, scalars, inputs, sorted, refs);
+  std::vector<ReferenceOutput> out;
+  for (size_t i = 0; i < refs.size() && i < outputs.size(); ++i)
+    out.push_back({outputs[i], std::move(refs[i].rows), std::move(refs[i].values)});
+  return out;
 }
 
 std::string format_report(const CheckReport& r) {
-  return fmt::format("{} {}: compared {} elements, max_abs_err {:.3e}, max_rel_err {:.3e}, rel_frobenius {:.3e}, "
-                     "snr {:.1f} dB, nonfinite {}, outside gate {} ({})",
-                     r.pass ? "PASS" : "FAIL", r.spec, r.compared, r.max_abs_err, r.max_rel_err, r.rel_frobenius,
-                     r.snr_db, r.nonfinite, r.gate_failures, r.gate);
+  std::string s = fmt::format("{} {}: compared {} elements, max_abs_err {:.3e}, max_rel_err {:.3e}, rel_frobenius {:.3e}, "
+                              "snr {:.1f} dB, nonfinite {}, outside gate {} ({})",
+                              r.pass ? "PASS" : "FAIL", r.spec, r.compared, r.max_abs_err, r.max_rel_err, r.rel_frobenius,
+                              r.snr_db, r.nonfinite, r.gate_failures, r.gate);
+  if (r.outputs.size() > 1)
+    for (const OutputCheck& c : r.outputs)
+      s += fmt::format("\n  {} {}: compared {}, max_abs_err {:.3e}, rel_frobenius {:.3e}, snr {:.1f} dB, nonfinite {}, "
+                       "outside gate {}",
+                       c.pass ? "PASS" : "FAIL", c.name, c.compared, c.max_abs_err, c.rel_frobenius, c.snr_db, c.nonfinite,
+                       c.gate_failures);
+  return s;
 }
 
 }  // namespace kiln

@@ -1,5 +1,5 @@
-// The tensors of one kernel spec on a device, with fresh inputs: what `kiln run`, the GPU tests
-// (check_on_device) and the autotuner (Runtime::tune) launch kernels on.
+// The tensors of one kernel spec on a device, with fresh inputs: what `kiln run`, the GPU and
+// emulator tests (check_on_device) and the autotuner (Runtime::tune) launch kernels on.
 #pragma once
 
 #include <memory>
@@ -12,11 +12,19 @@
 
 namespace kiln {
 
+/// Encodes float values as `t` elements (round to nearest even; fp8 saturating; integers
+/// rounded), little-endian, dtype_size(t) bytes each.
+std::vector<uint8_t> encode_values(std::span<const float> values, DType t);
+/// Decodes element `i` of a buffer of `t` elements as a double.
+double decode_value(const uint8_t* data, size_t i, DType t);
+/// The byte that marks an element as unwritten: every bit set (NaN in fp32, fp16, bf16, e4m3 and
+/// e5m2; -1 in integers), 0x80 in the FNUZ formats (their NaN).
+uint8_t poison_byte(DType t);
+
 class DeviceTensors {
  public:
-  /// Allocates op.tensors(spec) on `device`. Inputs get uniform random values in [-1, 1], never
-  /// zero, rounded to their dtype (gemm's B scaled by 1/sqrt(K), so that outputs stay O(1) for
-  /// any K); outputs are poisoned with 0xff bytes (NaN in fp32, fp16 and bf16).
+  /// Allocates op.tensors(spec) on `device`; inputs from op.init_inputs (fresh random values,
+  /// never zero, rounded to their dtype); outputs poisoned with poison_byte (NaN for floats).
   /// Errors: Errc::driver_error (out of memory, a failed copy).
   static Result<DeviceTensors> make(Device& device, const OpTemplate& op, const KernelSpec& spec, std::mt19937_64& rng);
 

@@ -12,7 +12,7 @@
 #include <set>
 
 #include "support/fs.h"
-#include "templates/op_template.h"
+#include "templates/registry.h"
 
 namespace kiln {
 namespace {
@@ -148,7 +148,7 @@ Result<ManifestEntry> parse_kernel(const json& k, std::string_view source, std::
     KILN_ASSIGN_OR_RETURN(entry.spec.params[key], param_value(value, *p, source, where));
   }
   for (const ParamInfo& p : (*op)->params())
-    if (!entry.spec.params.count(std::string(p.name)))
+    if (!entry.spec.params.count(std::string(p.name)) && !p.default_value)
       return kernel_error(Errc::invalid_argument, source, where,
                           fmt::format("missing params.{} ({})", p.name, p.doc));
   return entry;
@@ -325,7 +325,15 @@ std::string write_manifest(const Manifest& m) {
   for (size_t i = 0; i < m.kernels.size(); ++i) {
     const ManifestEntry& e = m.kernels[i];
     std::string line = fmt::format("{{\"op\": {}, \"dtype\": \"{}\"", json(e.spec.op).dump(), dtype_name(e.spec.dtype));
-    if (e.spec.out_dtype != e.spec.dtype || e.spec.op == "gemm")
+    // out_dtype written when it differs, or when the op lets it differ (gemm), so the file says it.
+    auto lets_differ = [&] {
+      auto op = find_op(e.spec.op);
+      if (!op) return false;
+      for (DType t : kAllDTypes)
+        if (t != e.spec.dtype && (*op)->supports_out_dtype(e.spec.dtype, t)) return true;
+      return false;
+    };
+    if (e.spec.out_dtype != e.spec.dtype || lets_differ())
       line += fmt::format(", \"out_dtype\": \"{}\"", dtype_name(e.spec.out_dtype));
     if (!e.label.empty()) line += fmt::format(", \"label\": {}", json(e.label).dump());
     // Parameters in the op's order (booleans as true/false), then any the op does not know.

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <functional>
 #include <mutex>
 #include <random>
 #include <shared_mutex>
@@ -23,6 +24,7 @@
 #include "support/env.h"
 #include "support/fs.h"
 #include "support/log.h"
+#include "templates/registry.h"
 
 namespace kiln {
 namespace {
@@ -69,90 +71,240 @@ class CompiledKernelImpl final : public CompiledKernel {
   KernelInfo info_;
 };
 
+// One variant of a Kernel, loaded: its code object and a module per entry point its plans use
+// (the preferred entry point at once, any other the first time a plan launches it).
+class LoadedVariant {
+ public:
+  LoadedVariant(std::shared_ptr<const CompiledKernelImpl> compiled, DeviceImpl* device)
+      : compiled_(std::move(compiled)), device_(device) {}
+  const CompiledKernelImpl& compiled() const { return *compiled_; }
+  Result<const LoadedModule*> module(std::string_view kernel) const {
+    std::lock_guard lock(mu_);
+    for (const auto& [name, m] : modules_)
+      if (name == kernel) return m.get();
+    auto loaded = device_->load(compiled_->code(), std::string(kernel));
+    if (!loaded) return loaded.take_error();
+    modules_.emplace_back(std::string(kernel), std::move(loaded).value());
+    return modules_.back().second.get();
+  }
+  const LoadedModule& first_module() const { return *modules_.front().second; }
+
+ private:
+  std::shared_ptr<const CompiledKernelImpl> compiled_;
+  DeviceImpl* device_;
+  mutable std::mutex mu_;
+  mutable std::vector<std::pair<std::string, std::unique_ptr<LoadedModule>>> modules_;
+};
+
+// Compiles and loads variant `index` of a kernel (a fallback, the first time a call needs it).
+using VariantLoader = std::function<Result<std::shared_ptr<LoadedVariant>>(size_t index)>;
+
 class KernelImpl final : public Kernel {
  public:
-  KernelImpl(std::shared_ptr<const CompiledKernelImpl> compiled, std::unique_ptr<LoadedModule> module,
-             int compute_units)
-      : compiled_(std::move(compiled)), module_(std::move(module)), compute_units_(compute_units) {
-    const OpTemplate* op = compiled_->op();
-    const std::vector<TensorInfo> tensors = op->tensors(compiled_->spec());
+  // `variants`: the op's configurations in preference order; `first` is variants[0], loaded.
+  KernelImpl(const OpTemplate* op, KernelSpec spec, std::vector<TileConfig> variants,
+             std::shared_ptr<LoadedVariant> first, VariantLoader loader, DeviceImpl* device, int compute_units)
+      : op_(op), spec_(std::move(spec)), configs_(std::move(variants)), loaded_(configs_.size()),
+        loader_(std::move(loader)), device_(device), compute_units_(compute_units) {
+    loaded_[0] = std::move(first);
+    const std::vector<TensorInfo> tensors = op_->tensors(spec_);
     tensor_count_ = tensors.size();
-    for (const TensorMapInfo& m : op->tensor_maps(compiled_->spec(), compiled_->config()))
-      tensor_maps_.push_back({m, tensors.at(m.tensor).dtype});
-    for (const ParamInfo& p : op->params())
-      if (!p.baked) runtime_params_.emplace_back(p.name);
-    for (const ScalarInfo& s : op->scalars()) scalars_.push_back(&s);
-    if (runtime_params_.empty()) fixed_geometry_ = fit(op->geometry(compiled_->spec(), compiled_->config()));
+    for (const TensorInfo& t : tensors) tensor_names_ += (tensor_names_.empty() ? "" : ", ") + t.name;
+    for (const ParamInfo& p : op_->params())
+      if (!p.baked) runtime_params_.push_back(&p);
+    for (const ScalarInfo& s : op_->scalars()) scalars_.push_back(&s);
   }
-  const CompiledKernel& compiled() const override { return *compiled_; }
+  ~KernelImpl() override {
+    if (workspace_) (void)device_->free(workspace_);
+  }
+  const CompiledKernel& compiled() const override { return loaded_[0]->compiled(); }
+
+  uint64_t workspace_bytes(const KernelSpec& call) const override {
+    auto plans = plans_for(call);
+    if (!plans) return 0;
+    uint64_t most = 0;
+    for (const Plan& p : **plans) most = std::max(most, p.workspace_bytes);
+    return most;
+  }
 
   Result<void> launch(const KernelSpec& call, std::span<void* const> buffers,
                       const std::map<std::string, float>& scalars, Stream stream) const override {
-    if (buffers.size() != tensor_count_)
+    if (buffers.size() != tensor_count_ && buffers.size() != tensor_count_ + 1)
       return make_error(Errc::invalid_argument,
-                        fmt::format("{} takes {} device buffers ({}), got {}", compiled_->op()->name(), tensor_count_,
-                                    tensor_names(), buffers.size()));
-    // Kernel arguments: tensor pointers (or TMA tensor maps), then runtime int parameters, then
-    // fp32 scalars.
-    constexpr size_t kMax = 16;
-    void* args[kMax];
-    void* ptrs[kMax];
-    TensorMapBytes maps[kMax];
-    int ints[kMax];
-    float floats[kMax];
-    size_t n = 0;
-    for (size_t i = 0; i < buffers.size(); ++i) {
-      ptrs[i] = buffers[i];
-      args[n++] = &ptrs[i];
+                        fmt::format("{} takes {} device buffers ({}), and optionally a workspace, got {}", op_->name(),
+                                    tensor_count_, tensor_names_, buffers.size()));
+    KILN_ASSIGN_OR_RETURN(std::shared_ptr<const CachedPlans> plans, plans_for(call));
+    // A call of size 0 launches nothing.
+    if ((*plans)[0].launches.empty()) return ok();
+    const std::span<void* const> tensors = buffers.first(tensor_count_);
+
+    // The first variant that serves the call.
+    size_t v = 0;
+    std::string why;
+    while (v < configs_.size() && !op_->serves(configs_[v], tensors, &why)) ++v;
+    if (v == configs_.size())
+      return make_error(Errc::invalid_argument, fmt::format("{}: no kernel variant serves this call: {}", op_->name(), why));
+    const Plan& plan = (*plans)[v];
+    KILN_ASSIGN_OR_RETURN(const LoadedVariant* variant, variant_at(v));
+    const LoadedModule* modules[kMaxLaunches];
+    if (plan.launches.size() > kMaxLaunches)
+      return make_error(Errc::invalid_argument, fmt::format("{}: a plan of more than {} launches", op_->name(), kMaxLaunches));
+    for (size_t i = 0; i < plan.launches.size(); ++i) {
+      KILN_ASSIGN_OR_RETURN(modules[i], variant->module(plan.launches[i].kernel));
     }
-    for (size_t j = 0; j < tensor_maps_.size(); ++j) {
-      const auto& [info, dtype] = tensor_maps_[j];
-      if (Result<void> r = module_->encode_tensor_map(info, dtype, buffers[info.tensor], maps[j]); !r) {
-        Error e = r.error();
-        e.message = fmt::format("{} (tensor {}): {}", compiled_->op()->name(), tensor_name(info.tensor), e.message);
-        return e;
+
+    void* workspace = nullptr;
+    if (plan.workspace_bytes) {
+      if (buffers.size() > tensor_count_) {
+        workspace = buffers.back();
+      } else {
+        KILN_ASSIGN_OR_RETURN(workspace, own_workspace(plan.workspace_bytes));
       }
-      args[info.tensor] = &maps[j];
     }
-    for (size_t i = 0; i < runtime_params_.size(); ++i) {
-      auto it = call.params.find(runtime_params_[i]);
-      if (it == call.params.end() || it->second < 1 || it->second > INT32_MAX)
-        return make_error(Errc::invalid_argument, fmt::format("{}: the call needs runtime parameter '{}' in [1, {}]",
-                                                              compiled_->op()->name(), runtime_params_[i], INT32_MAX));
-      ints[i] = static_cast<int>(it->second);
-      args[n++] = &ints[i];
+
+    float scalar_values[kMaxArgs];
+    for (size_t i = 0; i < scalars_.size() && i < kMaxArgs; ++i) {
+      scalar_values[i] = scalars_[i]->default_value;
+      if (!scalars.empty())
+        if (auto it = scalars.find(std::string(scalars_[i]->name)); it != scalars.end()) scalar_values[i] = it->second;
     }
-    for (size_t i = 0; i < scalars_.size(); ++i) {
-      auto it = scalars.find(std::string(scalars_[i]->name));
-      floats[i] = it == scalars.end() ? scalars_[i]->default_value : it->second;
-      args[n++] = &floats[i];
+    for (size_t li = 0; li < plan.launches.size(); ++li) {
+      const Launch& l = plan.launches[li];
+      if (l.args.size() > kMaxArgs)
+        return make_error(Errc::invalid_argument, fmt::format("{}: kernel {} takes more than {} arguments", op_->name(),
+                                                              l.kernel, kMaxArgs));
+      // Kernel parameters: each value in its own slot, then an array of pointers to the slots.
+      void* args[kMaxArgs];
+      void* ptrs[kMaxArgs];
+      TensorMapBytes maps[kMaxArgs];
+      int32_t i32s[kMaxArgs];
+      int64_t i64s[kMaxArgs];
+      float f32s[kMaxArgs];
+      for (size_t a = 0; a < l.args.size(); ++a) {
+        const KernelArg& arg = l.args[a];
+        switch (arg.kind) {
+          case KernelArg::Kind::tensor:
+            ptrs[a] = tensors[arg.index];
+            args[a] = &ptrs[a];
+            break;
+          case KernelArg::Kind::tensor_map:
+            if (Result<void> r = modules[li]->encode_tensor_map(arg.map, tensor_dtype(arg.index),
+                                                                              tensors[arg.index], maps[a]);
+                !r) {
+              Error e = r.error();
+              e.message = fmt::format("{} (tensor {}): {}", op_->name(), tensor_name(arg.index), e.message);
+              return e;
+            }
+            args[a] = &maps[a];
+            break;
+          case KernelArg::Kind::workspace:
+            ptrs[a] = static_cast<char*>(workspace) + arg.value;
+            args[a] = &ptrs[a];
+            break;
+          case KernelArg::Kind::i32:
+            i32s[a] = static_cast<int32_t>(arg.value);
+            args[a] = &i32s[a];
+            break;
+          case KernelArg::Kind::i64:
+            i64s[a] = arg.value;
+            args[a] = &i64s[a];
+            break;
+          case KernelArg::Kind::scalar:
+            f32s[a] = scalar_values[arg.index];
+            args[a] = &f32s[a];
+            break;
+          case KernelArg::Kind::f32:
+            f32s[a] = arg.fvalue;
+            args[a] = &f32s[a];
+            break;
+        }
+      }
+      KILN_TRY(modules[li]->launch(l.geometry, args, stream));
     }
-    return module_->launch(fixed_geometry_ ? *fixed_geometry_ : fit(compiled_->op()->geometry(call, compiled_->config())),
-                           args, stream);
+    return ok();
   }
 
-  const LoadedModule& module() const { return *module_; }
+  const LoadedModule& module() const { return loaded_[0]->first_module(); }
+  const OpTemplate* op() const { return op_; }
 
  private:
+  static constexpr size_t kMaxArgs = 32, kMaxLaunches = 8;
+  // The plans of every variant for one set of runtime sizes: a call with the sizes of the last
+  // call reuses them (no planning, no allocation).
+  struct CachedPlans : std::vector<Plan> {
+    std::vector<int64_t> sizes;
+  };
+
+  Result<std::shared_ptr<const CachedPlans>> plans_for(const KernelSpec& call) const {
+    int64_t sizes[kMaxArgs];
+    size_t n = 0;
+    for (const ParamInfo* p : runtime_params_) {
+      auto it = call.params.find(std::string(p->name));
+      if (it == call.params.end() || it->second < p->min_value || it->second > p->max_value)
+        return make_error(Errc::invalid_argument, fmt::format("{}: the call needs runtime parameter '{}' in [{}, {}]",
+                                                              op_->name(), p->name, p->min_value, p->max_value));
+      sizes[n++] = it->second;
+    }
+    std::shared_ptr<const CachedPlans> cached = std::atomic_load(&plans_);
+    if (cached && std::equal(cached->sizes.begin(), cached->sizes.end(), sizes, sizes + n)) return cached;
+    auto fresh = std::make_shared<CachedPlans>();
+    fresh->sizes.assign(sizes, sizes + n);
+    KernelSpec full = spec_;
+    for (size_t i = 0; i < n; ++i) full.params[std::string(runtime_params_[i]->name)] = sizes[i];
+    for (const TileConfig& c : configs_) {
+      Plan p = op_->plan(full, c);
+      for (Launch& l : p.launches) l.geometry = fit(l.geometry);
+      fresh->push_back(std::move(p));
+    }
+    std::shared_ptr<const CachedPlans> out = fresh;
+    std::atomic_store(&plans_, out);
+    return out;
+  }
+
+  Result<const LoadedVariant*> variant_at(size_t v) const {
+    if (v == 0) return loaded_[0].get();
+    std::lock_guard lock(mu_);
+    if (!loaded_[v]) {
+      KILN_ASSIGN_OR_RETURN(loaded_[v], loader_(v));
+    }
+    return loaded_[v].get();
+  }
+
+  Result<void*> own_workspace(uint64_t bytes) const {
+    std::lock_guard lock(mu_);
+    if (workspace_bytes_ < bytes) {
+      if (workspace_) (void)device_->free(workspace_);
+      workspace_ = nullptr;
+      workspace_bytes_ = 0;
+      KILN_ASSIGN_OR_RETURN(workspace_, device_->malloc(bytes));
+      workspace_bytes_ = bytes;
+    }
+    return workspace_;
+  }
+
   // A persistent kernel gets one block per compute unit at most: more would only queue.
   LaunchGeometry fit(LaunchGeometry g) const {
     if (g.persistent && compute_units_ > 0) g.grid.x = std::min<uint32_t>(g.grid.x, static_cast<uint32_t>(compute_units_));
     return g;
   }
-  std::string tensor_name(size_t i) const { return compiled_->op()->tensors(compiled_->spec()).at(i).name; }
-  std::string tensor_names() const {
-    std::string s;
-    for (const auto& t : compiled_->op()->tensors(compiled_->spec())) s += (s.empty() ? "" : ", ") + t.name;
-    return s;
-  }
-  std::shared_ptr<const CompiledKernelImpl> compiled_;
-  std::unique_ptr<LoadedModule> module_;
+  std::string tensor_name(size_t i) const { return op_->tensors(spec_).at(i).name; }
+  DType tensor_dtype(size_t i) const { return op_->tensors(spec_).at(i).dtype; }
+
+  const OpTemplate* op_;
+  KernelSpec spec_;  // baked, defaults filled
+  std::vector<TileConfig> configs_;
+  mutable std::vector<std::shared_ptr<LoadedVariant>> loaded_;
+  VariantLoader loader_;
+  DeviceImpl* device_;
   int compute_units_ = 0;
   size_t tensor_count_ = 0;
-  std::vector<std::pair<TensorMapInfo, DType>> tensor_maps_;
-  std::vector<std::string> runtime_params_;
+  std::string tensor_names_;
+  std::vector<const ParamInfo*> runtime_params_;
   std::vector<const ScalarInfo*> scalars_;
-  std::optional<LaunchGeometry> fixed_geometry_;
+  mutable std::shared_ptr<const CachedPlans> plans_;
+  mutable std::mutex mu_;
+  mutable void* workspace_ = nullptr;
+  mutable uint64_t workspace_bytes_ = 0;
 };
 
 class RuntimeImpl final : public Runtime {
@@ -346,7 +498,9 @@ class RuntimeImpl final : public Runtime {
     for (const ParamInfo& p : op->params()) {
       if (!p.baked) continue;
       auto it = spec.params.find(std::string(p.name));
-      key += fmt::format("|{}", it == spec.params.end() ? std::string("-") : std::to_string(it->second));
+      key += it != spec.params.end() ? fmt::format("|{}", it->second)
+             : p.default_value       ? fmt::format("|{}", *p.default_value)
+                                     : std::string("|-");
     }
     if (spec.params.size() > op->params().size()) key += "|extra";  // unknown names: validation reports them
     return key;
@@ -385,10 +539,26 @@ class RuntimeImpl final : public Runtime {
     return static_cast<size_t>(it - candidates.begin());
   }
 
+  // Loads `compiled` (one of the spec's variants or tuning candidates) as the preferred variant
+  // of a Kernel; the op's other variants are compiled and loaded when a call needs them.
   Result<std::shared_ptr<KernelImpl>> load(const std::shared_ptr<CompiledKernelImpl>& compiled) {
-    auto module = device_->load(compiled->code(), compiled->info().kernel);
-    if (!module) return module.take_error();
-    return std::make_shared<KernelImpl>(compiled, std::move(module).value(), device_->compute_units());
+    const OpTemplate* op = compiled->op();
+    const TargetInfo& target = device_->target();
+    auto first = std::make_shared<LoadedVariant>(compiled, device_.get());
+    KILN_TRY(first->module(compiled->info().kernel));  // surface load errors now
+    std::vector<TileConfig> variants = op->variants(compiled->spec(), target);
+    std::vector<TileConfig> configs{compiled->config()};
+    for (TileConfig& c : variants)
+      if (c != compiled->config()) configs.push_back(std::move(c));
+    const KernelSpec spec = compiled->spec();
+    VariantLoader loader = [this, spec, configs](size_t i) -> Result<std::shared_ptr<LoadedVariant>> {
+      KILN_ASSIGN_OR_RETURN(auto c, get_compiled(spec, device_->target(), &configs[i], /*record_spec=*/false));
+      auto v = std::make_shared<LoadedVariant>(c, device_.get());
+      KILN_TRY(v->module(c->info().kernel));
+      return v;
+    };
+    return std::make_shared<KernelImpl>(op, spec, std::move(configs), std::move(first), std::move(loader), device_.get(),
+                                        device_->compute_units());
   }
 
   // Makes `k` the kernel that kernel() returns for its spec from now on.

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "kiln/dtype.h"
 #include "kiln/spec.h"
@@ -28,6 +29,12 @@ std::string_view dtype_name(DType t) {
     case DType::f32: return "fp32";
     case DType::f16: return "fp16";
     case DType::bf16: return "bf16";
+    case DType::e4m3: return "fp8_e4m3";
+    case DType::e5m2: return "fp8_e5m2";
+    case DType::e4m3fnuz: return "fp8_e4m3fnuz";
+    case DType::e5m2fnuz: return "fp8_e5m2fnuz";
+    case DType::i32: return "int32";
+    case DType::i64: return "int64";
   }
   return "?";
 }
@@ -36,11 +43,100 @@ Result<DType> parse_dtype(std::string_view name) {
   if (name == "fp32" || name == "f32" || name == "float32" || name == "float") return DType::f32;
   if (name == "fp16" || name == "f16" || name == "float16" || name == "half") return DType::f16;
   if (name == "bf16" || name == "bfloat16") return DType::bf16;
-  return make_error(Errc::unknown,
-                    fmt::format("unknown dtype '{}'; use one of: bf16, fp16, fp32", name));
+  if (name == "fp8_e4m3" || name == "e4m3" || name == "float8_e4m3fn" || name == "e4m3fn") return DType::e4m3;
+  if (name == "fp8_e5m2" || name == "e5m2" || name == "float8_e5m2") return DType::e5m2;
+  if (name == "fp8_e4m3fnuz" || name == "e4m3fnuz" || name == "float8_e4m3fnuz") return DType::e4m3fnuz;
+  if (name == "fp8_e5m2fnuz" || name == "e5m2fnuz" || name == "float8_e5m2fnuz") return DType::e5m2fnuz;
+  if (name == "int32" || name == "i32") return DType::i32;
+  if (name == "int64" || name == "i64") return DType::i64;
+  std::string names;
+  for (DType t : kAllDTypes) names += fmt::format("{}{}", names.empty() ? "" : ", ", dtype_name(t));
+  return make_error(Errc::unknown, fmt::format("unknown dtype '{}'; use one of: {}", name, names));
 }
 
-std::size_t dtype_size(DType t) { return t == DType::f32 ? 4 : 2; }
+std::size_t dtype_size(DType t) {
+  switch (t) {
+    case DType::f32: case DType::i32: return 4;
+    case DType::f16: case DType::bf16: return 2;
+    case DType::i64: return 8;
+    default: return 1;
+  }
+}
+
+bool is_float16_or_32(DType t) { return t == DType::f32 || t == DType::f16 || t == DType::bf16; }
+bool is_fp8(DType t) {
+  return t == DType::e4m3 || t == DType::e5m2 || t == DType::e4m3fnuz || t == DType::e5m2fnuz;
+}
+bool is_integer(DType t) { return t == DType::i32 || t == DType::i64; }
+
+namespace {
+struct Fp8Format {
+  int mant_bits, bias;
+  double max;
+  bool fnuz;  // no infinities, no negative zero, NaN = 0x80
+  bool ieee;  // e5m2: infinities (0x7c) and NaNs (exponent all ones)
+};
+Fp8Format fp8_format(DType t) {
+  switch (t) {
+    case DType::e4m3: return {3, 7, 448.0, false, false};
+    case DType::e5m2: return {2, 15, 57344.0, false, true};
+    case DType::e4m3fnuz: return {3, 8, 240.0, true, false};
+    default: return {2, 16, 57344.0, true, false};
+  }
+}
+}  // namespace
+
+double fp8_max(DType t) { return is_fp8(t) ? fp8_format(t).max : 0.0; }
+
+uint8_t float_to_fp8_bits(float f, DType t) {
+  const Fp8Format fmt = fp8_format(t);
+  if (std::isnan(f)) return fmt.fnuz ? 0x80 : (fmt.ieee ? 0x7f : 0x7f);
+  const bool neg = std::signbit(f);
+  double a = std::fabs(static_cast<double>(f));
+  const int emin = 1 - fmt.bias;  // exponent of the smallest normal
+  // Round to the format's grid: the quantum is 2^(e - mant_bits) for a in [2^e, 2^(e+1)), and
+  // 2^(emin - mant_bits) among the subnormals. nearbyint rounds ties to even.
+  int e;
+  (void)std::frexp(a, &e);
+  e -= 1;  // a in [2^e, 2^(e+1))
+  if (a == 0.0 || e < emin) e = emin;
+  const double quantum = std::ldexp(1.0, e - fmt.mant_bits);
+  double q = std::nearbyint(a / quantum) * quantum;
+  if (q > fmt.max) q = fmt.max;  // satfinite (also for +-inf inputs)
+  uint32_t code = 0;
+  if (q != 0.0) {
+    int qe;
+    (void)std::frexp(q, &qe);
+    qe -= 1;
+    if (qe < emin) {
+      code = static_cast<uint32_t>(q / std::ldexp(1.0, emin - fmt.mant_bits));  // subnormal
+    } else {
+      const uint32_t mant = static_cast<uint32_t>(q / std::ldexp(1.0, qe - fmt.mant_bits)) - (1u << fmt.mant_bits);
+      code = (static_cast<uint32_t>(qe + fmt.bias) << fmt.mant_bits) | mant;
+    }
+  }
+  if (neg && !(fmt.fnuz && code == 0)) code |= 0x80;
+  return static_cast<uint8_t>(code);
+}
+
+float fp8_bits_to_float(uint8_t b, DType t) {
+  const Fp8Format fmt = fp8_format(t);
+  const int exp_bits = 7 - fmt.mant_bits;
+  const uint32_t exp_mask = (1u << exp_bits) - 1;
+  if (fmt.fnuz && b == 0x80) return std::numeric_limits<float>::quiet_NaN();
+  const bool neg = (b & 0x80) != 0;
+  const uint32_t exp = (b >> fmt.mant_bits) & exp_mask;
+  const uint32_t mant = b & ((1u << fmt.mant_bits) - 1);
+  if (!fmt.fnuz) {
+    if (fmt.ieee && exp == exp_mask)
+      return mant ? std::numeric_limits<float>::quiet_NaN()
+                  : (neg ? -std::numeric_limits<float>::infinity() : std::numeric_limits<float>::infinity());
+    if (!fmt.ieee && exp == exp_mask && mant == ((1u << fmt.mant_bits) - 1)) return std::numeric_limits<float>::quiet_NaN();
+  }
+  double v = exp == 0 ? std::ldexp(static_cast<double>(mant), 1 - fmt.bias - fmt.mant_bits)
+                      : std::ldexp(static_cast<double>(mant + (1u << fmt.mant_bits)), static_cast<int>(exp) - fmt.bias - fmt.mant_bits);
+  return static_cast<float>(neg ? -v : v);
+}
 
 uint16_t float_to_bf16_bits(float f) {
   uint32_t u;
@@ -101,8 +197,9 @@ float round_to_dtype(float f, DType t) {
     case DType::f32: return f;
     case DType::f16: return f16_bits_to_float(float_to_f16_bits(f));
     case DType::bf16: return bf16_bits_to_float(float_to_bf16_bits(f));
+    case DType::i32: case DType::i64: return std::nearbyint(f);
+    default: return fp8_bits_to_float(float_to_fp8_bits(f, t), t);
   }
-  return f;
 }
 
 std::string to_string(const KernelSpec& spec) {

@@ -1,10 +1,11 @@
-// Checks a kernel on the GPU against the op's CPU reference, and times it. Used by `kiln run`,
-// the GPU tests and the examples: fresh random inputs (never zeros), outputs poisoned with NaN
-// before the launch, a float64 reference on the dtype-rounded inputs, and the accuracy gates of
-// shared/reference/BENCHMARKS.md:
+// Checks a kernel on the device against the op's CPU reference, and times it. Used by `kiln run`,
+// the GPU and emulator tests and the examples: fresh random inputs (never zeros), outputs poisoned
+// with NaN before the launch, a float64 reference on the dtype-rounded inputs, and each output's
+// accuracy gate (the op's, by default those of shared/reference/BENCHMARKS.md):
 //   fp32 output:       |out - ref| <= 1e-4 + 1e-4 * |ref| for every element
 //   bf16/fp16 output:  |out - ref| <= 1e-2 + 1e-2 * |ref| for every element, and
 //                      ||out - ref||_F / ||ref||_F < 1e-2
+//   fp8 and integer outputs: the same codes as the reference (bitwise)
 #pragma once
 
 #include <cstdint>
@@ -23,9 +24,26 @@ struct CheckOptions {
   int bench_iterations = 0;   ///< > 0: also time this many launches (median of 5 batches).
 };
 
+/// The comparison of one output tensor with its reference.
+struct OutputCheck {
+  std::string name;            ///< "y", "rstd", ...
+  bool pass = false;
+  int64_t compared = 0;
+  int64_t nonfinite = 0;
+  int64_t gate_failures = 0;
+  double max_abs_err = 0;
+  double max_rel_err = 0;
+  double rel_frobenius = 0;
+  double snr_db = 0;
+  std::string gate;
+};
+
+/// What check_on_device found. The totals cover every output (errors: the largest; SNR: the
+/// lowest); `outputs` has each output's own figures.
 struct CheckReport {
   std::string spec;            ///< to_string(spec).
   bool pass = false;
+  std::vector<OutputCheck> outputs;
   int64_t compared = 0;        ///< Elements compared.
   int64_t nonfinite = 0;       ///< Non-finite outputs (e.g. poison left unwritten).
   int64_t gate_failures = 0;   ///< Elements outside the per-element gate.
@@ -46,15 +64,24 @@ struct CheckReport {
 /// Errors: driver_unavailable (no GPU), anything kernel() or launch() returns.
 Result<CheckReport> check_on_device(Runtime& runtime, const KernelSpec& spec, const CheckOptions& options = {});
 
-/// The op's CPU reference (float64), for applications that check their own results: computes the
-/// output rows listed in `rows` (all rows when empty) of `spec` from host copies of its input
-/// tensors (in the op's tensor order, values as float), row after row into `out`.
-/// Errors: Errc::unknown (op), invalid_argument (spec, or wrong input count/sizes).
-Result<void> reference(const KernelSpec& spec, const std::map<std::string, float>& scalars,
-                       std::span<const std::vector<float>> inputs, std::span<const int64_t> rows,
-                       std::vector<double>& out);
+/// One output of the op's CPU reference.
+struct ReferenceOutput {
+  std::string name;            ///< The output tensor ("y").
+  std::vector<int64_t> rows;   ///< Rows of its first dimension computed, in order; empty: all of it.
+  std::vector<double> values;  ///< Row after row (or every element), row-major.
+};
 
-/// One-line summary: "PASS gemm bf16 ... max_abs 1.2e-03 max_rel ... rel_fro ... snr ... dB".
+/// The op's CPU reference (float64 or fp32-accumulated), for applications that check their own
+/// results: computes `spec`'s outputs from host copies of its input tensors (in the op's tensor
+/// order, values as float), one ReferenceOutput per output tensor. `rows` (optional) asks for only
+/// those rows of row-shaped outputs (an op may compute more, and reports which).
+/// Errors: Errc::unknown (op), invalid_argument (spec, wrong input count/sizes, a row outside).
+Result<std::vector<ReferenceOutput>> reference(const KernelSpec& spec, const std::map<std::string, float>& scalars,
+                                               std::span<const std::vector<float>> inputs,
+                                               std::span<const int64_t> rows = {});
+
+/// One-line summary: "PASS gemm bf16 ... max_abs 1.2e-03 max_rel ... rel_fro ... snr ... dB", with
+/// one clause per output when there are several.
 std::string format_report(const CheckReport& report);
 
 }  // namespace kiln

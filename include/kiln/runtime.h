@@ -124,16 +124,29 @@ class CompiledKernel {
   virtual std::string_view origin() const = 0;
 };
 
-/// A kernel loaded on the runtime's device.
+/// An op's kernels loaded on the runtime's device: everything one call of the spec launches.
+/// An op may launch several kernels per call (rmsnorm_bwd: per-block partial sums of dgamma,
+/// then their reduction) and may have several variants (gemm on sm_90a: the TMA kernel, and the
+/// cp.async kernel for tensors whose base is not 16-byte aligned); the variant that serves a call
+/// is chosen per launch from the buffers, and a fallback variant is compiled and loaded the first
+/// time a call needs it. A Kernel must not be used after its Runtime is destroyed.
 class Kernel {
  public:
   virtual ~Kernel() = default;
+  /// The code object of the preferred variant.
   virtual const CompiledKernel& compiled() const = 0;
+  /// Device workspace one call of `call` needs, in bytes (0 for most ops).
+  virtual uint64_t workspace_bytes(const KernelSpec& call) const = 0;
   /// Launches on `stream`. `call` is the spec of this call: its baked parameters must equal the
-  /// kernel's, its runtime parameters (rmsnorm/swiglu `rows`) set the grid. `buffers` are device
-  /// pointers in the op's tensor order (`kiln ops`), inputs first. `scalars` are runtime fp32
+  /// kernel's, its runtime parameters (rmsnorm/swiglu `rows`) set the grid; a runtime size of 0
+  /// launches nothing. `buffers` are device pointers in the op's tensor order (`kiln ops`: the
+  /// signature, inputs first, optional tensors that the spec leaves out omitted), optionally
+  /// followed by one workspace pointer of at least workspace_bytes(call) bytes; without it the
+  /// kernel uses a workspace of its own, allocated once and reused (calls that share it on several
+  /// streams at once race: pass a workspace per stream then). `scalars` are runtime fp32
   /// arguments by name (rmsnorm "eps"; missing ones take their defaults).
-  /// Errors: Errc::invalid_argument (wrong buffer count, spec mismatch), driver_error.
+  /// Errors: Errc::invalid_argument (wrong buffer count, spec mismatch, a call no variant serves),
+  /// driver_error, and the compile error of a fallback variant.
   virtual Result<void> launch(const KernelSpec& call, std::span<void* const> buffers,
                               const std::map<std::string, float>& scalars = {},
                               Stream stream = nullptr) const = 0;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cmath>
 #include <string>
 
 #include "support/embedded.h"
@@ -22,11 +23,23 @@ const ParamInfo kParams[] = {
     {"trans_b", "B is stored [N,K] (forward: NT)", true, true, 0, 1},
 };
 const DType kDTypes[] = {DType::bf16, DType::f16, DType::f32};
+std::vector<int64_t> a_shape(const KernelSpec& s) {
+  return s.param("trans_a") ? std::vector<int64_t>{s.param("K"), s.param("M")} : std::vector<int64_t>{s.param("M"), s.param("K")};
+}
+std::vector<int64_t> b_shape(const KernelSpec& s) {
+  return s.param("trans_b") ? std::vector<int64_t>{s.param("N"), s.param("K")} : std::vector<int64_t>{s.param("K"), s.param("N")};
+}
+std::vector<int64_t> c_shape(const KernelSpec& s) { return {s.param("M"), s.param("N")}; }
+const TensorDecl kSignature[] = {
+    {"A", Role::input, DTypeRule::in, DType::f32, "[M, K] ([K, M] with trans_a)", a_shape},
+    {"B", Role::input, DTypeRule::in, DType::f32, "[K, N] ([N, K] with trans_b)", b_shape},
+    {"C", Role::output, DTypeRule::out, DType::f32, "[M, N]", c_shape},
+};
 }  // namespace
 
 std::span<const ParamInfo> GemmOp::params() const { return kParams; }
 std::span<const DType> GemmOp::dtypes() const { return kDTypes; }
-std::string_view GemmOp::device_template() const { return embedded_file("templates/gemm/gemm.kernel"); }
+std::span<const TensorDecl> GemmOp::signature() const { return kSignature; }
 namespace {
 bool flag(const TileConfig& c, const char* key) {
   auto it = c.find(key);
@@ -34,7 +47,7 @@ bool flag(const TileConfig& c, const char* key) {
 }
 }  // namespace
 
-std::string_view GemmOp::device_template_for(const TileConfig& c) const {
+std::string_view GemmOp::device_template(const TileConfig& c) const {
   // The Hopper kernels share their WGMMA pieces (wgmma.kernel), placed before their own text.
   static const std::string tma = std::string(embedded_file("templates/gemm/wgmma.kernel")) + "\n" +
                                  std::string(embedded_file("templates/gemm/gemm_sm90_tma.kernel"));
@@ -42,7 +55,7 @@ std::string_view GemmOp::device_template_for(const TileConfig& c) const {
                                       std::string(embedded_file("templates/gemm/gemm_sm90.kernel"));
   if (flag(c, "TMA")) return tma;
   if (flag(c, "WGMMA")) return cp_async;
-  return device_template();
+  return embedded_file("templates/gemm/gemm.kernel");
 }
 
 namespace {
@@ -157,13 +170,78 @@ LaunchGeometry GemmOp::geometry(const KernelSpec& spec, const TileConfig& c) con
   return g;
 }
 
-std::vector<TensorInfo> GemmOp::tensors(const KernelSpec& spec) const {
-  const int64_t M = spec.param("M"), N = spec.param("N"), K = spec.param("K");
-  return {
-      {"A", spec.dtype, spec.param("trans_a") ? std::vector<int64_t>{K, M} : std::vector<int64_t>{M, K}, false},
-      {"B", spec.dtype, spec.param("trans_b") ? std::vector<int64_t>{N, K} : std::vector<int64_t>{K, N}, false},
-      {"C", spec.out_dtype, {M, N}, true},
+uint32_t GemmOp::dynamic_shared_bytes(const KernelSpec&, const TileConfig& c) const {
+  return flag(c, "WGMMA") ? static_cast<uint32_t>(wgmma_shared_bytes(c)) : 0;
+}
+
+std::vector<TileConfig> GemmOp::variants(const KernelSpec& spec, const TargetInfo& target) const {
+  TileConfig first = choose_config(spec, target);
+  if (!flag(first, "TMA")) return {first};
+  // The cp.async kernel serves what TMA cannot: bases that are not 16-byte aligned.
+  TileConfig fallback = first;
+  fallback.erase("TMA");
+  fallback.erase("GROUP_M");
+  fallback["THREADS"] = 256;
+  return {first, fallback};
+}
+
+bool GemmOp::serves(const TileConfig& config, std::span<void* const> buffers, std::string* why) const {
+  if (!flag(config, "TMA")) return true;
+  static const char* const names[] = {"A", "B", "C"};
+  for (size_t i = 0; i < buffers.size() && i < 3; ++i)
+    if (reinterpret_cast<uintptr_t>(buffers[i]) % 16 != 0) {
+      if (why) *why = fmt::format("the TMA kernel needs 16-byte aligned tensors, and {} is not", names[i]);
+      return false;
+    }
+  return true;
+}
+
+Plan GemmOp::plan(const KernelSpec& call, const TileConfig& c) const {
+  Plan p;
+  Launch l;
+  l.kernel = "kiln_gemm";
+  l.geometry = geometry(call, c);
+  const std::vector<TensorMapInfo> maps = tensor_maps(call, c);
+  for (uint32_t i = 0; i < 3; ++i) l.args.push_back(maps.empty() ? KernelArg::tensor(i) : KernelArg::tensor_map_of(maps[i]));
+  p.launches.push_back(std::move(l));
+  return p;
+}
+
+void GemmOp::init_inputs(const KernelSpec& spec, std::span<const TensorInfo> inputs,
+                         std::vector<std::vector<float>>& values, std::mt19937_64& rng) const {
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  values.resize(inputs.size());
+  const double b_scale = 1.0 / std::sqrt(double(spec.param("K")));
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const double scale = i == 1 ? b_scale : 1.0;
+    values[i].resize(static_cast<size_t>(inputs[i].elements()));
+    for (float& v : values[i]) {
+      do v = round_to_dtype(static_cast<float>(dist(rng) * scale), inputs[i].dtype);
+      while (v == 0.0f);
+    }
+  }
+}
+
+std::string GemmOp::short_form(const KernelSpec& spec) const {
+  return fmt::format("{}x{}x{} {}{}", spec.param("M"), spec.param("N"), spec.param("K"), spec.param("trans_a") ? 'T' : 'N',
+                     spec.param("trans_b") ? 'T' : 'N');
+}
+
+std::vector<TestSpec> GemmOp::test_specs(const TargetInfo& target) const {
+  std::vector<TestSpec> out;
+  auto add = [&](int64_t M, int64_t N, int64_t K, int ta, int tb, DType in, DType o, std::string_view why) {
+    out.push_back({{"gemm", in, o, {{"M", M}, {"N", N}, {"K", K}, {"trans_a", ta}, {"trans_b", tb}}}, why});
   };
+  for (auto [ta, tb] : {std::pair{0, 1}, std::pair{0, 0}, std::pair{1, 0}}) {
+    add(64, 64, 64, ta, tb, DType::bf16, DType::bf16, "one tile");
+    add(129, 72, 40, ta, tb, DType::bf16, DType::f32, "tails in M and K");
+    add(7, 7, 7, ta, tb, DType::f16, DType::f16, "7 x 7 x 7: unaligned rows");
+    add(1, 64, 129, ta, tb, DType::bf16, DType::bf16, "M = 1");
+    add(65, 130, 24, ta, tb, DType::f32, DType::f32, "fp32");
+  }
+  add(256, 512, 128, 0, 1, DType::bf16, DType::bf16, "several tiles");
+  add(8, 8, 8, 0, 1, DType::f16, DType::bf16, "boxes larger than the matrix");
+  return out;
 }
 
 std::vector<TensorMapInfo> GemmOp::tensor_maps(const KernelSpec& spec, const TileConfig& c) const {
@@ -179,9 +257,11 @@ std::vector<TensorMapInfo> GemmOp::tensor_maps(const KernelSpec& spec, const Til
   return {a, b, out};
 }
 
-void GemmOp::reference(const KernelSpec& spec, const Scalars&,
-                       std::span<const std::vector<float>> inputs, std::span<const int64_t> rows,
-                       std::vector<double>& out) const {
+void GemmOp::reference(const KernelSpec& spec, const Scalars&, std::span<const std::vector<float>> inputs,
+                       std::span<const int64_t> rows, std::vector<RefOutput>& outputs) const {
+  outputs.assign(1, {});
+  outputs[0].rows.assign(rows.begin(), rows.end());
+  std::vector<double>& out = outputs[0].values;
   const int64_t M = spec.param("M"), N = spec.param("N"), K = spec.param("K");
   const bool ta = spec.param("trans_a") != 0, tb = spec.param("trans_b") != 0;
   const std::vector<float>& A = inputs[0];

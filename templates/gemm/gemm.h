@@ -12,8 +12,8 @@ namespace kiln {
 /// tensor maps for A and B, producer/consumer warpgroups, persistent grid) when the leading
 /// dimensions are multiples of 8 elements, else gemm_sm90.kernel (WGMMA, cp.async pipeline).
 /// fp32 inputs and AMD targets use the LDS-tiled gemm.kernel.
-/// The TMA kernel needs A and B 16-byte aligned (every device allocation is); a launch with an
-/// unaligned view fails with Errc::invalid_argument.
+/// The TMA kernel needs A, B and C 16-byte aligned (every device allocation is); a call with an
+/// unaligned view is served by the cp.async kernel instead (a second variant, compiled on demand).
 class GemmOp final : public OpTemplate {
  public:
   std::string_view name() const override { return "gemm"; }
@@ -22,23 +22,40 @@ class GemmOp final : public OpTemplate {
   }
   std::span<const ParamInfo> params() const override;
   std::span<const DType> dtypes() const override;
-  bool supports_out_dtype(DType, DType) const override { return true; }
-  std::string_view device_template() const override;
-  /// gemm_sm90.kernel (WGMMA) when the config says WGMMA=1, else the portable gemm.kernel.
-  std::string_view device_template_for(const TileConfig& config) const override;
-  std::string_view kernel_name() const override { return "kiln_gemm"; }
+  bool supports_out_dtype(DType, DType out) const override { return is_float16_or_32(out); }
+  std::span<const TensorDecl> signature() const override;
+  /// sm_90a with bf16/fp16 and TMA-able strides: the TMA kernel, then the cp.async kernel for
+  /// calls whose bases are not 16-byte aligned. Elsewhere the heuristic's kernel only.
+  std::vector<TileConfig> variants(const KernelSpec& spec, const TargetInfo& target) const override;
   TileConfig choose_config(const KernelSpec& spec, const TargetInfo& target) const override;
   /// The TMA kernel (sm_90a): the heuristic's tile, then the other of 128 x 256 (4 stages) and
   /// 128 x 128 (6 stages), each with tile-order groups of 8 row tiles (the kernel's default, no
   /// key) and of 16 (GROUP_M=16). Every other path: the heuristic's configuration only.
   std::vector<TileConfig> tuning_candidates(const KernelSpec& spec, const TargetInfo& target) const override;
+  /// gemm_sm90_tma.kernel (TMA=1), gemm_sm90.kernel (WGMMA=1), else the portable gemm.kernel.
+  std::string_view device_template(const TileConfig& config) const override;
   std::string specialize(const KernelSpec& spec, const TileConfig& config) const override;
-  LaunchGeometry geometry(const KernelSpec& spec, const TileConfig& config) const override;
-  std::vector<TensorInfo> tensors(const KernelSpec& spec) const override;
-  std::vector<TensorMapInfo> tensor_maps(const KernelSpec& spec, const TileConfig& config) const override;
-  void reference(const KernelSpec& spec, const Scalars& scalars,
-                 std::span<const std::vector<float>> inputs, std::span<const int64_t> rows,
-                 std::vector<double>& out) const override;
+  uint32_t dynamic_shared_bytes(const KernelSpec& spec, const TileConfig& config) const override;
+  std::string_view kernel_name(const TileConfig&) const override { return "kiln_gemm"; }
+  Plan plan(const KernelSpec& call, const TileConfig& config) const override;
+  /// The TMA variant needs A, B and C 16-byte aligned.
+  bool serves(const TileConfig& config, std::span<void* const> buffers, std::string* why) const override;
+  /// B is scaled by 1/sqrt(K), so that outputs stay O(1) for any K.
+  void init_inputs(const KernelSpec& spec, std::span<const TensorInfo> inputs, std::vector<std::vector<float>>& values,
+                   std::mt19937_64& rng) const override;
+  void reference(const KernelSpec& spec, const Scalars& scalars, std::span<const std::vector<float>> inputs,
+                 std::span<const int64_t> rows, std::vector<RefOutput>& outputs) const override;
+  double flops(const KernelSpec& spec) const override {
+    return 2.0 * double(spec.param("M")) * double(spec.param("N")) * double(spec.param("K"));
+  }
+  std::vector<TestSpec> test_specs(const TargetInfo& target) const override;
+  /// "MxNxK NT" (transposes of A and B).
+  std::string short_form(const KernelSpec& spec) const override;
+
+  /// The TMA tensor maps of a TMA configuration (A, B, C), in tensor order; empty otherwise.
+  std::vector<TensorMapInfo> tensor_maps(const KernelSpec& spec, const TileConfig& config) const;
+  /// The launch geometry of a configuration.
+  LaunchGeometry geometry(const KernelSpec& spec, const TileConfig& config) const;
 
  protected:
   Result<void> check(const KernelSpec& spec, const TargetInfo& target) const override;

@@ -1,34 +1,42 @@
-// rmsnorm forward: y = x / sqrt(mean(x^2) + eps) * gamma over the last dimension.
+// rmsnorm forward: y = x / sqrt(mean(x^2) + eps) * gamma over the last dimension, with an optional
+// fused residual add (h = x + residual, y = rmsnorm(h) * gamma, h written too) and an optional
+// fp32 rstd output saved for the backward.
 #pragma once
 
 #include "templates/op_template.h"
 
 namespace kiln {
 
-/// Parameters: hidden (baked), rows (runtime: one kernel serves every token count).
-/// Tensors: x [rows, hidden], gamma [hidden], y [rows, hidden]; bf16/fp16/fp32, fp32 accumulation.
-/// Scalars: eps (runtime fp32, default 1e-5).
+/// Parameters: rows (runtime; 0 is a no-op), hidden (baked), residual (0/1, baked),
+/// save_rstd (0/1, baked).
+/// Tensors, in kernel-argument order:
+///   x [rows, hidden] (dtype), residual [rows, hidden] (dtype, with residual=1),
+///   gamma [hidden] (dtype) -> y [rows, hidden] (dtype), h [rows, hidden] (dtype, with residual=1:
+///   x + residual rounded to dtype, the input of the next residual), rstd [rows] (fp32, with
+///   save_rstd=1: 1 / sqrt(mean(h^2) + eps)).
+/// bf16/fp16/fp32 with fp32 accumulation. Scalars: eps (default 1e-5).
+/// Kernel variants: 16-byte vector loads when hidden is a multiple of 16 bytes of elements and
+/// every base is 16-byte aligned; else scalar loads (the fallback, any alignment).
 class RmsNormOp final : public OpTemplate {
  public:
   std::string_view name() const override { return "rmsnorm"; }
   std::string_view summary() const override {
-    return "y = x / sqrt(mean(x^2) + eps) * gamma over the last dimension (forward)";
+    return "y = rmsnorm(x [+ residual]) * gamma over the last dimension, optional h and rstd outputs (forward)";
   }
   std::span<const ParamInfo> params() const override;
   std::span<const ScalarInfo> scalars() const override;
   std::span<const DType> dtypes() const override;
-  std::string_view device_template() const override;
-  std::string_view kernel_name() const override { return "kiln_rmsnorm"; }
+  std::span<const TensorDecl> signature() const override;
+  std::vector<TileConfig> variants(const KernelSpec& spec, const TargetInfo& target) const override;
   TileConfig choose_config(const KernelSpec& spec, const TargetInfo& target) const override;
+  std::string_view device_template(const TileConfig& config) const override;
   std::string specialize(const KernelSpec& spec, const TileConfig& config) const override;
-  LaunchGeometry geometry(const KernelSpec& spec, const TileConfig& config) const override;
-  std::vector<TensorInfo> tensors(const KernelSpec& spec) const override;
-  void reference(const KernelSpec& spec, const Scalars& scalars,
-                 std::span<const std::vector<float>> inputs, std::span<const int64_t> rows,
-                 std::vector<double>& out) const override;
-
- protected:
-  Result<void> check(const KernelSpec&, const TargetInfo&) const override { return ok(); }
+  std::string_view kernel_name(const TileConfig&) const override { return "kiln_rmsnorm"; }
+  Plan plan(const KernelSpec& call, const TileConfig& config) const override;
+  bool serves(const TileConfig& config, std::span<void* const> buffers, std::string* why) const override;
+  void reference(const KernelSpec& spec, const Scalars& scalars, std::span<const std::vector<float>> inputs,
+                 std::span<const int64_t> rows, std::vector<RefOutput>& outputs) const override;
+  std::vector<TestSpec> test_specs(const TargetInfo& target) const override;
 };
 
 }  // namespace kiln

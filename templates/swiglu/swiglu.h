@@ -5,29 +5,39 @@
 
 namespace kiln {
 
-/// Parameters: intermediate = I (baked), rows (runtime).
+/// Parameters: rows (runtime; 0 is a no-op), intermediate = I (baked).
 /// Tensors: x [rows, 2*I] (gate | up, as Llama's fused gate_up projection writes it), y [rows, I];
 /// bf16/fp16/fp32, computed in fp32.
+/// Kernel variants: 16-byte vector loads when I is a multiple of 16 bytes of elements and the
+/// bases are 16-byte aligned; else scalar loads.
 class SwiGluOp final : public OpTemplate {
  public:
   std::string_view name() const override { return "swiglu"; }
-  std::string_view summary() const override {
-    return "[rows, 2*I] -> [rows, I], y = silu(gate) * up (forward)";
-  }
+  std::string_view summary() const override { return "[rows, 2*I] -> [rows, I], y = silu(gate) * up (forward)"; }
   std::span<const ParamInfo> params() const override;
   std::span<const DType> dtypes() const override;
-  std::string_view device_template() const override;
-  std::string_view kernel_name() const override { return "kiln_swiglu"; }
+  std::span<const TensorDecl> signature() const override;
+  std::vector<TileConfig> variants(const KernelSpec& spec, const TargetInfo& target) const override;
   TileConfig choose_config(const KernelSpec& spec, const TargetInfo& target) const override;
+  std::string_view device_template(const TileConfig& config) const override;
   std::string specialize(const KernelSpec& spec, const TileConfig& config) const override;
-  LaunchGeometry geometry(const KernelSpec& spec, const TileConfig& config) const override;
-  std::vector<TensorInfo> tensors(const KernelSpec& spec) const override;
-  void reference(const KernelSpec& spec, const Scalars& scalars,
-                 std::span<const std::vector<float>> inputs, std::span<const int64_t> rows,
-                 std::vector<double>& out) const override;
-
- protected:
-  Result<void> check(const KernelSpec&, const TargetInfo&) const override { return ok(); }
+  std::string_view kernel_name(const TileConfig&) const override { return "kiln_swiglu"; }
+  Plan plan(const KernelSpec& call, const TileConfig& config) const override;
+  bool serves(const TileConfig& config, std::span<void* const> buffers, std::string* why) const override;
+  void reference(const KernelSpec& spec, const Scalars& scalars, std::span<const std::vector<float>> inputs,
+                 std::span<const int64_t> rows, std::vector<RefOutput>& outputs) const override;
+  std::vector<TestSpec> test_specs(const TargetInfo& target) const override;
 };
+
+/// The elementwise-row configuration shared by swiglu and swiglu_bwd: VEC elements per access
+/// (16 bytes, or 1), THREADS per block, ITEMS accesses per thread; grid (rows, chunks of a row).
+TileConfig elementwise_row_config(int64_t columns, int64_t vec, const TargetInfo& target);
+/// Variants for rows of `columns` elements of dtype `t`: vector loads when columns is a
+/// multiple of a 16-byte vector, then scalar loads.
+std::vector<TileConfig> elementwise_row_variants(int64_t columns, DType t, const TargetInfo& target);
+/// Vector variants serve 16-byte aligned bases only.
+bool aligned_for(const TileConfig& config, std::span<void* const> buffers, std::string* why);
+/// The launch geometry of an elementwise-row config over `rows` rows of `columns`.
+LaunchGeometry elementwise_row_geometry(int64_t rows, int64_t columns, const TileConfig& config);
 
 }  // namespace kiln

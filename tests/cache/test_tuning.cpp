@@ -11,6 +11,7 @@
 #include <set>
 #include <sstream>
 
+#include "templates/registry.h"
 #include "cache/tuning.h"
 #include "support/log.h"
 #include "test_util.h"

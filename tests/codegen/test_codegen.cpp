@@ -3,6 +3,7 @@
 
 #include <set>
 
+#include "templates/registry.h"
 #include "cache/cache_key.h"
 #include "codegen/codegen.h"
 #include "runtime/compile/compiler.h"
@@ -109,7 +110,7 @@ TEST(Codegen, GeneratesEveryTuningCandidateAndRefusesOtherConfigs) {
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.error().code, Errc::invalid_argument);
   EXPECT_NE(bad.error().message.find("'BK=32 BM=128"), std::string::npos) << bad.error().message;
-  EXPECT_NE(bad.error().message.find("is not one of its tuning candidates; use one of: '" +
+  EXPECT_NE(bad.error().message.find("is not one of its variants or tuning candidates; use one of: '" +
                                      config_string(heuristic->config) + "'"),
             std::string::npos)
       << bad.error().message;
@@ -178,6 +179,38 @@ TEST(CacheKey, HoldsNoPathsOrHostNames) {
     EXPECT_EQ(text.find("/tmp"), std::string::npos) << text;
     EXPECT_EQ(text.find(KILN_SOURCE_DIR), std::string::npos) << text;
   }
+}
+
+}  // namespace
+}  // namespace kiln
+
+namespace kiln {
+namespace {
+
+// The key covers the generated source: one changed line of host-side specialization (or of
+// codegen's preamble) changes the key, with every typed field (op, dtypes, parameters,
+// configuration, template hash) unchanged. With a key of typed fields only, both sources would
+// share one cache entry and the second would be served the first's stale code object.
+TEST(CacheKey, CoversTheFullGeneratedSource) {
+  auto src = generate(testing::rmsnorm_spec(8, 4096), testing::target("gfx942"));
+  ASSERT_TRUE(src.ok()) << src.error().message;
+  Compiler* clang = *clang_compiler();
+  const CacheKey before = CacheKey::make(*src, *clang);
+
+  KernelSource edited = *src;
+  const std::string line = "constexpr int HIDDEN = 4096;";
+  const size_t at = edited.text.find(line);
+  ASSERT_NE(at, std::string::npos);
+  edited.text.replace(at, line.size(), "constexpr int HIDDEN = 4096;  // emitted differently");
+  edited.source_sha256 = sha256_hex(edited.text);
+  const CacheKey after = CacheKey::make(edited, *clang);
+
+  EXPECT_EQ(before.op, after.op);
+  EXPECT_EQ(before.params, after.params);
+  EXPECT_EQ(before.config, after.config);
+  EXPECT_EQ(before.template_sha256, after.template_sha256);
+  EXPECT_NE(before.digest(), after.digest()) << "the key must change with any emitted byte";
+  EXPECT_EQ(before.to_json().at("source_sha256"), sha256_hex(src->text));
 }
 
 }  // namespace

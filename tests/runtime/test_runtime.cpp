@@ -1,6 +1,7 @@
 // The public runtime API without a GPU: compile-only runtimes, errors as values, thread safety.
 #include <thread>
 
+#include "templates/registry.h"
 #include "cache/tuning.h"
 #include "kiln/kiln.h"
 #include "support/env.h"

@@ -2,7 +2,7 @@
 #include <cmath>
 #include <set>
 
-#include "templates/op_template.h"
+#include "templates/registry.h"
 #include "test_util.h"
 
 namespace kiln {
@@ -11,16 +11,6 @@ using testing::gemm_spec;
 using testing::rmsnorm_spec;
 using testing::swiglu_spec;
 using testing::target;
-
-TEST(Templates, RegistryListsTheThreeOps) {
-  std::vector<std::string> names;
-  for (const OpTemplate* op : all_ops()) names.emplace_back(op->name());
-  EXPECT_EQ(names, (std::vector<std::string>{"gemm", "rmsnorm", "swiglu"}));
-  auto missing = find_op("conv2d");
-  ASSERT_FALSE(missing.ok());
-  EXPECT_EQ(missing.error().code, Errc::unknown);
-  EXPECT_NE(missing.error().message.find("known ops: gemm, rmsnorm, swiglu"), std::string::npos);
-}
 
 TEST(Templates, ValidationNamesTheParameterAndTheFix) {
   const OpTemplate* gemm = *find_op("gemm");
@@ -85,7 +75,9 @@ TEST(Templates, GeometryCoversEveryOutput) {
   for (const char* t : {"gfx942", "sm_90a"}) {
     const KernelSpec s = gemm_spec(1000, 3000, 64, false, true);
     const TileConfig c = gemm->choose_config(s, target(t));
-    const LaunchGeometry g = gemm->geometry(s, c);
+    const Plan plan = gemm->plan(s, c);
+    ASSERT_EQ(plan.launches.size(), 1u);
+    const LaunchGeometry g = plan.launches[0].geometry;
     EXPECT_EQ(int64_t(g.block.x), c.at("THREADS"));
     if (g.persistent) {
       // Blocks stride over the tiles: grid.x counts the tiles (the launch caps it at the SMs).
@@ -99,7 +91,8 @@ TEST(Templates, GeometryCoversEveryOutput) {
   const OpTemplate* norm = *find_op("rmsnorm");
   const TileConfig c = norm->choose_config(rmsnorm_spec(77, 4096), target("gfx942"));
   EXPECT_EQ(c.at("THREADS") % 64, 0) << "whole wavefronts on AMD";
-  EXPECT_EQ(norm->geometry(rmsnorm_spec(77, 4096), c).grid.x, 77u);
+  EXPECT_EQ(norm->plan(norm->with_defaults(rmsnorm_spec(77, 4096)), c).launches.at(0).geometry.grid.x, 77u);
+  EXPECT_TRUE(norm->plan(norm->with_defaults(rmsnorm_spec(0, 4096)), c).launches.empty()) << "0 rows launch nothing";
 }
 
 TEST(Templates, TuningCandidatesStartWithTheHeuristicAndAreDistinct) {
@@ -143,32 +136,47 @@ TEST(Templates, GemmReferenceMatchesHandComputedProducts) {
   for (int ta = 0; ta < 2; ++ta)
     for (int tb = 0; tb < 2; ++tb) {
       std::vector<std::vector<float>> in = {ta ? a_t : a_n, tb ? b_t : b_n};
-      std::vector<double> out;
+      std::vector<RefOutput> out;
       gemm->reference(gemm_spec(2, 2, 2, ta, tb), {}, in, {}, out);
-      EXPECT_EQ(out, (std::vector<double>{19, 22, 43, 50})) << "trans_a=" << ta << " trans_b=" << tb;
+      EXPECT_EQ(out.at(0).values, (std::vector<double>{19, 22, 43, 50})) << "trans_a=" << ta << " trans_b=" << tb;
       const int64_t row1[] = {1};
       gemm->reference(gemm_spec(2, 2, 2, ta, tb), {}, in, row1, out);
-      EXPECT_EQ(out, (std::vector<double>{43, 50}));
+      EXPECT_EQ(out.at(0).values, (std::vector<double>{43, 50}));
+      EXPECT_EQ(out.at(0).rows, (std::vector<int64_t>{1}));
     }
 }
 
 TEST(Templates, RmsNormAndSwiGluReferences) {
-  std::vector<double> out;
+  std::vector<RefOutput> refs;
+  const OpTemplate* norm = *find_op("rmsnorm");
   // x = [3, 4]: mean(x^2) = 12.5; with eps = 0, y = x / sqrt(12.5) * gamma.
   std::vector<std::vector<float>> in = {{3, 4}, {1, 2}};
-  (*find_op("rmsnorm"))->reference(rmsnorm_spec(1, 2), {{"eps", 0.0f}}, in, {}, out);
+  norm->reference(norm->with_defaults(rmsnorm_spec(1, 2)), {{"eps", 0.0f}}, in, {}, refs);
+  ASSERT_EQ(refs.size(), 1u);
+  std::vector<double> out = refs[0].values;
   ASSERT_EQ(out.size(), 2u);
   EXPECT_NEAR(out[0], 3 / std::sqrt(12.5), 1e-12);
   EXPECT_NEAR(out[1], 2 * 4 / std::sqrt(12.5), 1e-12);
   // Default eps (1e-5) is applied when the scalar is absent.
-  (*find_op("rmsnorm"))->reference(rmsnorm_spec(1, 2), {}, in, {}, out);
-  EXPECT_NEAR(out[0], 3 / std::sqrt(12.5 + 1e-5), 1e-9);
+  norm->reference(norm->with_defaults(rmsnorm_spec(1, 2)), {}, in, {}, refs);
+  EXPECT_NEAR(refs[0].values[0], 3 / std::sqrt(12.5 + 1e-5), 1e-9);
+  // Residual and rstd: h = x + residual = [3, 4] from [1, 1] + [2, 3]; outputs y, h, rstd.
+  KernelSpec fused = rmsnorm_spec(1, 2);
+  fused.params["residual"] = 1;
+  fused.params["save_rstd"] = 1;
+  fused.dtype = fused.out_dtype = DType::f32;
+  std::vector<std::vector<float>> in3 = {{1, 1}, {2, 3}, {1, 2}};
+  norm->reference(norm->with_defaults(fused), {{"eps", 0.0f}}, in3, {}, refs);
+  ASSERT_EQ(refs.size(), 3u);
+  EXPECT_NEAR(refs[0].values[1], 2 * 4 / std::sqrt(12.5), 1e-12);
+  EXPECT_EQ(refs[1].values, (std::vector<double>{3, 4}));
+  EXPECT_NEAR(refs[2].values.at(0), 1 / std::sqrt(12.5), 1e-12);
 
   // gate = [0, 2], up = [5, 3]: y = [0 * 5, silu(2) * 3].
   std::vector<std::vector<float>> x = {{0, 2, 5, 3}};
-  (*find_op("swiglu"))->reference(swiglu_spec(1, 2), {}, x, {}, out);
-  EXPECT_DOUBLE_EQ(out[0], 0.0);
-  EXPECT_NEAR(out[1], 2.0 / (1.0 + std::exp(-2.0)) * 3.0, 1e-12);
+  (*find_op("swiglu"))->reference(swiglu_spec(1, 2), {}, x, {}, refs);
+  EXPECT_DOUBLE_EQ(refs[0].values[0], 0.0);
+  EXPECT_NEAR(refs[0].values[1], 2.0 / (1.0 + std::exp(-2.0)) * 3.0, 1e-12);
 }
 
 TEST(Templates, BakedSpecDropsRuntimeParameters) {
@@ -196,7 +204,7 @@ TEST(DTypes, ConversionsRoundToNearestEven) {
   EXPECT_TRUE(std::isnan(bf16_bits_to_float(0xffff)));
   auto bad = parse_dtype("bf17");
   ASSERT_FALSE(bad.ok());
-  EXPECT_EQ(bad.error().message, "unknown dtype 'bf17'; use one of: bf16, fp16, fp32");
+  EXPECT_EQ(bad.error().message, "unknown dtype 'bf17'; use one of: fp32, fp16, bf16, fp8_e4m3, fp8_e5m2, fp8_e4m3fnuz, fp8_e5m2fnuz, int32, int64");
 }
 
 }  // namespace

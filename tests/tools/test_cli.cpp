@@ -19,7 +19,7 @@
 
 #include "cache/tuning.h"
 #include "kiln/manifest.h"
-#include "templates/op_template.h"
+#include "templates/registry.h"
 #include "test_util.h"
 
 extern char** environ;
@@ -340,7 +340,7 @@ TEST_F(CliTest, MalformedManifestsCompileNothing) {
       {"bf17.json",
        R"({"kernels": [{"op": "rmsnorm", "dtype": "bf16", "params": {"rows": 1, "hidden": 64}},
                        {"op": "rmsnorm", "dtype": "bf17", "params": {"rows": 1, "hidden": 64}}]})",
-       {"kernel 1: unknown dtype 'bf17'; use one of: bf16, fp16, fp32"}},
+       {"kernel 1: unknown dtype 'bf17'; use one of: fp32, fp16, bf16, fp8_e4m3"}},
       {"field.json", R"({"kernels": [{"op": "rmsnorm", "dtype": "bf16", "prams": {"rows": 1, "hidden": 64}}]})",
        {"kernel 0: unknown field 'prams' (fields: op, dtype, out_dtype, label, params)"}},
       {"m0.json",
@@ -754,7 +754,7 @@ TEST_F(CliTest, RecordingWithATornLastLinePrewarmsTheCompleteLines) {
         "{\"op\":\"rmsnorm\",\"dtype\":\"bf16\",\"params\":{\"hidden\":128,\"rows\":4}}\n\n"
         "{\"op\":\"rmsnorm\",\"dtype\":\"bf17\",\"params\":{\"hidden\":128,\"rows\":4}}\n");
   expect_one_error_line(kiln({"prewarm", path("bad.jsonl"), "--arch", "sm_90a", "--cache-dir", path("c")}),
-                        {"bad.jsonl': line 3: unknown dtype 'bf17'; use one of: bf16, fp16, fp32"});
+                        {"bad.jsonl': line 3: unknown dtype 'bf17'; use one of: fp32, fp16, bf16, fp8_e4m3"});
   EXPECT_TRUE(entry_dirs(path("c")).empty());
 }
 

@@ -13,7 +13,7 @@
 #include "support/env.h"
 #include "support/fs.h"
 #include "support/log.h"
-#include "templates/op_template.h"
+#include "templates/registry.h"
 #include "tools/kiln/cli.h"
 
 namespace kiln::cli {

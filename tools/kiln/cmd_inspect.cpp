@@ -14,7 +14,7 @@
 #include "cache/tuning.h"
 #include "codegen/codegen.h"
 #include "runtime/compile/compiler.h"
-#include "templates/op_template.h"
+#include "templates/registry.h"
 #include "tools/kiln/cli.h"
 
 namespace kiln::cli {
@@ -172,20 +172,28 @@ int print_meta(const KernelSpec& spec, const TargetInfo& target, const InspectOp
   }
   line("wave size", known(i.wave_size));
   line("tile config", i.config);
-  // Launch geometry of the heuristic's configuration (what a launch of this spec uses).
+  // The plan of the heuristic's configuration: what one call of this spec launches.
   const OpTemplate* op = *find_op(spec.op);
-  const TileConfig config = op->choose_config(op->baked_spec(spec), target);
-  const LaunchGeometry g = op->geometry(spec, config);
-  const std::string grid = g.persistent ? fmt::format("persistent, {} tiles over at most one block per SM", g.grid.x)
-                                        : fmt::format("grid {}x{}x{}", g.grid.x, g.grid.y, g.grid.z);
-  line("launch", fmt::format("{}, block {}, dynamic {} {} bytes", grid, g.block.x, amd ? "LDS" : "shared",
-                             g.dynamic_shared_bytes));
-  const std::vector<TensorInfo> tensors = op->tensors(spec);
-  std::string maps;
-  for (const TensorMapInfo& m : op->tensor_maps(spec, config))
-    maps += fmt::format("{}{} (box {}x{})", maps.empty() ? "" : ", ", tensors.at(m.tensor).name, m.box_inner,
-                        m.box_outer);
-  if (!maps.empty()) line("tensor maps", maps + ": TMA, encoded at each launch");
+  const KernelSpec call = op->with_defaults(spec);
+  const std::vector<TileConfig> variants = op->variants(op->baked_spec(spec), target);
+  const Plan plan = op->plan(call, variants.front());
+  const std::vector<TensorInfo> tensors = op->tensors(call);
+  if (plan.launches.empty()) line("launch", "none (a call of size 0 launches nothing)");
+  for (const Launch& l : plan.launches) {
+    const LaunchGeometry& g = l.geometry;
+    const std::string grid = g.persistent ? fmt::format("persistent, {} tiles over at most one block per SM", g.grid.x)
+                                          : fmt::format("grid {}x{}x{}", g.grid.x, g.grid.y, g.grid.z);
+    line("launch", fmt::format("{}: {}, block {}, dynamic {} {} bytes", l.kernel, grid, g.block.x, amd ? "LDS" : "shared",
+                               g.dynamic_shared_bytes));
+    std::string maps;
+    for (const KernelArg& a : l.args)
+      if (a.kind == KernelArg::Kind::tensor_map)
+        maps += fmt::format("{}{} (box {}x{})", maps.empty() ? "" : ", ", tensors.at(a.index).name, a.map.box_inner,
+                            a.map.box_outer);
+    if (!maps.empty()) line("tensor maps", maps + ": TMA, encoded at each launch");
+  }
+  if (plan.workspace_bytes) line("workspace", fmt::format("{} bytes", plan.workspace_bytes));
+  for (size_t v = 1; v < variants.size(); ++v) line("fallback", config_string(variants[v]));
   print_tunings(spec, target, (*rt)->cache_dir(), o, line);
   line("cache key", i.cache_key);
   line("compile ms", fmt::format("{:.1f}", i.compile_ms));

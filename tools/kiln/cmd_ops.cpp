@@ -3,13 +3,11 @@
 
 #include <array>
 
-#include "templates/op_template.h"
+#include "templates/registry.h"
 #include "tools/kiln/cli.h"
 
 namespace kiln::cli {
 namespace {
-
-constexpr std::array<DType, 3> kAllDTypes = {DType::bf16, DType::f16, DType::f32};
 
 std::string join(const std::vector<std::string>& items, std::string_view sep = ", ") {
   std::string out;
@@ -17,62 +15,43 @@ std::string join(const std::vector<std::string>& items, std::string_view sep = "
   return out;
 }
 
-/// An example spec whose integer parameters have distinct values (so tensor shapes can be written
-/// with parameter names) and whose booleans are 0.
-KernelSpec example_spec(const OpTemplate& op, std::map<int64_t, std::string>& names) {
-  static constexpr int64_t kValues[] = {61, 67, 71, 73, 79, 83, 89, 97, 101, 103};
-  KernelSpec spec;
-  spec.op = std::string(op.name());
-  spec.dtype = spec.out_dtype = op.dtypes().front();
-  size_t next = 0;
-  for (const ParamInfo& p : op.params()) {
-    int64_t v = p.is_bool ? p.min_value : kValues[next++ % std::size(kValues)];
-    v = std::clamp(v, p.min_value, p.max_value);
-    spec.params[std::string(p.name)] = v;
-    if (!p.is_bool) names.emplace(v, std::string(p.name));
-  }
-  return spec;
-}
-
-std::string symbolic_shape(const std::vector<int64_t>& shape, const std::map<int64_t, std::string>& names) {
-  std::vector<std::string> dims;
-  for (int64_t d : shape) {
-    if (auto it = names.find(d); it != names.end()) dims.push_back(it->second);
-    else if (auto half = names.find(d / 2); d % 2 == 0 && half != names.end()) dims.push_back("2*" + half->second);
-    else dims.push_back(std::to_string(d));
-  }
-  return "[" + join(dims) + "]";
-}
-
+// The signature as declared: "x [rows, hidden] (dtype), gamma [hidden] (dtype) -> y [rows, hidden]
+// (out_dtype), rstd [rows] (fp32, if save_rstd)". Which flag makes a tensor optional is found by
+// flipping each boolean parameter of a spec.
 std::string tensor_order(const OpTemplate& op) {
-  std::map<int64_t, std::string> names;
-  const KernelSpec base = example_spec(op, names);
-  const std::vector<TensorInfo> tensors = op.tensors(base);
-  std::vector<std::string> out;
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    const TensorInfo& t = tensors[i];
-    std::string s = fmt::format("{} {}", t.name, symbolic_shape(t.shape, names));
-    for (const ParamInfo& p : op.params()) {
-      if (!p.is_bool) continue;
-      KernelSpec flipped = base;
-      flipped.params[std::string(p.name)] = p.max_value;
-      const auto other = op.tensors(flipped);
-      if (i < other.size() && other[i].shape != t.shape)
-        s += fmt::format(" ({} if {})", symbolic_shape(other[i].shape, names), p.name);
+  std::vector<std::string> ins, outs;
+  for (const TensorDecl& d : op.signature()) {
+    std::string dtype = d.dtype_rule == DTypeRule::in    ? "dtype"
+                        : d.dtype_rule == DTypeRule::out ? "out_dtype"
+                                                         : std::string(dtype_name(d.fixed));
+    std::string s = fmt::format("{} {} ({}", d.name, d.shape_doc, dtype);
+    if (d.present) {
+      std::vector<std::string> flags;
+      for (const ParamInfo& p : op.params()) {
+        if (!p.is_bool) continue;
+        KernelSpec on;
+        on.params[std::string(p.name)] = 1;
+        KernelSpec off;
+        off.params[std::string(p.name)] = 0;
+        if (d.present(on) && !d.present(off)) flags.emplace_back(p.name);
+      }
+      s += flags.empty() ? ", optional" : fmt::format(", if {}", join(flags, " and "));
     }
-    if (t.output) s += " -> output";
-    out.push_back(std::move(s));
+    s += ")";
+    (d.role == Role::input ? ins : outs).push_back(std::move(s));
   }
-  return join(out, ", ");
+  return join(ins) + " -> " + join(outs);
 }
 
 void print_op(const OpTemplate& op) {
   fmt::print("{}: {}\n", op.name(), op.summary());
-  fmt::print("  kernel:     extern \"C\" {}\n", op.kernel_name());
+  fmt::print("  kernel:     extern \"C\" {}\n", op.kernel_name({}));
   Table params({"parameter", "kind", "range", "doc"});
   for (const ParamInfo& p : op.params())
     params.add({std::string(p.name), p.baked ? "baked" : "runtime",
-                p.is_bool ? std::string("true/false") : fmt::format("[{}, {}]", p.min_value, p.max_value),
+                p.is_bool            ? std::string("true/false")
+                : !p.choices.empty() ? join(std::vector<std::string>(p.choices.begin(), p.choices.end()), "|")
+                                     : fmt::format("[{}, {}]", p.min_value, p.max_value),
                 std::string(p.doc)});
   fmt::print("  parameters (baked: a compile-time constant, part of the cache key; runtime: a kernel argument):\n{}",
              params.render({}, "    "));

@@ -3,7 +3,7 @@
 #include <fmt/format.h>
 
 #include "kiln/check.h"
-#include "templates/op_template.h"
+#include "templates/registry.h"
 #include "tools/kiln/cli.h"
 
 namespace kiln::cli {
@@ -86,7 +86,7 @@ int run_run(const RunOptions& o) {
   if (co.bench_iterations > 0 && report->kernel_ms > 0) {
     const double s = report->kernel_ms * 1e-3;
     std::string rate = fmt::format("{:.1f} GB/s", report->bytes / s / 1e9);
-    if (spec->op == "gemm") rate = fmt::format("{:.1f} TFLOP/s, {}", report->flops / s / 1e12, rate);
+    if (report->flops > 0) rate = fmt::format("{:.1f} TFLOP/s, {}", report->flops / s / 1e12, rate);
     fmt::print("kernel       {:.4f} ms median ({} launches), {}\n", report->kernel_ms, co.bench_iterations, rate);
   }
   std::fflush(stdout);

@@ -7,7 +7,7 @@
 #include <filesystem>
 
 #include "support/env.h"
-#include "templates/op_template.h"
+#include "templates/registry.h"
 #include "tools/kiln/cli.h"
 
 namespace kiln::cli {
@@ -133,12 +133,11 @@ std::string spec_summary(const KernelSpec& spec) {
   std::string s = fmt::format("{} {}", spec.op, dtype_name(spec.dtype));
   if (spec.out_dtype != spec.dtype) s += fmt::format("->{}", dtype_name(spec.out_dtype));
   const auto& p = spec.params;
-  if (spec.op == "gemm" && p.count("M") && p.count("N") && p.count("K") && p.size() == 5) {
-    return s + fmt::format(" {}x{}x{} {}{}", spec.param("M"), spec.param("N"), spec.param("K"),
-                           spec.param("trans_a") ? 'T' : 'N', spec.param("trans_b") ? 'T' : 'N');
-  }
-  // Other ops: the parameters in the op's order.
   auto op = find_op(spec.op);
+  // The op's short form when it has one and the spec is valid, else the parameters in its order.
+  if (op && (*op)->validate(spec, all_targets().back())) {
+    if (std::string short_form = (*op)->short_form(spec); !short_form.empty()) return s + " " + short_form;
+  }
   if (!op) {
     for (const auto& [k, v] : p) s += fmt::format(" {}={}", k, v);
     return s;
@@ -169,7 +168,8 @@ std::string format_candidates(const TuneReport& r, double flops, std::string_vie
 }
 
 double spec_flops(const KernelSpec& spec) {
-  return spec.op == "gemm" ? 2.0 * double(spec.param("M")) * double(spec.param("N")) * double(spec.param("K")) : 0.0;
+  auto op = find_op(spec.op);
+  return op ? (*op)->flops((*op)->with_defaults(spec)) : 0.0;
 }
 
 std::string human_bytes(uint64_t bytes) {

@@ -5,7 +5,7 @@
 #include <cstring>
 #include <fstream>
 
-#include "templates/op_template.h"
+#include "templates/registry.h"
 #include "tools/kiln/cli.h"
 #include "tools/kiln/models.h"
 
@@ -77,11 +77,13 @@ int run_manifest(const ManifestOptions& o) {
     f.close();
     if (!f) return fail(fmt::format("cannot write '{}': {}", o.output, std::strerror(errno)));
   }
-  size_t gemms = 0;
-  for (const ManifestEntry& e : manifest.kernels) gemms += e.spec.op == "gemm";
-  fmt::print("wrote {}: {} kernels ({} gemm, {} other) for {} (seq {}, micro batch {}, {})\n", o.output,
-             manifest.kernels.size(), gemms, manifest.kernels.size() - gemms, o.model, seq, fmt::join(unique, ","),
-             dtype_name(*dtype));
+  std::map<std::string, size_t> per_op;
+  for (const ManifestEntry& e : manifest.kernels) ++per_op[e.spec.op];
+  std::vector<std::string> counts;
+  for (const OpTemplate* op : all_ops())
+    if (auto it = per_op.find(std::string(op->name())); it != per_op.end()) counts.push_back(fmt::format("{} {}", it->second, it->first));
+  fmt::print("wrote {}: {} kernels ({}) for {} (seq {}, micro batch {}, {})\n", o.output, manifest.kernels.size(),
+             fmt::join(counts, ", "), o.model, seq, fmt::join(unique, ","), dtype_name(*dtype));
   return 0;
 }
 
