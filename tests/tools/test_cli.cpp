@@ -201,8 +201,11 @@ TEST_F(CliTest, ManifestOfLlama31_8b) {
   const auto* wgrad = find("gemm", {{"M", 6144}, {"N", 4096}, {"K", 8192}, {"trans_a", 1}, {"trans_b", 0}});
   ASSERT_NE(wgrad, nullptr);
   EXPECT_EQ(wgrad->label, "qkv.wgrad");
-  EXPECT_NE(find("rmsnorm", {{"rows", 8192}, {"hidden", 4096}}), nullptr);
+  EXPECT_NE(find("rmsnorm", {{"rows", 8192}, {"hidden", 4096}, {"save_rstd", 1}}), nullptr);
+  EXPECT_NE(find("rmsnorm", {{"rows", 8192}, {"hidden", 4096}, {"residual", 1}, {"save_rstd", 1}}), nullptr);
+  EXPECT_NE(find("rmsnorm_bwd", {{"rows", 8192}, {"hidden", 4096}}), nullptr);
   EXPECT_NE(find("swiglu", {{"rows", 8192}, {"intermediate", 14336}}), nullptr);
+  EXPECT_NE(find("swiglu_bwd", {{"rows", 8192}, {"intermediate", 14336}}), nullptr);
   EXPECT_NE(find("gemm", {{"M", 8192}, {"N", 128256}, {"K", 4096}, {"trans_a", 0}, {"trans_b", 1}}), nullptr);
   // No kernel twice.
   for (size_t i = 0; i < m->kernels.size(); ++i)
@@ -255,7 +258,8 @@ TEST_F(CliTest, ManifestWithSeveralMicroBatches) {
   ASSERT_EQ(o.code, 0) << o.err;
   auto m = kiln::parse_manifest(o.out, "stdout");
   ASSERT_TRUE(m.ok()) << m.error().message;
-  EXPECT_EQ(m->kernels.size(), 34u);  // 15 GEMMs + rmsnorm + swiglu, for M = 128 and M = 256
+  // 15 GEMMs, rmsnorm twice (plain, residual), rmsnorm_bwd, swiglu, swiglu_bwd; for M = 128 and 256.
+  EXPECT_EQ(m->kernels.size(), 40u);
 }
 
 TEST_F(CliTest, UnknownModel) {

@@ -1,0 +1,41 @@
+// rmsnorm backward: dx and dgamma of y = x * rstd * gamma, rstd = 1 / sqrt(mean(x^2) + eps).
+#pragma once
+
+#include "templates/op_template.h"
+
+namespace kiln {
+
+/// Parameters: rows (runtime; 0 is a no-op), hidden (baked), recompute_rstd (0/1, baked,
+/// default 0: rstd is an input, as the forward's save_rstd wrote it; 1: recomputed from x and eps).
+/// Tensors: dy [rows, hidden], x [rows, hidden], gamma [hidden] (dtype), rstd [rows] (fp32, unless
+/// recompute_rstd) -> dx [rows, hidden], dgamma [hidden] (dtype).
+///   dx = rstd * gamma * dy - x * rstd^3 / hidden * sum_j(dy_j * gamma_j * x_j)
+///   dgamma = sum over rows of dy * x * rstd
+/// Two launches: per-block fp32 partial sums of dgamma (each block owns a fixed set of rows, in a
+/// fixed order) into the workspace, then their reduction in a fixed order: dgamma is bitwise
+/// deterministic across runs. bf16/fp16/fp32 with fp32 math. Scalars: eps (with recompute_rstd).
+class RmsNormBwdOp final : public OpTemplate {
+ public:
+  std::string_view name() const override { return "rmsnorm_bwd"; }
+  std::string_view summary() const override {
+    return "dx, dgamma of rmsnorm from dy, x, gamma and the saved rstd (or recomputed); deterministic dgamma";
+  }
+  std::span<const ParamInfo> params() const override;
+  std::span<const ScalarInfo> scalars() const override;
+  std::span<const DType> dtypes() const override;
+  std::span<const TensorDecl> signature() const override;
+  std::vector<TileConfig> variants(const KernelSpec& spec, const TargetInfo& target) const override;
+  TileConfig choose_config(const KernelSpec& spec, const TargetInfo& target) const override;
+  std::string_view device_template(const TileConfig& config) const override;
+  std::string specialize(const KernelSpec& spec, const TileConfig& config) const override;
+  std::string_view kernel_name(const TileConfig&) const override { return "kiln_rmsnorm_bwd"; }
+  Plan plan(const KernelSpec& call, const TileConfig& config) const override;
+  bool serves(const TileConfig& config, std::span<void* const> buffers, std::string* why) const override;
+  void init_inputs(const KernelSpec& spec, std::span<const TensorInfo> inputs, std::vector<std::vector<float>>& values,
+                   std::mt19937_64& rng) const override;
+  void reference(const KernelSpec& spec, const Scalars& scalars, std::span<const std::vector<float>> inputs,
+                 std::span<const int64_t> rows, std::vector<RefOutput>& outputs) const override;
+  std::vector<TestSpec> test_specs(const TargetInfo& target) const override;
+};
+
+}  // namespace kiln

@@ -1,0 +1,92 @@
+#include "templates/swiglu_bwd/swiglu_bwd.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+
+#include "support/embedded.h"
+#include "templates/swiglu/swiglu.h"
+
+namespace kiln {
+namespace {
+const ParamInfo kParams[] = {
+    {"rows", "rows (tokens); a runtime argument, not baked; 0 is a no-op", false, false, 0, (int64_t{1} << 31) - 1},
+    {"intermediate", "I: columns of dy; x and dx have 2*I", true, false, 1, int64_t{1} << 24},
+};
+const DType kDTypes[] = {DType::bf16, DType::f16, DType::f32};
+std::vector<int64_t> rows_2i(const KernelSpec& s) { return {s.param("rows"), 2 * s.param("intermediate")}; }
+std::vector<int64_t> rows_i(const KernelSpec& s) { return {s.param("rows"), s.param("intermediate")}; }
+const TensorDecl kSignature[] = {
+    {"dy", Role::input, DTypeRule::in, DType::f32, "[rows, I]", rows_i},
+    {"x", Role::input, DTypeRule::in, DType::f32, "[rows, 2*I]", rows_2i, nullptr, "gate | up"},
+    {"dx", Role::output, DTypeRule::out, DType::f32, "[rows, 2*I]", rows_2i, nullptr, "dgate | dup"},
+};
+}  // namespace
+
+std::span<const ParamInfo> SwiGluBwdOp::params() const { return kParams; }
+std::span<const DType> SwiGluBwdOp::dtypes() const { return kDTypes; }
+std::span<const TensorDecl> SwiGluBwdOp::signature() const { return kSignature; }
+std::string_view SwiGluBwdOp::device_template(const TileConfig&) const {
+  return embedded_file("templates/swiglu_bwd/swiglu_bwd.kernel");
+}
+std::vector<TileConfig> SwiGluBwdOp::variants(const KernelSpec& spec, const TargetInfo& target) const {
+  return elementwise_row_variants(spec.param("intermediate"), spec.dtype, target);
+}
+TileConfig SwiGluBwdOp::choose_config(const KernelSpec& spec, const TargetInfo& target) const {
+  return variants(spec, target).front();
+}
+bool SwiGluBwdOp::serves(const TileConfig& config, std::span<void* const> buffers, std::string* why) const {
+  return aligned_for(config, buffers, why);
+}
+std::string SwiGluBwdOp::specialize(const KernelSpec& spec, const TileConfig& c) const {
+  return fmt::format("constexpr int INTERMEDIATE = {};\nconstexpr int THREADS = {}, VEC = {}, ITEMS = {};\n"
+                     "typedef {} in_t;\ntypedef {} out_t;\n",
+                     spec.param("intermediate"), c.at("THREADS"), c.at("VEC"), c.at("ITEMS"),
+                     device_type_name(spec.dtype), device_type_name(spec.out_dtype));
+}
+Plan SwiGluBwdOp::plan(const KernelSpec& call, const TileConfig& c) const {
+  Plan p;
+  if (call.param("rows") == 0) return p;
+  p.launches.push_back(single_launch(call, c, elementwise_row_geometry(call.param("rows"), call.param("intermediate"), c)));
+  return p;
+}
+
+void SwiGluBwdOp::reference(const KernelSpec& spec, const Scalars&, std::span<const std::vector<float>> in,
+                            std::span<const int64_t> sample, std::vector<RefOutput>& outputs) const {
+  const int64_t n_rows = spec.param("rows"), I = spec.param("intermediate");
+  outputs.assign(1, {});
+  RefOutput& dx = outputs[0];
+  dx.rows.assign(sample.begin(), sample.end());
+  if (dx.rows.empty())
+    for (int64_t r = 0; r < n_rows; ++r) dx.rows.push_back(r);
+  for (int64_t row : dx.rows) {
+    const float* dy = &in[0][static_cast<size_t>(row * I)];
+    const float* x = &in[1][static_cast<size_t>(row * 2 * I)];
+    const size_t base = dx.values.size();
+    dx.values.resize(base + static_cast<size_t>(2 * I));
+    for (int64_t c = 0; c < I; ++c) {
+      const double g = x[c], u = x[I + c], d = dy[c];
+      const double s = 1.0 / (1.0 + std::exp(-g));
+      dx.values[base + c] = d * u * s * (1.0 + g * (1.0 - s));
+      dx.values[base + I + c] = d * g * s;
+    }
+  }
+}
+
+std::vector<TestSpec> SwiGluBwdOp::test_specs(const TargetInfo&) const {
+  std::vector<TestSpec> out;
+  auto add = [&](DType t, int64_t rows, int64_t I, std::string_view why) {
+    out.push_back({{"swiglu_bwd", t, t, {{"rows", rows}, {"intermediate", I}}}, why});
+  };
+  for (DType t : kDTypes) {
+    add(t, 3, 1, "I 1");
+    add(t, 4, 7, "I 7 (scalar variant)");
+    add(t, 2, 100, "I 100");
+    add(t, 3, 1024, "I 1024, vector accesses");
+  }
+  add(DType::bf16, 0, 64, "0 rows: a no-op");
+  add(DType::bf16, 2, 18944, "I 18944 (Qwen2.5-7B)");
+  return out;
+}
+
+}  // namespace kiln
