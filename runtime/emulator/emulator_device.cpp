@@ -222,9 +222,7 @@ Result<void> EmulatorModule::launch(const LaunchGeometry& g, void** args, Stream
   return done(device_.process().call(EmulatorProcess::kRun, run, {}, what));
 }
 
-}  // namespace
-
-Result<std::unique_ptr<DeviceImpl>> open_emulator_device(std::string_view target_name) {
+Result<std::unique_ptr<DeviceImpl>> start_emulator(std::string_view target_name) {
   if (target_name.empty())
     return make_error(Errc::invalid_argument,
                       "the emulator backend needs a target: set RuntimeOptions::emulator_target to gfx942 or gfx950");
@@ -258,6 +256,18 @@ Result<std::unique_ptr<DeviceImpl>> open_emulator_device(std::string_view target
   KILN_ASSIGN_OR_RETURN(auto process, EmulatorProcess::start(config));
   KILN_LOG_DEBUG("AMD emulator for {} started: {} with {}", target_name, config.python, config.emulator_dir);
   return std::unique_ptr<DeviceImpl>(new EmulatorDevice(std::move(process), *target));
+}
+
+}  // namespace
+
+Result<std::unique_ptr<DeviceImpl>> open_emulator_device(std::string_view target) {
+  auto device = start_emulator(target);
+  if (!device && device.error().code == Errc::driver_unavailable) {
+    Error e = device.take_error();
+    e.message = "the AMD emulator is unavailable: " + e.message;
+    return e;
+  }
+  return device;
 }
 
 #else

@@ -62,7 +62,7 @@ Runtime* emulator(const std::string& target, std::string& why) {
   std::string why_;                                                \
   Runtime* rt = emulator(target, why_);                            \
   if (!rt && why_.rfind("FAIL: ", 0) == 0) FAIL() << why_;         \
-  if (!rt) GTEST_SKIP() << "AMD emulator unavailable: " << why_
+  if (!rt) GTEST_SKIP() << why_
 
 // ---- every op on both targets --------------------------------------------------------------
 
@@ -71,39 +71,44 @@ struct Case {
   KernelSpec spec;
 };
 
-// gemm: each of M, N, K takes every value of {1, 7, 64, 129}; every layout (NT, NN, TN) meets
-// every input dtype (bf16, fp16) and every output dtype (bf16, fp16, fp32); plus one fp32 case.
-std::vector<KernelSpec> gemm_cases() {
-  const struct {
-    int64_t M, N, K;
-  } shapes[] = {{1, 1, 1}, {7, 7, 7}, {64, 64, 64}, {129, 129, 129}, {1, 129, 64}, {129, 7, 1}, {7, 64, 129}, {64, 1, 7}};
+// gemm: every (M, N, K) in {1, 7, 64, 129}^3 in every layout (NT, NN, TN), each with one
+// (input, output) dtype pair, rotating so that every layout and every value of M, N and K meets
+// every input dtype (bf16, fp16) with every output dtype (bf16, fp16, fp32); plus fp32 inputs.
+// rmsnorm (hidden 1, 7, 1000) and swiglu (I 1, 7, 100) in every dtype, on a few rows.
+std::vector<KernelSpec> specs() {
+  const int64_t sizes[] = {1, 7, 64, 129};
   const std::pair<bool, bool> layouts[] = {{false, true}, {false, false}, {true, false}};  // NT, NN, TN
-  const std::pair<DType, DType> dtypes[] = {{DType::bf16, DType::bf16}, {DType::f16, DType::f32},
-                                            {DType::bf16, DType::f16},  {DType::f16, DType::f16},
-                                            {DType::bf16, DType::f32},  {DType::f16, DType::bf16}};
-  std::vector<KernelSpec> specs;
-  // 8 shapes x 3 layouts, each with one of the 6 dtype pairs, rotating so that every layout sees
-  // every pair (shape i, layout j -> pair (i + 2j) mod 6... covers 6 pairs per layout over 8 shapes).
-  for (size_t i = 0; i < std::size(shapes); ++i)
-    for (size_t j = 0; j < std::size(layouts); ++j) {
-      const auto [in, out] = dtypes[(i + 2 * j) % std::size(dtypes)];
-      specs.push_back(gemm_spec(shapes[i].M, shapes[i].N, shapes[i].K, layouts[j].first, layouts[j].second, in, out));
+  const std::pair<DType, DType> pairs[] = {{DType::bf16, DType::bf16}, {DType::f16, DType::f32},
+                                           {DType::bf16, DType::f16},  {DType::f16, DType::f16},
+                                           {DType::bf16, DType::f32},  {DType::f16, DType::bf16}};
+  std::vector<KernelSpec> out;
+  size_t shape = 0;
+  for (int64_t M : sizes)
+    for (int64_t N : sizes)
+      for (int64_t K : sizes) {
+        for (size_t l = 0; l < 3; ++l) {
+          const auto [in, o] = pairs[(shape + l) % 6];
+          out.push_back(gemm_spec(M, N, K, layouts[l].first, layouts[l].second, in, o));
+        }
+        ++shape;
+      }
+  out.push_back(gemm_spec(7, 64, 129, false, true, DType::f32, DType::f32));
+  out.push_back(gemm_spec(129, 7, 64, true, false, DType::f32, DType::bf16));
+  const DType dts[] = {DType::bf16, DType::f16, DType::f32};
+  const int64_t hiddens[] = {1, 7, 1000}, intermediates[] = {1, 7, 100};
+  for (size_t d = 0; d < 3; ++d)
+    for (size_t j = 0; j < 3; ++j) {
+      const int64_t rows = static_cast<int64_t>(2 * ((d + j) % 3) + 1);  // 1, 3, 5
+      out.push_back(rmsnorm_spec(rows, hiddens[j], dts[d]));
+      out.push_back(swiglu_spec(rows, intermediates[j], dts[d]));
     }
-  specs.push_back(gemm_spec(7, 64, 129, false, true, DType::f32, DType::f32));
-  return specs;
+  return out;
 }
 
 std::vector<Case> cases() {
-  std::vector<KernelSpec> specs = gemm_cases();
-  const DType dts[] = {DType::bf16, DType::f16, DType::f32};
-  const int64_t hiddens[] = {1, 7, 1000}, intermediates[] = {1, 7, 100};
-  for (size_t i = 0; i < 3; ++i) {
-    specs.push_back(rmsnorm_spec(static_cast<int64_t>(2 * i + 1), hiddens[i], dts[i]));
-    specs.push_back(swiglu_spec(static_cast<int64_t>(2 * i + 1), intermediates[i], dts[(i + 1) % 3]));
-  }
   std::vector<Case> out;
   for (const char* t : kTargets)
-    for (const KernelSpec& s : specs) out.push_back({t, s});
+    for (const KernelSpec& s : specs()) out.push_back({t, s});
   return out;
 }
 
@@ -183,6 +188,7 @@ TEST(EmulatorBackend, MissingEmulatorNamesTheVariable) {
   auto rt = emulator_runtime("gfx942");
   ASSERT_FALSE(rt.ok());
   EXPECT_EQ(rt.error().code, Errc::driver_unavailable);
+  EXPECT_EQ(rt.error().message.rfind("the AMD emulator is unavailable: ", 0), 0u) << rt.error().message;
   EXPECT_NE(rt.error().message.find("KILN_AMD_EMULATOR"), std::string::npos) << rt.error().message;
 }
 
@@ -263,7 +269,7 @@ TEST(EmulatorBackend, KernelThatCrashesTheEmulatorGivesAnError) {
   // Its own runtime: the crash takes its emulator process down.
   auto created = emulator_runtime("gfx942");
   if (!created && (created.error().code == Errc::driver_unavailable || created.error().code == Errc::unsupported))
-    GTEST_SKIP() << "AMD emulator unavailable: " << created.error().message;
+    GTEST_SKIP() << created.error().message;
   ASSERT_TRUE(created.ok()) << created.error().message;
   Runtime& rt = **created;
   Device& d = *rt.device();

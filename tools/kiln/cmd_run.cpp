@@ -77,7 +77,8 @@ int run_run(const RunOptions& o) {
   if (!rt) return fail(rt.error());
   Device* device = (*rt)->device();
   if (!device)
-    return fail("no GPU found: 'kiln run' needs an NVIDIA or AMD GPU (compile, prewarm and inspect work without one)");
+    return fail("no GPU found: 'kiln run' needs an NVIDIA or AMD GPU (compile, prewarm and inspect work without one; "
+                "AMD kernels also run in an emulator: --emulator --arch gfx942|gfx950)");
   if (auto valid = (*op)->validate(*spec, device->target()); !valid) return fail(valid.error());
 
   fmt::print("device       {} ({}, {} compute units)\n", device->name(), device->target().name, device->compute_units());
