@@ -70,6 +70,10 @@ Result<std::unique_ptr<EmulatorProcess>> EmulatorProcess::start(const EmulatorCo
   posix_spawn_file_actions_adddup2(&actions, sv[1], 0);
   posix_spawn_file_actions_adddup2(&actions, sv[1], 1);
   posix_spawn_file_actions_adddup2(&actions, errp[1], 2);
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 34))
+  // Nothing else of this process (an application's descriptors, or locks) lives on in the child.
+  posix_spawn_file_actions_addclosefrom_np(&actions, 3);
+#endif
   posix_spawnattr_t attr;
   posix_spawnattr_init(&attr);
   // Its own process group, so that a kill takes the clang compiles it runs along; default signal

@@ -184,6 +184,7 @@ TEST(EmulatorBackend, RefusesAMissingOrNonAmdTarget) {
 }
 
 TEST(EmulatorBackend, MissingEmulatorNamesTheVariable) {
+  KILN_REQUIRE_LLVM();
   ScopedEnv env("KILN_AMD_EMULATOR", "/nonexistent/tinygrad-cdna-emu");
   auto rt = emulator_runtime("gfx942");
   ASSERT_FALSE(rt.ok());
@@ -193,6 +194,7 @@ TEST(EmulatorBackend, MissingEmulatorNamesTheVariable) {
 }
 
 TEST(EmulatorBackend, MissingPythonNamesTheFix) {
+  KILN_REQUIRE_LLVM();
   ScopedEnv env("KILN_EMULATOR_PYTHON", "/nonexistent/bin/python3");
   auto rt = emulator_runtime("gfx942");
   ASSERT_FALSE(rt.ok());
@@ -201,6 +203,7 @@ TEST(EmulatorBackend, MissingPythonNamesTheFix) {
 }
 
 TEST(EmulatorBackend, PythonWithoutTinygradNamesTheFix) {
+  KILN_REQUIRE_LLVM();
   testing::TempDir dir;
   // A "Python" whose imports all fail the way a missing tinygrad does.
   const std::string python = dir / "python3";
@@ -216,6 +219,7 @@ TEST(EmulatorBackend, PythonWithoutTinygradNamesTheFix) {
 }
 
 TEST(EmulatorBackend, HungChildTimesOutAndIsKilled) {
+  KILN_REQUIRE_LLVM();
   testing::TempDir dir;
   const std::string python = dir / "python3";
   const std::string pidfile = dir / "pid";
