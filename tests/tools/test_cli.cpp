@@ -448,6 +448,34 @@ TEST_F(CliTest, RunBenchTakesNoTune) {
   expect_one_error_line(o, {"no GPU found: 'kiln run' needs an NVIDIA or AMD GPU"});
 }
 
+// ---- kiln run --emulator (skips where the AMD emulator is unavailable) ------------------------
+
+TEST_F(CliTest, RunInTheEmulatorPrintsTheCheckReport) {
+  Output o = kiln_env({"run", "swiglu", "-p", "intermediate=7,rows=2", "--dtype", "fp32", "--arch", "gfx950",
+                       "--emulator", "--check", "--cache-dir", cache_},
+                      {"CACHEDB=" KILN_TEST_EMULATOR_CACHEDB});
+  if (o.code != 0 && o.err.find("the AMD emulator is unavailable") != std::string::npos)
+    GTEST_SKIP() << o.err;
+  ASSERT_EQ(o.code, 0) << o.out << o.err;
+  EXPECT_NE(o.out.find("AMD CDNA emulator"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("(gfx950, "), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("PASS swiglu fp32 intermediate=7 rows=2: compared 14 elements"), std::string::npos) << o.out;
+}
+
+TEST_F(CliTest, RunEmulatorUsageErrors) {
+  for (const std::vector<std::string>& extra :
+       {std::vector<std::string>{"--emulator"}, {"--arch", "gfx942"}, {"--emulator", "--arch", "sm_90a"}}) {
+    std::vector<std::string> args = {"run", "rmsnorm", "-p", "hidden=7,rows=2"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    Output o = kiln_cached(args);
+    EXPECT_EQ(o.code, 2) << o.err;
+    expect_one_error_line(o, {"--emulator", "--arch gfx942"});
+  }
+  Output o = kiln_cached({"run", "rmsnorm", "-p", "hidden=7,rows=2", "--emulator", "--arch", "gfx942", "--bench"});
+  EXPECT_EQ(o.code, 2) << o.err;
+  expect_one_error_line(o, {"no timing model"});
+}
+
 // ---- tuning ----------------------------------------------------------------------------------
 
 TEST_F(CliTest, PrewarmTuneNeedsAGpuAndLeavesNothing) {
