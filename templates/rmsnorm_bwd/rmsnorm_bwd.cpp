@@ -77,12 +77,11 @@ std::string RmsNormBwdOp::specialize(const KernelSpec& spec, const TileConfig& c
 Plan RmsNormBwdOp::plan(const KernelSpec& call, const TileConfig& c) const {
   Plan p;
   const int64_t n_rows = call.param("rows"), H = call.param("hidden");
-  if (n_rows == 0) return p;
   const int64_t blocks = row_blocks(n_rows, c);
   const bool recompute = call.param("recompute_rstd") != 0;
   // Tensors in signature order: dy, x, gamma, [rstd], dx, dgamma.
   const uint32_t dx = recompute ? 3 : 4, dgamma = dx + 1;
-  p.workspace_bytes = static_cast<uint64_t>(blocks * round_up(H, 4)) * 4;
+  p.workspace_bytes = static_cast<uint64_t>(std::max<int64_t>(blocks, 1) * round_up(H, 4)) * 4;
   Launch rows_pass;
   rows_pass.kernel = "kiln_rmsnorm_bwd";
   rows_pass.geometry.grid.x = static_cast<uint32_t>(blocks);
@@ -96,7 +95,9 @@ Plan RmsNormBwdOp::plan(const KernelSpec& call, const TileConfig& c) const {
   reduce.geometry.grid.x = static_cast<uint32_t>(ceil_div(H, kReduceThreads));
   reduce.geometry.block.x = static_cast<uint32_t>(kReduceThreads);
   reduce.args = {KernelArg::workspace(0), KernelArg::tensor(dgamma), KernelArg::i32(blocks)};
-  p.launches = {std::move(rows_pass), std::move(reduce)};
+  // 0 rows: no row blocks, and dgamma is a sum over no rows: the reduction alone writes zeros.
+  if (n_rows == 0) p.launches = {std::move(reduce)};
+  else p.launches = {std::move(rows_pass), std::move(reduce)};
   return p;
 }
 
@@ -148,6 +149,14 @@ void RmsNormBwdOp::reference(const KernelSpec& spec, const Scalars& scalars, std
     }
   }
   outputs[1].values = std::move(dgamma);
+}
+
+Gate RmsNormBwdOp::gate(const KernelSpec& spec, const TensorInfo& output) const {
+  Gate g = Gate::for_dtype(output.dtype);
+  // hidden = 1: dx = r gamma dy eps / (x^2 + eps) exactly, a cancellation to about 1e-5 of the
+  // terms, where fp16 is subnormal: the per-element gate holds, the relative norm does not apply.
+  if (output.name == "dx" && spec.param("hidden") == 1) g.max_rel_fro = -1;
+  return g;
 }
 
 std::vector<TestSpec> RmsNormBwdOp::test_specs(const TargetInfo&) const {

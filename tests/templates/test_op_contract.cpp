@@ -62,7 +62,6 @@ TEST(OpContract, TestSpecsValidateAndPlansMatchTheSignature) {
     EXPECT_EQ(variants.front(), op.choose_config(op.baked_spec(spec), t)) << "the heuristic's variant comes first";
     for (const TileConfig& c : variants) {
       const Plan plan = op.plan(full, c);
-      if (op.sample_dimension(full) == 0) EXPECT_TRUE(plan.launches.empty()) << "a call of size 0 launches nothing";
       for (const Launch& l : plan.launches) {
         EXPECT_LE(l.args.size(), 32u);
         EXPECT_GE(l.geometry.block.x, 1u);

@@ -1,0 +1,116 @@
+// Memory-bound ops on the GPU: Kiln's kernels on the shapes of issue 8 (tokens 8192 and 32768;
+// hidden 4096, 8192, 16384; intermediate 14336, 29568, 53248), checked against the CPU reference
+// (sampled rows) and timed with device events: median and standard deviation of the per-launch
+// time over 30 launches after 5 warm-ups, inputs far larger than L2.
+// GB/s counts the bytes that must move: every input read once and every output written once
+// (OpTemplate::bytes). Writes one CSV row per case (BENCHMARKS.md columns for memory-bound ops):
+//   label,rows,cols,bytes,Check,GB/s,GB/s_stddev,Time (ms)
+// bench/membound_peers.py times PyTorch eager, torch.compile and the device-to-device copy on the
+// same shapes in the same job, and prints the report with the ratios.
+//
+//   build/bench/bench_membound OUT.csv [--quick]
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kiln/kiln.h"
+#include "runtime/device_tensors.h"
+#include "templates/registry.h"
+
+namespace {
+
+struct Case {
+  std::string label;
+  kiln::KernelSpec spec;
+  int64_t rows, cols;
+};
+
+std::vector<Case> cases(bool quick) {
+  std::vector<Case> out;
+  const int64_t tokens[] = {8192, 32768};
+  const int64_t hiddens[] = {4096, 8192, 16384};
+  const int64_t inters[] = {14336, 29568, 53248};
+  const kiln::DType bf16 = kiln::DType::bf16;
+  for (int64_t t : tokens) {
+    if (quick && t != 8192) continue;
+    for (int64_t h : hiddens) {
+      out.push_back({"rmsnorm", {"rmsnorm", bf16, bf16, {{"rows", t}, {"hidden", h}}}, t, h});
+      out.push_back({"rmsnorm_residual", {"rmsnorm", bf16, bf16, {{"rows", t}, {"hidden", h}, {"residual", 1}, {"save_rstd", 1}}}, t, h});
+      out.push_back({"rmsnorm_bwd", {"rmsnorm_bwd", bf16, bf16, {{"rows", t}, {"hidden", h}}}, t, h});
+    }
+    for (int64_t i : inters) {
+      out.push_back({"swiglu", {"swiglu", bf16, bf16, {{"rows", t}, {"intermediate", i}}}, t, i});
+      out.push_back({"swiglu_bwd", {"swiglu_bwd", bf16, bf16, {{"rows", t}, {"intermediate", i}}}, t, i});
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: bench_membound OUT.csv [--quick]\n");
+    return 2;
+  }
+  const bool quick = argc > 2 && std::strcmp(argv[2], "--quick") == 0;
+  auto created = kiln::Runtime::create();
+  if (!created) {
+    std::fprintf(stderr, "bench_membound: %s\n", created.error().message.c_str());
+    return 1;
+  }
+  kiln::Runtime& rt = **created;
+  kiln::Device* dev = rt.device();
+  if (!dev) {
+    std::printf("bench_membound: no GPU, nothing to time\n");
+    return 0;
+  }
+  std::FILE* csv = std::fopen(argv[1], "w");
+  if (!csv) {
+    std::perror(argv[1]);
+    return 1;
+  }
+  std::fprintf(csv, "label,rows,cols,bytes,Check,GB/s,GB/s_stddev,Time (ms)\n");
+  std::printf("%-18s %6s %6s %6s %9s %8s %9s\n", "label", "rows", "cols", "Check", "GB/s", "stddev", "ms");
+  std::mt19937_64 rng(std::random_device{}());
+  for (const Case& c : cases(quick)) {
+    const kiln::OpTemplate* op = *kiln::find_op(c.spec.op);
+    kiln::CheckOptions co;
+    co.sample_rows = 8;
+    auto check = kiln::check_on_device(rt, c.spec, co);
+    const bool pass = check && check->pass;
+    if (!check) std::fprintf(stderr, "%s: %s\n", c.label.c_str(), check.error().message.c_str());
+    else if (!pass) std::fprintf(stderr, "%s\n", kiln::format_report(*check).c_str());
+    auto kernel = rt.kernel(c.spec);
+    auto tensors = kiln::DeviceTensors::make(*dev, *op, op->with_defaults(c.spec), rng);
+    if (!kernel || !tensors) {
+      std::fprintf(stderr, "%s: cannot set up\n", c.label.c_str());
+      continue;
+    }
+    auto launch = [&] { return (*kernel)->launch(c.spec, tensors->pointers()); };
+    for (int i = 0; i < 5; ++i) (void)launch();
+    std::vector<double> ms;
+    for (int i = 0; i < 30; ++i) {
+      auto t = dev->time_ms(nullptr, launch);
+      if (t) ms.push_back(*t);
+    }
+    std::sort(ms.begin(), ms.end());
+    const double bytes = op->bytes(op->with_defaults(c.spec));
+    const double median = ms.empty() ? 0 : ms[ms.size() / 2];
+    double mean = 0, var = 0;
+    for (double m : ms) mean += bytes / (m * 1e6) / ms.size();
+    for (double m : ms) var += std::pow(bytes / (m * 1e6) - mean, 2) / ms.size();
+    const double gbs = pass && median > 0 ? bytes / (median * 1e6) : 0;  // a FAIL row counts as zero
+    std::fprintf(csv, "%s,%lld,%lld,%.0f,%s,%.1f,%.1f,%.4f\n", c.label.c_str(), (long long)c.rows, (long long)c.cols,
+                 bytes, pass ? "PASS" : "FAIL", gbs, std::sqrt(var), median);
+    std::printf("%-18s %6lld %6lld %6s %9.1f %8.1f %9.4f\n", c.label.c_str(), (long long)c.rows, (long long)c.cols,
+                pass ? "PASS" : "FAIL", gbs, std::sqrt(var), median);
+    std::fflush(stdout);
+  }
+  std::fclose(csv);
+  return 0;
+}
