@@ -79,12 +79,18 @@ class LoadedVariant {
       : compiled_(std::move(compiled)), device_(device) {}
   const CompiledKernelImpl& compiled() const { return *compiled_; }
   Result<const LoadedModule*> module(std::string_view kernel) const {
+    // The preferred entry point without a lock: loaded at construction, never removed.
+    if (const LoadedModule* first = first_.load(std::memory_order_acquire); first && kernel == first_name_) return first;
     std::lock_guard lock(mu_);
     for (const auto& [name, m] : modules_)
       if (name == kernel) return m.get();
     auto loaded = device_->load(compiled_->code(), std::string(kernel));
     if (!loaded) return loaded.take_error();
     modules_.emplace_back(std::string(kernel), std::move(loaded).value());
+    if (modules_.size() == 1) {
+      first_name_ = std::string(kernel);
+      first_.store(modules_.front().second.get(), std::memory_order_release);
+    }
     return modules_.back().second.get();
   }
   const LoadedModule& first_module() const { return *modules_.front().second; }
@@ -94,6 +100,8 @@ class LoadedVariant {
   DeviceImpl* device_;
   mutable std::mutex mu_;
   mutable std::vector<std::pair<std::string, std::unique_ptr<LoadedModule>>> modules_;
+  mutable std::string first_name_;  // written once, before first_ is published
+  mutable std::atomic<const LoadedModule*> first_{nullptr};
 };
 
 // Compiles and loads variant `index` of a kernel (a fallback, the first time a call needs it).
@@ -111,8 +119,14 @@ class KernelImpl final : public Kernel {
     tensor_count_ = tensors.size();
     for (const TensorInfo& t : tensors) tensor_names_ += (tensor_names_.empty() ? "" : ", ") + t.name;
     for (const ParamInfo& p : op_->params())
-      if (!p.baked) runtime_params_.push_back(&p);
-    for (const ScalarInfo& s : op_->scalars()) scalars_.push_back(&s);
+      if (!p.baked) {
+        runtime_params_.push_back(&p);
+        runtime_names_.emplace_back(p.name);
+      }
+    for (const ScalarInfo& s : op_->scalars()) {
+      scalars_.push_back(&s);
+      scalar_names_.emplace_back(s.name);
+    }
   }
   ~KernelImpl() override {
     if (workspace_) (void)device_->free(workspace_);
@@ -133,7 +147,7 @@ class KernelImpl final : public Kernel {
       return make_error(Errc::invalid_argument,
                         fmt::format("{} takes {} device buffers ({}), and optionally a workspace, got {}", op_->name(),
                                     tensor_count_, tensor_names_, buffers.size()));
-    KILN_ASSIGN_OR_RETURN(std::shared_ptr<const CachedPlans> plans, plans_for(call));
+    KILN_ASSIGN_OR_RETURN(const CachedPlans* plans, plans_for(call));
     // A call of size 0 launches nothing.
     if ((*plans)[0].launches.empty()) return ok();
     const std::span<void* const> tensors = buffers.first(tensor_count_);
@@ -166,7 +180,7 @@ class KernelImpl final : public Kernel {
     for (size_t i = 0; i < scalars_.size() && i < kMaxArgs; ++i) {
       scalar_values[i] = scalars_[i]->default_value;
       if (!scalars.empty())
-        if (auto it = scalars.find(std::string(scalars_[i]->name)); it != scalars.end()) scalar_values[i] = it->second;
+        if (auto it = scalars.find(scalar_names_[i]); it != scalars.end()) scalar_values[i] = it->second;
     }
     for (size_t li = 0; li < plan.launches.size(); ++li) {
       const Launch& l = plan.launches[li];
@@ -235,29 +249,39 @@ class KernelImpl final : public Kernel {
     std::vector<int64_t> sizes;
   };
 
-  Result<std::shared_ptr<const CachedPlans>> plans_for(const KernelSpec& call) const {
+  Result<const CachedPlans*> plans_for(const KernelSpec& call) const {
     int64_t sizes[kMaxArgs];
     size_t n = 0;
     for (const ParamInfo* p : runtime_params_) {
-      auto it = call.params.find(std::string(p->name));
+      auto it = call.params.find(runtime_names_[n]);
       if (it == call.params.end() || it->second < p->min_value || it->second > p->max_value)
         return make_error(Errc::invalid_argument, fmt::format("{}: the call needs runtime parameter '{}' in [{}, {}]",
                                                               op_->name(), p->name, p->min_value, p->max_value));
       sizes[n++] = it->second;
     }
-    std::shared_ptr<const CachedPlans> cached = std::atomic_load(&plans_);
-    if (cached && std::equal(cached->sizes.begin(), cached->sizes.end(), sizes, sizes + n)) return cached;
-    auto fresh = std::make_shared<CachedPlans>();
+    // The fast path: the plans of the last sizes, read through an atomic pointer (no lock, no
+    // reference count). Plans are immutable and live as long as the kernel.
+    if (const CachedPlans* last = last_plans_.load(std::memory_order_acquire);
+        last && std::equal(last->sizes.begin(), last->sizes.end(), sizes, sizes + n))
+      return last;
+    std::lock_guard lock(mu_);
+    for (const auto& known : all_plans_)
+      if (std::equal(known->sizes.begin(), known->sizes.end(), sizes, sizes + n)) {
+        last_plans_.store(known.get(), std::memory_order_release);
+        return known.get();
+      }
+    auto fresh = std::make_unique<CachedPlans>();
     fresh->sizes.assign(sizes, sizes + n);
     KernelSpec full = spec_;
-    for (size_t i = 0; i < n; ++i) full.params[std::string(runtime_params_[i]->name)] = sizes[i];
+    for (size_t i = 0; i < n; ++i) full.params[runtime_names_[i]] = sizes[i];
     for (const TileConfig& c : configs_) {
       Plan p = op_->plan(full, c);
       for (Launch& l : p.launches) l.geometry = fit(l.geometry);
       fresh->push_back(std::move(p));
     }
-    std::shared_ptr<const CachedPlans> out = fresh;
-    std::atomic_store(&plans_, out);
+    const CachedPlans* out = fresh.get();
+    all_plans_.push_back(std::move(fresh));
+    last_plans_.store(out, std::memory_order_release);
     return out;
   }
 
@@ -301,7 +325,9 @@ class KernelImpl final : public Kernel {
   std::string tensor_names_;
   std::vector<const ParamInfo*> runtime_params_;
   std::vector<const ScalarInfo*> scalars_;
-  mutable std::shared_ptr<const CachedPlans> plans_;
+  mutable std::atomic<const CachedPlans*> last_plans_{nullptr};
+  mutable std::vector<std::unique_ptr<CachedPlans>> all_plans_;  // every size seen (under mu_)
+  std::vector<std::string> runtime_names_, scalar_names_;
   mutable std::mutex mu_;
   mutable void* workspace_ = nullptr;
   mutable uint64_t workspace_bytes_ = 0;
