@@ -137,11 +137,12 @@ bool QuantizeFp8Op::serves(const TileConfig& config, std::span<void* const> buff
 
 std::string QuantizeFp8Op::specialize(const KernelSpec& spec, const TileConfig& c) const {
   const KernelSpec s = with_defaults(spec);
-  return fmt::format("constexpr int COLS = {};\n#define GRAN {}\n#define TRANSPOSE {}\n"
+  // GRAN, TRANSPOSE and VECTOR (VEC > 1) are macros: the template selects code with #if.
+  return fmt::format("constexpr int COLS = {};\n#define GRAN {}\n#define TRANSPOSE {}\n#define VECTOR {}\n"
                      "constexpr int THREADS = {}, VEC = {}, ITEMS = {};\n"
                      "typedef {} in_t;\ntypedef {} out_t;\n",
-                     s.param("cols"), s.param("granularity"), s.param("transpose"), c.at("THREADS"), c.at("VEC"),
-                     c.at("ITEMS"), device_type_name(s.dtype), device_type_name(s.out_dtype));
+                     s.param("cols"), s.param("granularity"), s.param("transpose"), c.at("VEC") > 1 ? 1 : 0,
+                     c.at("THREADS"), c.at("VEC"), c.at("ITEMS"), device_type_name(s.dtype), device_type_name(s.out_dtype));
 }
 
 Plan QuantizeFp8Op::plan(const KernelSpec& call, const TileConfig& c) const {
