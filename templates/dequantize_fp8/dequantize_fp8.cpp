@@ -22,7 +22,7 @@ std::vector<int64_t> rows_cols(const KernelSpec& s) { return {s.param("rows"), s
 const TensorDecl kSignature[] = {
     {"q", Role::input, DTypeRule::in, DType::f32, "[rows, cols]", rows_cols},
     {"scale", Role::input, DTypeRule::fixed, DType::f32,
-     "tensorwise [1]; rowwise [rows]; block1x128 [rows, ceil(cols/128)]; block128x128 [ceil(rows/128), ceil(cols/128)]",
+     "[1] | [rows] | [rows, ceil(cols/128)] | [ceil(rows/128), ceil(cols/128)] (tensorwise | rowwise | block1x128 | block128x128)",
      fp8_scale_shape},
     {"x", Role::output, DTypeRule::out, DType::f32, "[rows, cols]", rows_cols, nullptr, "float(q) * scale"},
 };

@@ -31,7 +31,7 @@ const TensorDecl kSignature[] = {
     {"x", Role::input, DTypeRule::in, DType::f32, "[rows, cols]", rows_cols},
     {"q", Role::output, DTypeRule::out, DType::f32, "[rows, cols]", rows_cols, nullptr, "fp8(x / scale)"},
     {"scale", Role::output, DTypeRule::fixed, DType::f32,
-     "tensorwise [1]; rowwise [rows]; block1x128 [rows, ceil(cols/128)]; block128x128 [ceil(rows/128), ceil(cols/128)]",
+     "[1] | [rows] | [rows, ceil(cols/128)] | [ceil(rows/128), ceil(cols/128)] (tensorwise | rowwise | block1x128 | block128x128)",
      fp8_scale_shape, nullptr, "amax / FP8_MAX per group (1 where amax = 0); x ~ float(q) * scale"},
     {"qt", Role::output, DTypeRule::out, DType::f32, "[cols, rows]", cols_rows, with_transpose,
      "x^T quantized with the same scales (with transpose=1)"},
@@ -79,7 +79,9 @@ std::string_view QuantizeFp8Op::device_template(const TileConfig&) const {
   return embedded_file("templates/quantize_fp8/quantize_fp8.kernel");
 }
 std::string_view QuantizeFp8Op::kernel_name(const TileConfig& c) const {
-  return c.at("TILED") ? "kiln_quantize_fp8_tiles" : "kiln_quantize_fp8_rows";
+  // An empty configuration (`kiln ops`) names the kernel of most granularities.
+  const auto tiled = c.find("TILED");
+  return tiled != c.end() && tiled->second == 0 ? "kiln_quantize_fp8_rows" : "kiln_quantize_fp8_tiles";
 }
 
 Result<void> QuantizeFp8Op::check(const KernelSpec& spec, const TargetInfo&) const {
