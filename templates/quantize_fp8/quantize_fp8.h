@@ -37,7 +37,7 @@ std::pair<DType, DType> fp8_test_formats(const TargetInfo& target);
 /// Kernels: tensorwise plans two launches (kiln_fp8_amax writes per-block amax partials into the
 /// workspace, then kiln_quantize_fp8_tiles, whose blocks each reduce the partials; block 0 writes
 /// scale). rowwise: one block per row (kiln_quantize_fp8_rows). block1x128, block128x128 and
-/// tensorwise: one block of 256 threads per 128x128 tile, each thread 8 rows x 8 columns; 1x128
+/// tensorwise: one block of 512 threads per 128x128 tile, each thread 4 rows x 8 columns; 1x128
 /// groups reduce over 16 lanes with shfl_xor (wave32 and wave64 alike), 128x128 over the block;
 /// the transposed output goes through an LDS transpose of the tile.
 /// Variants: 16-byte loads when cols % 8 == 0 and x, q, qt are 16-byte aligned; else scalar.
