@@ -1,7 +1,9 @@
 // Op templates: validation, tensors, geometry, and CPU references on hand-computed cases.
 #include <cmath>
+#include <limits>
 #include <set>
 
+#include "templates/quantize_fp8/quantize_fp8.h"
 #include "templates/registry.h"
 #include "test_util.h"
 
@@ -205,6 +207,188 @@ TEST(DTypes, ConversionsRoundToNearestEven) {
   auto bad = parse_dtype("bf17");
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.error().message, "unknown dtype 'bf17'; use one of: fp32, fp16, bf16, fp8_e4m3, fp8_e5m2, fp8_e4m3fnuz, fp8_e5m2fnuz, int32, int64");
+}
+
+
+// quantize_fp8 and dequantize_fp8 references on hand-computed cases: scales that are powers of two
+// (so 1 / scale is exact), a rounding tie, saturation, zero groups and the transposed output.
+TEST(Templates, QuantizeFp8ReferenceByHand) {
+  const OpTemplate* quant = *find_op("quantize_fp8");
+  auto spec = [](DType fp8, int64_t rows, int64_t cols, int64_t g, int64_t t = 0) {
+    return KernelSpec{"quantize_fp8", DType::f32, fp8, {{"rows", rows}, {"cols", cols}, {"granularity", g}, {"transpose", t}}};
+  };
+  std::vector<RefOutput> refs;
+  // Tensorwise: amax 896 = 2 * 448: scale 2, q = x / 2, 448 the largest e4m3 value.
+  std::vector<std::vector<float>> x = {{1, -2, 896}};
+  quant->reference(spec(DType::e4m3, 1, 3, kTensorwise), {}, x, {}, refs);
+  ASSERT_EQ(refs.size(), 2u);
+  EXPECT_EQ(refs[0].values, (std::vector<double>{0.5, -1, 448}));
+  EXPECT_EQ(refs[1].values, (std::vector<double>{2}));
+  // The same in the other formats: FNUZ e4m3 (max 240) and e5m2 (max 57344).
+  x = {{1, -2, 480}};
+  quant->reference(spec(DType::e4m3fnuz, 1, 3, kTensorwise), {}, x, {}, refs);
+  EXPECT_EQ(refs[0].values, (std::vector<double>{0.5, -1, 240}));
+  EXPECT_EQ(refs[1].values, (std::vector<double>{2}));
+  x = {{1, -2, 114688}};
+  for (DType t : {DType::e5m2, DType::e5m2fnuz}) {
+    quant->reference(spec(t, 1, 3, kTensorwise), {}, x, {}, refs);
+    EXPECT_EQ(refs[0].values, (std::vector<double>{0.5, -1, 57344})) << dtype_name(t);
+  }
+  // Rowwise: a row of zeros has scale 1 and zero codes.
+  x = {{1, -2, 896, 0, 0, 0}};
+  quant->reference(spec(DType::e4m3, 2, 3, kRowwise), {}, x, {}, refs);
+  EXPECT_EQ(refs[0].values, (std::vector<double>{0.5, -1, 448, 0, 0, 0}));
+  EXPECT_EQ(refs[1].values, (std::vector<double>{2, 1}));
+  // Rows sampled: q and the rowwise scales of row 1 only.
+  const int64_t row1[] = {1};
+  quant->reference(spec(DType::e4m3, 2, 3, kRowwise), {}, x, row1, refs);
+  EXPECT_EQ(refs[0].rows, (std::vector<int64_t>{1}));
+  EXPECT_EQ(refs[0].values, (std::vector<double>{0, 0, 0}));
+  EXPECT_EQ(refs[1].values, (std::vector<double>{1}));
+  // block1x128, cols 130: 128 ones (amax 1: scale 1/448, 1 * inv saturates at 448), then a group
+  // of two columns with amax 448 (scale 1).
+  std::vector<float> row(128, 1.0f);
+  row.push_back(224);
+  row.push_back(-448);
+  x = {row};
+  quant->reference(spec(DType::e4m3, 1, 130, kBlock1x128), {}, x, {}, refs);
+  std::vector<double> want(128, 448.0);
+  want.push_back(224);
+  want.push_back(-448);
+  EXPECT_EQ(refs[0].values, want);
+  EXPECT_EQ(refs[1].values, (std::vector<double>{1.0f / 448.0f, 1}));
+  // block128x128 with the transpose: amax 3.5 = 448 / 128, scale 2^-7, inv 128. 2.625 * 128 = 336
+  // is a tie between 320 (mantissa 010) and 352 (011): even, 320. 0.3 * 128 = 38.4 -> 40.
+  x = {{1, 2.625f, -3.5f, 0.3f}};
+  quant->reference(spec(DType::e4m3, 2, 2, kBlock128x128, 1), {}, x, {}, refs);
+  ASSERT_EQ(refs.size(), 3u);
+  EXPECT_EQ(refs[0].values, (std::vector<double>{128, 320, -448, 40}));
+  EXPECT_EQ(refs[1].values, (std::vector<double>{1.0 / 128}));
+  EXPECT_EQ(refs[2].values, (std::vector<double>{128, -448, 320, 40}));
+  // Scale shapes.
+  EXPECT_EQ(fp8_scale_shape(spec(DType::e4m3, 300, 129, kBlock1x128)), (std::vector<int64_t>{300, 2}));
+  EXPECT_EQ(fp8_scale_shape(spec(DType::e4m3, 300, 129, kBlock128x128)), (std::vector<int64_t>{3, 2}));
+  EXPECT_EQ(fp8_scale_shape(spec(DType::e4m3, 300, 129, kRowwise)), (std::vector<int64_t>{300}));
+
+  // Dequantize: x = float(q) * scale, each element with its group's scale.
+  const OpTemplate* dequant = *find_op("dequantize_fp8");
+  KernelSpec d{"dequantize_fp8", DType::e4m3, DType::f32, {{"rows", 1}, {"cols", 130}, {"granularity", kBlock1x128}}};
+  std::vector<float> q(130, 2.0f);
+  std::vector<std::vector<float>> in = {q, {0.5f, 4.0f}};
+  dequant->reference(d, {}, in, {}, refs);
+  ASSERT_EQ(refs.size(), 1u);
+  std::vector<double> deq(128, 1.0);
+  deq.push_back(8);
+  deq.push_back(8);
+  EXPECT_EQ(refs[0].values, deq);
+}
+
+TEST(Templates, QuantizeFp8RefusesTransposeWithPerRowScales) {
+  const OpTemplate* quant = *find_op("quantize_fp8");
+  for (int64_t g : {kRowwise, kBlock1x128}) {
+    KernelSpec s{"quantize_fp8", DType::bf16, DType::e4m3, {{"rows", 4}, {"cols", 256}, {"granularity", g}, {"transpose", 1}}};
+    auto r = quant->validate(s, target("sm_90a"));
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.error().message.find("tensorwise or block128x128"), std::string::npos) << r.error().message;
+    s.params["transpose"] = 0;
+    EXPECT_TRUE(quant->validate(s, target("sm_90a")).ok());
+  }
+  // Named choices in the range error; OCP refused on gfx942.
+  KernelSpec s{"quantize_fp8", DType::bf16, DType::e4m3, {{"rows", 4}, {"cols", 256}, {"granularity", 4}}};
+  auto r = quant->validate(s, target("sm_90a"));
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("block128x128 (3)"), std::string::npos) << r.error().message;
+  s.params["granularity"] = kRowwise;
+  EXPECT_FALSE(quant->validate(s, target("gfx942")).ok());
+  s.out_dtype = DType::e4m3fnuz;
+  EXPECT_TRUE(quant->validate(s, target("gfx942")).ok());
+  s.params["cols"] = 65537;
+  r = quant->validate(s, target("gfx942"));
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("block1x128"), std::string::npos) << r.error().message;
+}
+
+// float_to_fp8_bits: the host encoder behind every fp8 reference and every fp8 input.
+TEST(DTypes, Fp8EncoderRoundsToNearestEvenAndSaturates) {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  struct Case {
+    float value;
+    uint8_t code;
+    const char* why;
+  };
+  auto check = [](DType t, std::initializer_list<Case> cases) {
+    for (const Case& c : cases)
+      EXPECT_EQ(int(float_to_fp8_bits(c.value, t)), int(c.code)) << dtype_name(t) << ": " << c.why << " (" << c.value << ")";
+  };
+  // OCP e4m3 (e4m3fn): bias 7, 3 mantissa bits, max 448 = 0x7e, NaN 0x7f, subnormal quantum 2^-9.
+  check(DType::e4m3, {{1.0f, 0x38, "one"},
+                      {448, 0x7e, "max"},
+                      {464, 0x7e, "halfway to the next binade: saturates"},
+                      {1e6f, 0x7e, "overflow: satfinite"},
+                      {inf, 0x7e, "+inf: satfinite"},
+                      {-inf, 0xfe, "-inf: satfinite"},
+                      {nan, 0x7f, "NaN"},
+                      {0.0f, 0x00, "+0"},
+                      {-0.0f, 0x80, "-0 keeps its sign"},
+                      {std::ldexp(1.0f, -6), 0x08, "smallest normal"},
+                      {std::ldexp(1.0f, -9), 0x01, "smallest subnormal"},
+                      {-std::ldexp(1.0f, -9), 0x81, "negative smallest subnormal"},
+                      {std::ldexp(1.0f, -10), 0x00, "tie between 0 and the smallest subnormal: even (0)"},
+                      {-std::ldexp(1.0f, -10), 0x80, "negative tie to zero: -0"},
+                      {std::ldexp(3.0f, -10), 0x02, "tie between subnormal codes 1 and 2: even (2)"},
+                      {std::ldexp(0.6f, -9), 0x01, "above half a quantum: rounds up"},
+                      {1.0625f, 0x38, "tie between 1 and 1.125: even (1)"},
+                      {1.1875f, 0x3a, "tie between 1.125 and 1.25: even (1.25)"},
+                      {1.07f, 0x39, "above the tie: 1.125"},
+                      {-3.0f, 0xc4, "negative normal"}});
+  // OCP e5m2: bias 15, 2 mantissa bits, max 57344 = 0x7b, infinities 0x7c, subnormal quantum 2^-16.
+  check(DType::e5m2, {{1.0f, 0x3c, "one"},
+                      {57344, 0x7b, "max"},
+                      {61440, 0x7b, "halfway to the next binade: saturates, not inf"},
+                      {inf, 0x7b, "+inf: satfinite"},
+                      {-inf, 0xfb, "-inf: satfinite"},
+                      {-0.0f, 0x80, "-0"},
+                      {std::ldexp(1.0f, -16), 0x01, "smallest subnormal"},
+                      {std::ldexp(1.0f, -17), 0x00, "tie to zero: even"},
+                      {std::ldexp(1.0f, -14), 0x04, "smallest normal"},
+                      {1.125f, 0x3c, "tie between 1 and 1.25: even (1)"},
+                      {1.375f, 0x3e, "tie between 1.25 and 1.5: even (1.5)"}});
+  EXPECT_TRUE(std::isnan(fp8_bits_to_float(float_to_fp8_bits(nan, DType::e5m2), DType::e5m2)));
+  // FNUZ e4m3: bias 8, max 240 = 0x7f, NaN 0x80, no -0, subnormal quantum 2^-10.
+  check(DType::e4m3fnuz, {{1.0f, 0x40, "one"},
+                          {240, 0x7f, "max"},
+                          {1e6f, 0x7f, "overflow: satfinite"},
+                          {-inf, 0xff, "-inf: satfinite"},
+                          {nan, 0x80, "NaN"},
+                          {-0.0f, 0x00, "no -0 in FNUZ"},
+                          {-std::ldexp(1.0f, -11), 0x00, "negative tie to zero: +0 in FNUZ"},
+                          {std::ldexp(1.0f, -10), 0x01, "smallest subnormal"},
+                          {-std::ldexp(1.0f, -10), 0x81, "negative smallest subnormal"},
+                          {1.0625f, 0x40, "tie: even"}});
+  // FNUZ e5m2: bias 16, max 57344 = 0x7f, NaN 0x80, subnormal quantum 2^-17.
+  check(DType::e5m2fnuz, {{1.0f, 0x40, "one"},
+                          {57344, 0x7f, "max"},
+                          {inf, 0x7f, "+inf: satfinite"},
+                          {nan, 0x80, "NaN"},
+                          {-0.0f, 0x00, "no -0 in FNUZ"},
+                          {std::ldexp(1.0f, -17), 0x01, "smallest subnormal"},
+                          {std::ldexp(1.0f, -18), 0x00, "tie to zero: even"},
+                          {1.375f, 0x42, "tie between 1.25 and 1.5: even (1.5)"}});
+  EXPECT_EQ(fp8_max(DType::e4m3), 448.0);
+  EXPECT_EQ(fp8_max(DType::e5m2), 57344.0);
+  EXPECT_EQ(fp8_max(DType::e4m3fnuz), 240.0);
+  EXPECT_EQ(fp8_max(DType::e5m2fnuz), 57344.0);
+  EXPECT_TRUE(std::isnan(fp8_bits_to_float(0x7f, DType::e4m3)));
+  EXPECT_TRUE(std::isnan(fp8_bits_to_float(0x80, DType::e4m3fnuz)));
+  EXPECT_EQ(fp8_bits_to_float(0x7c, DType::e5m2), inf);
+  // Every finite code decodes and encodes back to itself.
+  for (DType t : {DType::e4m3, DType::e5m2, DType::e4m3fnuz, DType::e5m2fnuz})
+    for (int b = 0; b < 256; ++b) {
+      const float v = fp8_bits_to_float(static_cast<uint8_t>(b), t);
+      if (!std::isfinite(v)) continue;
+      EXPECT_EQ(int(float_to_fp8_bits(v, t)), b) << dtype_name(t) << " code " << b;
+      EXPECT_EQ(round_to_dtype(v, t), v);
+    }
 }
 
 }  // namespace

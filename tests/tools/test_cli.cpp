@@ -388,6 +388,21 @@ TEST_F(CliTest, InspectSource) {
   EXPECT_EQ(cache_files(), 0u);  // source needs no compile
 }
 
+// An enumerated parameter takes its value's name (granularity=block1x128) or its number.
+TEST_F(CliTest, ParamsTakeTheNamesOfEnumeratedValues) {
+  const std::vector<std::string> rest = {"--dtype", "bf16", "--out-dtype", "fp8_e4m3", "--arch", "sm_90a", "--emit", "source"};
+  for (const char* value : {"granularity=block1x128", "granularity=2"}) {
+    std::vector<std::string> args = {"inspect", "quantize_fp8", "--param", std::string("rows=4,cols=256,") + value};
+    args.insert(args.end(), rest.begin(), rest.end());
+    Output o = kiln(args);
+    ASSERT_EQ(o.code, 0) << value << ": " << o.err;
+    EXPECT_NE(o.out.find("#define GRAN 2"), std::string::npos) << value;
+  }
+  std::vector<std::string> bad = {"inspect", "quantize_fp8", "--param", "rows=4,cols=256,granularity=blocky"};
+  bad.insert(bad.end(), rest.begin(), rest.end());
+  expect_one_error_line(kiln(bad), {"granularity=blocky", "tensorwise, rowwise, block1x128, block128x128"});
+}
+
 TEST_F(CliTest, InspectMetaShowsResourcesAndTheCacheEntry) {
   KILN_REQUIRE_LLVM();  // prewarms or inspects gfx942
   for (const char* arch : {"gfx942", "sm_90a"}) {

@@ -94,15 +94,28 @@ Result<KernelSpec> make_spec(const SpecOptions& o) {
                         fmt::format("--param '{}': write NAME=VALUE; {} takes: {}", kv, o.op, names));
     const std::string name = kv.substr(0, eq), text = kv.substr(eq + 1);
     int64_t value = 0;
-    if (text == "true") {
+    // An enumerated parameter takes the name of a value (granularity=rowwise) as well as its number.
+    const ParamInfo* info = nullptr;
+    for (const ParamInfo& p : op->params())
+      if (p.name == name) info = &p;
+    const std::span<const std::string_view> choices = info ? info->choices : std::span<const std::string_view>{};
+    if (auto c = std::find(choices.begin(), choices.end(), text); c != choices.end()) {
+      value = c - choices.begin();
+    } else if (text == "true") {
       value = 1;
     } else if (text == "false") {
       value = 0;
     } else {
       auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-      if (ec != std::errc() || end != text.data() + text.size() || text.empty())
+      if (ec != std::errc() || end != text.data() + text.size() || text.empty()) {
+        std::string names;
+        if (info)
+          for (std::string_view c : info->choices) names += fmt::format("{}{}", names.empty() ? "" : ", ", c);
         return make_error(Errc::invalid_argument,
-                          fmt::format("--param '{}': the value must be an integer, true or false", kv));
+                          names.empty() ? fmt::format("--param '{}': the value must be an integer, true or false", kv)
+                                        : fmt::format("--param '{}': the value must be one of: {} (or its number)", kv,
+                                                      names));
+      }
     }
     if (spec.params.count(name))
       return make_error(Errc::invalid_argument, fmt::format("--param '{}': '{}' is given twice", kv, name));

@@ -1,0 +1,288 @@
+#include "templates/quantize_fp8/quantize_fp8.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "support/embedded.h"
+
+namespace kiln {
+namespace {
+constexpr std::string_view kGranularities[] = {"tensorwise", "rowwise", "block1x128", "block128x128"};
+const ParamInfo kParams[] = {
+    {"rows", "rows (tokens); a runtime argument, not baked; 0 is a no-op", false, false, 0, (int64_t{1} << 31) - 1},
+    {"cols", "columns (the last dimension)", true, false, 1, int64_t{1} << 22},
+    {"granularity", "what one fp32 scale covers: the tensor, a row, 1x128 or 128x128 elements", true, false, 0, 3,
+     kGranularities},
+    {"transpose", "also write qt = quantized x^T [cols, rows] (tensorwise and block128x128; default 0)", true, true, 0, 1,
+     {}, 0},
+};
+const DType kDTypes[] = {DType::bf16, DType::f16, DType::f32};
+constexpr int64_t kTileThreads = 512;  // one 128x128 tile: 16 lanes x 8 columns, 32 x 4 rows
+constexpr int64_t kMaxPartials = 256;  // tensorwise: amax partials (blocks of kiln_fp8_amax)
+constexpr int64_t kAmaxThreads = 256;
+constexpr int64_t kRowwiseMaxCols = 65536;
+
+std::vector<int64_t> rows_cols(const KernelSpec& s) { return {s.param("rows"), s.param("cols")}; }
+std::vector<int64_t> cols_rows(const KernelSpec& s) { return {s.param("cols"), s.param("rows")}; }
+bool with_transpose(const KernelSpec& s) { return s.param("transpose") != 0; }
+const TensorDecl kSignature[] = {
+    {"x", Role::input, DTypeRule::in, DType::f32, "[rows, cols]", rows_cols},
+    {"q", Role::output, DTypeRule::out, DType::f32, "[rows, cols]", rows_cols, nullptr, "fp8(x / scale)"},
+    {"scale", Role::output, DTypeRule::fixed, DType::f32,
+     "[1] | [rows] | [rows, ceil(cols/128)] | [ceil(rows/128), ceil(cols/128)] (tensorwise | rowwise | block1x128 | block128x128)",
+     fp8_scale_shape, nullptr, "amax / FP8_MAX per group (1 where amax = 0); x ~ float(q) * scale"},
+    {"qt", Role::output, DTypeRule::out, DType::f32, "[cols, rows]", cols_rows, with_transpose,
+     "x^T quantized with the same scales (with transpose=1)"},
+};
+
+// The amax partial blocks of a tensorwise call: each thread of kiln_fp8_amax reads about 8
+// accesses or more, at most kMaxPartials blocks (every quantize block reduces them).
+int64_t amax_partials(int64_t rows, int64_t cols, int64_t vec) {
+  const int64_t accesses = rows * cols / vec;
+  return std::clamp<int64_t>(ceil_div(accesses, kAmaxThreads * 8), 1, kMaxPartials);
+}
+}  // namespace
+
+std::span<const std::string_view> fp8_granularity_names() { return kGranularities; }
+
+std::vector<int64_t> fp8_scale_shape(const KernelSpec& s) {
+  const int64_t rows = s.param("rows"), cols = s.param("cols");
+  switch (s.param("granularity")) {
+    case kTensorwise: return {1};
+    case kRowwise: return {rows};
+    case kBlock1x128: return {rows, ceil_div(cols, 128)};
+    default: return {ceil_div(rows, 128), ceil_div(cols, 128)};
+  }
+}
+
+int64_t fp8_scale_index(int64_t granularity, int64_t cols, int64_t r, int64_t c) {
+  switch (granularity) {
+    case kTensorwise: return 0;
+    case kRowwise: return r;
+    case kBlock1x128: return r * ceil_div(cols, 128) + c / 128;
+    default: return r / 128 * ceil_div(cols, 128) + c / 128;
+  }
+}
+
+std::pair<DType, DType> fp8_test_formats(const TargetInfo& target) {
+  if (target.name == "gfx942") return {DType::e4m3fnuz, DType::e5m2fnuz};
+  return {DType::e4m3, DType::e5m2};
+}
+
+std::span<const ParamInfo> QuantizeFp8Op::params() const { return kParams; }
+std::span<const DType> QuantizeFp8Op::dtypes() const { return kDTypes; }
+bool QuantizeFp8Op::supports_out_dtype(DType in, DType out) const { return is_float16_or_32(in) && is_fp8(out); }
+std::span<const TensorDecl> QuantizeFp8Op::signature() const { return kSignature; }
+std::string_view QuantizeFp8Op::device_template(const TileConfig&) const {
+  return embedded_file("templates/quantize_fp8/quantize_fp8.kernel");
+}
+std::string_view QuantizeFp8Op::kernel_name(const TileConfig& c) const {
+  // An empty configuration (`kiln ops`) names the kernel of most granularities.
+  const auto tiled = c.find("TILED");
+  return tiled != c.end() && tiled->second == 0 ? "kiln_quantize_fp8_rows" : "kiln_quantize_fp8_tiles";
+}
+
+Result<void> QuantizeFp8Op::check(const KernelSpec& spec, const TargetInfo&) const {
+  const KernelSpec s = with_defaults(spec);
+  const int64_t g = s.param("granularity");
+  if (s.param("transpose") && (g == kRowwise || g == kBlock1x128))
+    return make_error(Errc::invalid_argument,
+                      fmt::format("quantize_fp8: transpose=1 needs a scale shared by the rows and the columns of x "
+                                  "(granularity tensorwise or block128x128); with {} the scales of x^T would differ "
+                                  "from those of x: quantize x^T with its own call instead",
+                                  kGranularities[g]));
+  if (g == kRowwise && s.param("cols") > kRowwiseMaxCols)
+    return make_error(Errc::invalid_argument,
+                      fmt::format("quantize_fp8: rowwise keeps a row in registers: cols = {} must be at most {}; use "
+                                  "block1x128 for longer rows",
+                                  s.param("cols"), kRowwiseMaxCols));
+  return ok();
+}
+
+std::vector<TileConfig> QuantizeFp8Op::variants(const KernelSpec& spec, const TargetInfo& target) const {
+  const KernelSpec s = with_defaults(spec);
+  const int64_t cols = s.param("cols");
+  const int64_t vec = 16 / static_cast<int64_t>(dtype_size(s.dtype));
+  std::vector<TileConfig> out;
+  for (int64_t v : {vec, int64_t{1}}) {
+    if (v > 1 && cols % 8 != 0) continue;  // whole 8-element chunks: 16-byte loads, 8-byte fp8 stores
+    if (s.param("granularity") == kRowwise) {
+      // One block per row; each thread ITEMS chunks of 8 elements, about 4 chunks per thread.
+      const int64_t chunks = ceil_div(cols, 8);
+      const int64_t threads =
+          std::clamp<int64_t>(round_up(ceil_div(chunks, 4), target.wave_size), target.wave_size, 1024);
+      out.push_back({{"TILED", 0}, {"THREADS", threads}, {"VEC", v}, {"ITEMS", ceil_div(chunks, threads)}});
+    } else {
+      out.push_back({{"TILED", 1}, {"THREADS", kTileThreads}, {"VEC", v}, {"ITEMS", 1}});
+    }
+  }
+  return out;
+}
+
+TileConfig QuantizeFp8Op::choose_config(const KernelSpec& spec, const TargetInfo& target) const {
+  return variants(spec, target).front();
+}
+
+bool QuantizeFp8Op::serves(const TileConfig& config, std::span<void* const> buffers, std::string* why) const {
+  if (config.at("VEC") == 1) return true;
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    if (i == 2) continue;  // scale: scalar accesses
+    if (reinterpret_cast<uintptr_t>(buffers[i]) % 16 != 0) {
+      if (why) *why = "a tensor base (x, q or qt) is not 16-byte aligned";
+      return false;
+    }
+  }
+  return true;
+}
+
+std::string QuantizeFp8Op::specialize(const KernelSpec& spec, const TileConfig& c) const {
+  const KernelSpec s = with_defaults(spec);
+  // GRAN, TRANSPOSE and VECTOR (VEC > 1) are macros: the template selects code with #if.
+  return fmt::format("constexpr int COLS = {};\n#define GRAN {}\n#define TRANSPOSE {}\n#define VECTOR {}\n"
+                     "constexpr int THREADS = {}, VEC = {}, ITEMS = {};\n"
+                     "typedef {} in_t;\ntypedef {} out_t;\n",
+                     s.param("cols"), s.param("granularity"), s.param("transpose"), c.at("VEC") > 1 ? 1 : 0,
+                     c.at("THREADS"), c.at("VEC"), c.at("ITEMS"), device_type_name(s.dtype), device_type_name(s.out_dtype));
+}
+
+Plan QuantizeFp8Op::plan(const KernelSpec& call, const TileConfig& c) const {
+  Plan p;
+  const int64_t rows = call.param("rows"), cols = call.param("cols"), g = call.param("granularity");
+  if (rows == 0) return p;
+  const bool transpose = call.param("transpose") != 0;
+  if (!c.at("TILED")) {
+    LaunchGeometry geo;
+    geo.grid.x = static_cast<uint32_t>(rows);
+    geo.block.x = static_cast<uint32_t>(c.at("THREADS"));
+    p.launches.push_back(single_launch(call, c, geo));
+    return p;
+  }
+  // Tensors: 0 x, 1 q, 2 scale, 3 qt (with transpose).
+  Launch tiles;
+  tiles.kernel = "kiln_quantize_fp8_tiles";
+  tiles.geometry.grid.x = static_cast<uint32_t>(ceil_div(rows, 128));
+  tiles.geometry.grid.y = static_cast<uint32_t>(ceil_div(cols, 128));
+  tiles.geometry.block.x = static_cast<uint32_t>(kTileThreads);
+  for (uint32_t i = 0; i < (transpose ? 4u : 3u); ++i) tiles.args.push_back(KernelArg::tensor(i));
+  if (g == kTensorwise) {
+    const int64_t partials = amax_partials(rows, cols, c.at("VEC"));
+    Launch amax;
+    amax.kernel = "kiln_fp8_amax";
+    amax.geometry.grid.x = static_cast<uint32_t>(partials);
+    amax.geometry.block.x = static_cast<uint32_t>(kAmaxThreads);
+    amax.args = {KernelArg::tensor(0), KernelArg::workspace(0), KernelArg::i32(rows), KernelArg::i32(partials)};
+    p.launches.push_back(amax);
+    tiles.args.push_back(KernelArg::workspace(0));
+    tiles.args.push_back(KernelArg::i32(rows));
+    tiles.args.push_back(KernelArg::i32(partials));
+    p.workspace_bytes = static_cast<uint64_t>(kMaxPartials) * sizeof(float);
+  } else {
+    tiles.args.push_back(KernelArg::i32(rows));
+  }
+  p.launches.push_back(tiles);
+  return p;
+}
+
+void QuantizeFp8Op::init_inputs(const KernelSpec& spec, std::span<const TensorInfo> inputs,
+                                std::vector<std::vector<float>>& values, std::mt19937_64& rng) const {
+  // Uniform in [-1, 1] (magnitudes below 2^-8 raised to 2^-8), row r scaled by 2^(r % 5) and
+  // 128-column block b by 2^-(b % 3), so that rowwise and block scales differ between groups.
+  OpTemplate::init_inputs(spec, inputs, values, rng);
+  const int64_t cols = spec.param("cols");
+  std::vector<float>& x = values.at(0);
+  for (size_t i = 0; i < x.size(); ++i) {
+    const int64_t r = static_cast<int64_t>(i) / cols, c = static_cast<int64_t>(i) % cols;
+    // |x| >= 2^-8 first, so that the scaled value is never a zero or a subnormal of fp16.
+    const float v = std::fabs(x[i]) < 1.0f / 256 ? std::copysign(1.0f / 256, x[i]) : x[i];
+    x[i] = round_to_dtype(std::ldexp(v, static_cast<int>(r % 5 - (c / 128) % 3)), inputs[0].dtype);
+  }
+}
+
+void QuantizeFp8Op::reference(const KernelSpec& spec, const Scalars&, std::span<const std::vector<float>> inputs,
+                              std::span<const int64_t> sample, std::vector<RefOutput>& outputs) const {
+  const KernelSpec s = with_defaults(spec);
+  const int64_t rows = s.param("rows"), cols = s.param("cols"), g = s.param("granularity");
+  const bool transpose = with_transpose(s);
+  const DType fp8 = s.out_dtype;
+  const float fp8_max_f = static_cast<float>(fp8_max(fp8));
+  const std::vector<float>& x = inputs[0];
+  int64_t groups = 1;
+  for (int64_t d : fp8_scale_shape(s)) groups *= d;
+  // fp32, as the kernels compute it: amax, scale = amax / FP8_MAX (1 for amax 0), inv = 1 / scale.
+  std::vector<float> amax(static_cast<size_t>(groups), 0.0f), scale(amax.size()), inv(amax.size());
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      float& m = amax[static_cast<size_t>(fp8_scale_index(g, cols, r, c))];
+      m = std::fmax(m, std::fabs(x[static_cast<size_t>(r * cols + c)]));
+    }
+  for (size_t i = 0; i < amax.size(); ++i) {
+    scale[i] = amax[i] == 0.0f ? 1.0f : amax[i] / fp8_max_f;
+    inv[i] = 1.0f / scale[i];
+  }
+  auto quantize = [&](int64_t r, int64_t c) -> double {
+    const float v = x[static_cast<size_t>(r * cols + c)] * inv[static_cast<size_t>(fp8_scale_index(g, cols, r, c))];
+    return fp8_bits_to_float(float_to_fp8_bits(v, fp8), fp8);
+  };
+  outputs.assign(transpose ? 3 : 2, {});
+  std::vector<int64_t> rs(sample.begin(), sample.end());
+  if (rs.empty())
+    for (int64_t r = 0; r < rows; ++r) rs.push_back(r);
+  RefOutput& q = outputs[0];
+  q.rows = sample.empty() ? std::vector<int64_t>{} : rs;
+  for (int64_t r : rs)
+    for (int64_t c = 0; c < cols; ++c) q.values.push_back(quantize(r, c));
+  RefOutput& sc = outputs[1];
+  if ((g == kRowwise || g == kBlock1x128) && !sample.empty()) {
+    sc.rows = rs;
+    const int64_t per_row = g == kRowwise ? 1 : ceil_div(cols, 128);
+    for (int64_t r : rs)
+      for (int64_t b = 0; b < per_row; ++b) sc.values.push_back(scale[static_cast<size_t>(r * per_row + b)]);
+  } else {
+    sc.values.assign(scale.begin(), scale.end());
+  }
+  if (transpose)
+    for (int64_t c = 0; c < cols; ++c)
+      for (int64_t r = 0; r < rows; ++r) outputs[2].values.push_back(quantize(r, c));
+}
+
+Gate QuantizeFp8Op::gate(const KernelSpec& spec, const TensorInfo& output) const {
+  if (output.name != "scale") return Gate::for_dtype(output.dtype);
+  // The scales are defined in fp32 with IEEE divisions: bitwise equal.
+  Gate g;
+  g.atol = g.rtol = 0;
+  g.max_rel_fro = -1;
+  return g;
+}
+
+std::vector<TestSpec> QuantizeFp8Op::test_specs(const TargetInfo& target) const {
+  const auto [e4, e5] = fp8_test_formats(target);
+  std::vector<TestSpec> out;
+  auto add = [&](DType in, DType fp8, int64_t rows, int64_t cols, int64_t g, int64_t t, std::string_view why) {
+    out.push_back(
+        {{"quantize_fp8", in, fp8, {{"rows", rows}, {"cols", cols}, {"granularity", g}, {"transpose", t}}}, why});
+  };
+  const DType bf16 = DType::bf16, f16 = DType::f16, f32 = DType::f32;
+  add(bf16, e4, 3, 300, kTensorwise, 0, "tensorwise, cols 300 (vector loads, tail tile)");
+  add(bf16, e4, 3, 4096, kRowwise, 0, "rowwise, cols 4096");
+  add(bf16, e4, 130, 256, kBlock1x128, 0, "block1x128, rows 130");
+  add(bf16, e4, 130, 300, kBlock128x128, 0, "block128x128, tails in rows and cols");
+  add(bf16, e4, 130, 256, kTensorwise, 1, "tensorwise, transpose, rows 130 (scalar qt stores)");
+  add(bf16, e5, 136, 256, kBlock128x128, 1, "block128x128, transpose, rows 136 (8-byte qt stores)");
+  add(bf16, e5, 130, 129, kBlock128x128, 1, "block128x128, transpose, cols 129 (scalar variant)");
+  add(f16, e5, 1, 1, kTensorwise, 0, "tensorwise, 1x1");
+  add(f16, e5, 3, 7, kRowwise, 0, "rowwise, cols 7 (scalar variant)");
+  add(f16, e4, 1, 129, kBlock1x128, 0, "block1x128, cols 129");
+  add(f16, e5, 1, 128, kBlock128x128, 0, "block128x128, rows 1");
+  add(f32, e5, 130, 128, kTensorwise, 0, "tensorwise fp32, rows 130");
+  add(f32, e4, 1, 300, kRowwise, 0, "rowwise fp32, cols 300 (scalar variant)");
+  add(f32, e5, 3, 300, kBlock1x128, 0, "block1x128 fp32, cols 300");
+  add(f32, e4, 130, 256, kBlock128x128, 0, "block128x128 fp32");
+  add(f32, e4, 3, 7, kBlock128x128, 1, "block128x128 fp32, transpose, 3x7");
+  add(bf16, e4, 0, 128, kTensorwise, 0, "0 rows: a no-op");
+  add(bf16, e4, 0, 128, kBlock128x128, 1, "0 rows, transpose: a no-op");
+  return out;
+}
+
+}  // namespace kiln

@@ -1,0 +1,73 @@
+// quantize_fp8: bf16/fp16/fp32 -> fp8 (e4m3 or e5m2; OCP on sm_90a/gfx950, FNUZ on gfx942) with fp32
+// scales, tensorwise, rowwise or blockwise (1x128 for activations, 128x128 for weights, as DeepGEMM
+// and Primus-Turbo use them), and an optional transposed fp8 output for the wgrad GEMM.
+#pragma once
+
+#include "templates/op_template.h"
+
+namespace kiln {
+
+/// Values of the `granularity` parameter of quantize_fp8 and dequantize_fp8.
+enum Fp8Granularity : int64_t { kTensorwise = 0, kRowwise = 1, kBlock1x128 = 2, kBlock128x128 = 3 };
+/// Their names, in value order: "tensorwise", "rowwise", "block1x128", "block128x128".
+std::span<const std::string_view> fp8_granularity_names();
+/// The fp32 scale tensor's shape for a spec with rows, cols and granularity:
+/// tensorwise [1]; rowwise [rows]; block1x128 [rows, ceil(cols/128)];
+/// block128x128 [ceil(rows/128), ceil(cols/128)].
+std::vector<int64_t> fp8_scale_shape(const KernelSpec& spec);
+/// The index into the scale tensor of element (r, c).
+int64_t fp8_scale_index(int64_t granularity, int64_t cols, int64_t r, int64_t c);
+/// The test formats of a target: {e4m3, e5m2} in the encodings it converts (FNUZ on gfx942).
+std::pair<DType, DType> fp8_test_formats(const TargetInfo& target);
+
+/// Parameters: rows (runtime; 0 is a no-op), cols (baked), granularity (baked: tensorwise,
+/// rowwise, block1x128, block128x128), transpose (0/1, baked, default 0).
+/// KernelSpec: dtype = the input (bf16/fp16/fp32), out_dtype = the fp8 format.
+/// Tensors: x [rows, cols] -> q [rows, cols] (fp8), scale (fp32, shape as fp8_scale_shape),
+///   qt [cols, rows] (fp8, with transpose=1: x^T quantized with the same scales; tensorwise and
+///   block128x128 only, where a scale is shared by the rows and columns of the transpose).
+/// Definition, in fp32 (the CPU reference computes exactly this; the gate is bit-exact):
+///   amax  = max |x| over the group (the tensor, a row, 128 contiguous elements of a row, or a
+///           128x128 tile; tails in rows and columns make smaller groups);
+///   scale = amax / FP8_MAX (IEEE division; FP8_MAX = fp8_max(out_dtype)), or 1 when amax == 0;
+///   inv   = 1 / scale (IEEE division);
+///   q     = fp8(x * inv): one fp32 multiply, then round to nearest even, saturating to +-FP8_MAX
+///           (satfinite); a value rounding to zero keeps its sign in the OCP formats (FNUZ has no
+///           -0). The consumer dequantizes with x ~ float(q) * scale.
+/// Kernels: tensorwise plans two launches (kiln_fp8_amax writes per-block amax partials into the
+/// workspace, then kiln_quantize_fp8_tiles, whose blocks each reduce the partials; block 0 writes
+/// scale). rowwise: one block per row (kiln_quantize_fp8_rows). block1x128, block128x128 and
+/// tensorwise: one block of 512 threads per 128x128 tile, each thread 4 rows x 8 columns; 1x128
+/// groups reduce over 16 lanes with shfl_xor (wave32 and wave64 alike), 128x128 over the block;
+/// the transposed output goes through an LDS transpose of the tile.
+/// Variants: 16-byte loads when cols % 8 == 0 and x, q, qt are 16-byte aligned; else scalar.
+/// Limits: rowwise keeps a row in registers: cols <= 65536.
+class QuantizeFp8Op final : public OpTemplate {
+ public:
+  std::string_view name() const override { return "quantize_fp8"; }
+  std::string_view summary() const override {
+    return "x -> fp8 q and fp32 scales (tensorwise, rowwise, block1x128, block128x128), optional transposed qt";
+  }
+  std::span<const ParamInfo> params() const override;
+  std::span<const DType> dtypes() const override;
+  bool supports_out_dtype(DType in, DType out) const override;
+  std::span<const TensorDecl> signature() const override;
+  std::vector<TileConfig> variants(const KernelSpec& spec, const TargetInfo& target) const override;
+  TileConfig choose_config(const KernelSpec& spec, const TargetInfo& target) const override;
+  std::string_view device_template(const TileConfig& config) const override;
+  std::string specialize(const KernelSpec& spec, const TileConfig& config) const override;
+  std::string_view kernel_name(const TileConfig& config) const override;
+  Plan plan(const KernelSpec& call, const TileConfig& config) const override;
+  bool serves(const TileConfig& config, std::span<void* const> buffers, std::string* why) const override;
+  void init_inputs(const KernelSpec& spec, std::span<const TensorInfo> inputs, std::vector<std::vector<float>>& values,
+                   std::mt19937_64& rng) const override;
+  void reference(const KernelSpec& spec, const Scalars& scalars, std::span<const std::vector<float>> inputs,
+                 std::span<const int64_t> rows, std::vector<RefOutput>& outputs) const override;
+  Gate gate(const KernelSpec& spec, const TensorInfo& output) const override;
+  std::vector<TestSpec> test_specs(const TargetInfo& target) const override;
+
+ protected:
+  Result<void> check(const KernelSpec& spec, const TargetInfo& target) const override;
+};
+
+}  // namespace kiln
