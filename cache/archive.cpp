@@ -17,6 +17,7 @@
 
 #include "cache/disk_cache.h"
 #include "support/fs.h"
+#include "support/json_read.h"
 #include "support/sha256.h"
 
 #if KILN_WITH_LIBARCHIVE
@@ -38,7 +39,7 @@ static Error no_libarchive() {
 }
 
 Result<ExportReport> export_cache(const DiskCache&, const std::string&, ArchiveCompression) { return no_libarchive(); }
-Result<ImportReport> import_cache(const DiskCache&, const std::string&) { return no_libarchive(); }
+Result<ImportReport> import_cache(const DiskCache&, const std::string&, const ImportLimits&) { return no_libarchive(); }
 
 #else
 
@@ -50,7 +51,6 @@ constexpr const char* kTop = "kiln-cache";
 constexpr const char* kManifestMember = "kiln-cache/manifest.json";
 constexpr const char* kFormat = "kiln-cache-archive";
 constexpr int kArchiveVersion = 1;
-constexpr uint64_t kMaxMemberBytes = uint64_t{256} << 20;
 /// The only file names an entry may hold.
 const std::set<std::string> kEntryFiles = {"meta.json", "code.hsaco", "code.cubin", "code.ptx", "source.hip",
                                            "source.cu"};
@@ -68,14 +68,6 @@ struct EntryDeleter {
 std::string archive_message(archive* a) {
   const char* s = archive_error_string(a);
   return s && *s ? std::string(s) : std::string("unknown libarchive error");
-}
-
-/// A name from an archive, safe to print: control characters replaced, length bounded.
-std::string printable(std::string_view name) {
-  std::string out;
-  for (char c : name.substr(0, 160)) out += (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) ? '?' : c;
-  if (name.size() > 160) out += "...";
-  return out;
 }
 
 bool is_hex(std::string_view s, size_t n) {
@@ -111,35 +103,21 @@ Result<void> check_meta(const json& meta, const std::string& key, const std::set
   return ok();
 }
 
-Result<EntryFiles> read_entry_files(const std::string& dir, const std::string& key) {
-  const std::string meta_path = dir + "/meta.json";
-  int fd = ::open(meta_path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return make_error(Errc::io_error, "vanished (evicted while exporting?)");
-  FileLock reading(fd);
-  struct flock fl{};
-  fl.l_type = F_RDLCK;
-  if (::fcntl(fd, F_OFD_SETLK, &fl) != 0) return make_error(Errc::io_error, "being evicted");
+Result<EntryFiles> read_entry_files(const DiskCache& cache, const std::string& key) {
   EntryFiles out;
-  struct stat st{};
-  if (::fstat(fd, &st) == 0) out.mtime = st.st_mtime;
-  auto meta_text = read_file(meta_path);
-  if (!meta_text) return make_error(Errc::io_error, "meta.json is unreadable");
-  out.meta = json::parse(*meta_text, nullptr, /*allow_exceptions=*/false);
-  if (!out.meta.is_object()) return make_error(Errc::corrupt, "meta.json is not valid JSON");
+  KILN_ASSIGN_OR_RETURN(out.files, cache.read_entry_files(key, &out.mtime));
+  auto meta_it = out.files.find("meta.json");
+  if (meta_it == out.files.end()) return make_error(Errc::corrupt, "meta.json is missing");
+  KILN_ASSIGN_OR_RETURN(out.meta, parse_json(meta_it->second, "meta.json"));
   std::set<std::string> present;
-  std::error_code ec;
-  for (const auto& f : fs::directory_iterator(dir, ec)) present.insert(f.path().filename().string());
-  if (ec) return make_error(Errc::io_error, fmt::format("cannot list '{}': {}", dir, ec.message()));
+  for (const auto& [name, _] : out.files) present.insert(name);
   KILN_TRY(check_meta(out.meta, key, present));
-  out.files["meta.json"] = std::move(*meta_text);
   try {
     for (const auto& [name, want] : out.meta["files"].items()) {
-      auto data = read_file(dir + "/" + name);
-      if (!data) return make_error(Errc::io_error, fmt::format("{} is unreadable", name));
-      if (!want.at("bytes").is_number_unsigned() || data->size() != want.at("bytes").get<uint64_t>() ||
-          sha256_hex(*data) != want.at("sha256").get<std::string>())
+      const std::string& data = out.files.at(name);
+      if (!want.at("bytes").is_number_unsigned() || data.size() != want.at("bytes").get<uint64_t>() ||
+          sha256_hex(data) != want.at("sha256").get<std::string>())
         return make_error(Errc::corrupt, fmt::format("{} changed while exporting", name));
-      out.files[name] = std::move(*data);
     }
   } catch (const json::exception& e) {
     return make_error(Errc::corrupt, fmt::format("meta.json is malformed: {}", e.what()));
@@ -231,8 +209,16 @@ bool archive_supported() { return true; }
 
 Result<ExportReport> export_cache(const DiskCache& cache, const std::string& path, ArchiveCompression compression) {
   ExportReport report;
-  const std::string tmp = path + ".tmp";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+  // A new file of a private name beside the archive, created exclusively (O_EXCL, O_NOFOLLOW):
+  // never a file or a symlink someone planted there. Mode 0666 less the umask, as any file the
+  // user creates; renamed over `path` when complete.
+  std::string tmp;
+  int fd = -1;
+  for (int attempt = 0; attempt < 16 && fd < 0; ++attempt) {
+    tmp = fmt::format("{}.{}.tmp", path, random_tag(10));
+    fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+    if (fd < 0 && errno != EEXIST) break;
+  }
   if (fd < 0) return make_error(Errc::io_error, "cannot create " + errno_message(tmp));
   bool done = false;
   struct Cleanup {
@@ -260,7 +246,7 @@ Result<ExportReport> export_cache(const DiskCache& cache, const std::string& pat
       report.skipped.push_back({s.key, s.target, s.summary, s.problem});
       continue;
     }
-    auto entry = read_entry_files(s.path, s.key);
+    auto entry = read_entry_files(cache, s.key);
     if (!entry) {
       report.skipped.push_back({s.key, s.target, s.summary, entry.error().message});
       continue;
@@ -291,7 +277,7 @@ Result<ExportReport> export_cache(const DiskCache& cache, const std::string& pat
   return report;
 }
 
-Result<ImportReport> import_cache(const DiskCache& cache, const std::string& path) {
+Result<ImportReport> import_cache(const DiskCache& cache, const std::string& path, const ImportLimits& limits) {
   if (cache.read_only())
     return make_error(Errc::io_error, fmt::format("cache '{}' is a read-only layer", cache.root()));
   struct stat ast{};
@@ -313,12 +299,13 @@ Result<ImportReport> import_cache(const DiskCache& cache, const std::string& pat
     return make_error(Errc::corrupt,
                       fmt::format("{}: {}", unrecognized() ? not_archive : damaged, archive_message(a.get())));
 
-  // A private staging directory, laid out as a cache root. Its name has the shape of the disk
-  // cache's temporaries (<name>.<host>.<pid>.<n>): one left by a killed import is cleaned up.
+  // A private staging directory, laid out as a cache root: a temporary of the disk cache, held
+  // alive while the import runs (one left by a killed import is removed by the next writer).
   const std::string root = cache.root();
-  std::string staging = fmt::format("{}/v1/tmp/import.{}.{}.XXXXXX", root, host_tag(), ::getpid());
   KILN_TRY(make_dirs(root + "/v1/tmp", 0700));
-  if (!::mkdtemp(staging.data())) return make_error(Errc::io_error, "cannot create " + errno_message(staging));
+  KILN_ASSIGN_OR_RETURN(DiskCache::Temporary lease, cache.temporary("import."));
+  const std::string staging = lease.path();
+  if (::mkdir(staging.c_str(), 0700) != 0) return make_error(Errc::io_error, "cannot create " + errno_message(staging));
   TreeGuard remove_staging(staging);
   const std::string staged_entries = staging + "/v1/entries";
 
@@ -327,6 +314,7 @@ Result<ImportReport> import_cache(const DiskCache& cache, const std::string& pat
   std::string manifest_text;
   bool have_manifest = false;
   size_t members = 0;
+  uint64_t staged_bytes = 0;
   std::vector<char> buf(1 << 16);
   for (;;) {
     archive_entry* e = nullptr;
@@ -352,8 +340,12 @@ Result<ImportReport> import_cache(const DiskCache& cache, const std::string& pat
       return make_error(Errc::corrupt, fmt::format("'{}': {}; refusing the archive (nothing was imported)", path,
                                                    member.error().message));
     if (member->kind == Member::a_directory) continue;
-    if (archive_entry_size_is_set(e) && static_cast<uint64_t>(archive_entry_size(e)) > kMaxMemberBytes)
-      return refuse(fmt::format("is {} bytes, over the limit of {} bytes", archive_entry_size(e), kMaxMemberBytes));
+    if (archive_entry_size_is_set(e) && static_cast<uint64_t>(archive_entry_size(e)) > limits.max_member_bytes)
+      return refuse(fmt::format("is {} bytes, over the limit of {} bytes", archive_entry_size(e), limits.max_member_bytes));
+    if (members > limits.max_members)
+      return make_error(Errc::corrupt, fmt::format("'{}' has more than {} members, over the limit; refusing the archive "
+                                                   "(nothing was imported)",
+                                                   path, limits.max_members));
 
     // The data: into memory for manifest.json, into a new file of the staging cache otherwise.
     int fd = -1;
@@ -382,7 +374,14 @@ Result<ImportReport> import_cache(const DiskCache& cache, const std::string& pat
       if (n == 0) break;
       if (n < 0) return make_error(Errc::corrupt, fmt::format("{}: {}", damaged, archive_message(a.get())));
       total += static_cast<uint64_t>(n);
-      if (total > kMaxMemberBytes) return refuse(fmt::format("is over the limit of {} bytes", kMaxMemberBytes));
+      staged_bytes += static_cast<uint64_t>(n);
+      if (total > limits.max_member_bytes)
+        return refuse(fmt::format("is over the limit of {} bytes", limits.max_member_bytes));
+      // The whole archive is bounded too: a small compressed file must not fill the disk.
+      if (staged_bytes > limits.max_total_bytes)
+        return make_error(Errc::corrupt, fmt::format("'{}' unpacks to more than {} bytes, over the limit of an import; "
+                                                     "refusing the archive (nothing was imported)",
+                                                     path, limits.max_total_bytes));
       if (fd < 0) {
         manifest_text.append(buf.data(), static_cast<size_t>(n));
         continue;
@@ -399,7 +398,8 @@ Result<ImportReport> import_cache(const DiskCache& cache, const std::string& pat
   if (!have_manifest)
     return make_error(Errc::corrupt, fmt::format("{}: it has no {} (write one with 'kiln cache export')", not_archive,
                                                  kManifestMember));
-  const json manifest = json::parse(manifest_text, nullptr, /*allow_exceptions=*/false);
+  auto parsed_manifest = parse_json(manifest_text, kManifestMember);
+  const json manifest = parsed_manifest ? std::move(parsed_manifest).value() : json();
   if (!manifest.is_object() || !manifest.contains("format") || manifest["format"] != kFormat ||
       !manifest.contains("entries") || !manifest["entries"].is_array())
     return make_error(Errc::corrupt, fmt::format("{}: its {} is malformed", not_archive, kManifestMember));
@@ -432,8 +432,9 @@ Result<ImportReport> import_cache(const DiskCache& cache, const std::string& pat
     } else if (auto it = listed.find(s.key); it == listed.end()) {
       info.problem = "it is not listed in manifest.json";
     } else {
-      auto meta = read_file(s.path + "/meta.json");
-      const json m = meta ? json::parse(*meta, nullptr, false) : json();
+      auto meta = read_file(s.path + "/meta.json", uint64_t{16} << 20);
+      auto parsed = meta ? parse_json(*meta, "meta.json") : Result<json>(meta.error());
+      const json m = parsed ? std::move(parsed).value() : json();
       if (auto checked = check_meta(m, s.key, staged[s.key]); !checked) info.problem = checked.error().message;
       else if (m["files"] != it->second["files"]) info.problem = "its files disagree with manifest.json";
     }

@@ -8,10 +8,10 @@
 //   kiln-cache/manifest.json                       {"format": "kiln-cache-archive", "version": 1,
 //                                                   "entries": [{"key", "target", "summary",
 //                                                   "files": {name: {"sha256", "bytes"}}}]}
-// Export writes only entries that verify (as a cache load does), to FILE.tmp, renamed to FILE when
-// complete. Import is paranoid about the layout: any member outside it (an absolute path, "..", a
-// link, a device, an unknown file name, a member over 256 MiB) refuses the whole archive, as does a
-// damaged or truncated one. The members are extracted into a private directory under the
+// Export writes only entries that verify (as a cache load does), to a new file of a private name
+// beside FILE (created exclusively, never through a planted symlink), renamed to FILE when complete. Import is paranoid about the layout: any member outside it (an absolute path, "..", a
+// link, a device, an unknown file name, a member over 256 MiB, more than 4 GiB unpacked in all: see
+// ImportLimits) refuses the whole archive, as does a damaged or truncated one. The members are extracted into a private directory under the
 // destination cache's v1/tmp/, laid out as a cache of its own, and every entry is verified there
 // with the checks of a cache load (SHA-256 and size of every file, code-object header, key and
 // target), plus: the key is the SHA-256 of the entry's key fields, the entry holds exactly the
@@ -53,7 +53,8 @@ struct ExportReport {
   std::vector<ArchiveEntryInfo> skipped;  ///< Entries that failed verification (not exported).
 };
 
-/// Writes every entry of `cache` that verifies to the archive `path` (through `path`.tmp).
+/// Writes every entry of `cache` that verifies to the archive `path` (through a private
+/// temporary `path`.<random>.tmp, created with O_EXCL).
 /// Errors: Errc::unsupported (no libarchive), io_error (cannot write), nothing is left at `path`.
 Result<ExportReport> export_cache(const DiskCache& cache, const std::string& path,
                                   ArchiveCompression compression = ArchiveCompression::zstd);
@@ -65,10 +66,17 @@ struct ImportReport {
   std::vector<ArchiveEntryInfo> rejected;  ///< Failed verification (problem says why); not added.
 };
 
+/// Bounds of an import: what an archive may unpack to before it is refused as a whole.
+struct ImportLimits {
+  uint64_t max_member_bytes = uint64_t{256} << 20;  ///< One member (a code object, a source).
+  uint64_t max_total_bytes = uint64_t{4} << 30;     ///< All members together, as staged on disk.
+  size_t max_members = 1'000'000;                   ///< Members of any kind (directories included).
+};
+
 /// Adds the entries of the archive `path` to `cache` (see above).
 /// Errors (nothing is added, nothing is left behind): Errc::unsupported (no libarchive), io_error
 /// (unreadable archive, cache not writable), corrupt (not an archive, damaged or truncated, a
 /// member outside the layout, no or malformed manifest.json).
-Result<ImportReport> import_cache(const DiskCache& cache, const std::string& path);
+Result<ImportReport> import_cache(const DiskCache& cache, const std::string& path, const ImportLimits& limits = {});
 
 }  // namespace kiln
