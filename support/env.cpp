@@ -59,7 +59,10 @@ std::optional<uint64_t> parse_size(const std::string& text) {
 }
 
 void test_kill_point(const char* stage) {
-  if (!env().test_kill_at.empty() && env().test_kill_at == stage) ::raise(SIGKILL);
+  const std::string& at = env().test_kill_at;
+  if (at.empty()) return;
+  if (at == stage) ::raise(SIGKILL);
+  if (at.rfind("stop:", 0) == 0 && at.compare(5, std::string::npos, stage) == 0) ::raise(SIGSTOP);
 }
 
 const Env& env() {

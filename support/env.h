@@ -35,7 +35,7 @@ Env read_env();
 std::optional<uint64_t> parse_size(const std::string& text);
 
 /// The fault-injection hook of the crash-safety tests: SIGKILLs the process when KILN_TEST_KILL_AT
-/// names `stage` ("compile", "write", "publish").
+/// names `stage` ("compile", "write", "publish"), SIGSTOPs it when it is "stop:<stage>".
 void test_kill_point(const char* stage);
 
 }  // namespace kiln
