@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <mutex>
 #include <random>
 #include <shared_mutex>
@@ -158,16 +159,11 @@ class KernelImpl final : public Kernel {
 class RuntimeImpl final : public Runtime {
  public:
   RuntimeImpl(const RuntimeOptions& options, std::unique_ptr<DeviceImpl> device, std::unique_ptr<DiskCache> disk,
-              std::vector<std::unique_ptr<DiskCache>> layers)
-      : device_(std::move(device)), disk_(std::move(disk)), layers_(std::move(layers)) {
+              std::vector<std::unique_ptr<DiskCache>> layers, UniqueFd record_fd)
+      : device_(std::move(device)), disk_(std::move(disk)), layers_(std::move(layers)), record_fd_(record_fd.release()) {
     nvidia_compiler_ = options.nvidia_compiler.empty() ? env().nvidia_compiler : options.nvidia_compiler;
     max_bytes_ = options.cache_max_bytes ? options.cache_max_bytes : env().cache_max_bytes;
     use_tuning_ = options.use_tuning && env().tuning;
-    const std::string record = options.record_file.empty() ? env().record_file : options.record_file;
-    if (!record.empty()) {
-      record_fd_ = ::open(record.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-      if (record_fd_ < 0) KILN_LOG_WARN("cannot record kernel specs to {}", errno_message(record));
-    }
   }
   ~RuntimeImpl() override {
     // Modules go before the device (and its context).
@@ -541,8 +537,12 @@ class RuntimeImpl final : public Runtime {
                                             {"params", params}}
                                  .dump() +
                              "\n";
-    (void)!::write(record_fd_, line.data(), line.size());
+    const ssize_t n = ::write(record_fd_, line.data(), line.size());
+    if (n != static_cast<ssize_t>(line.size()) && !record_failed_.exchange(true))
+      KILN_LOG_WARN("cannot record kernel specs (KILN_RECORD): {}; this runtime records nothing more",
+                    n < 0 ? std::strerror(errno) : "short write (disk full?)");
   }
+  std::atomic<bool> record_failed_{false};
 
   std::unique_ptr<DeviceImpl> device_;
   std::unique_ptr<DiskCache> disk_;
@@ -563,6 +563,13 @@ class RuntimeImpl final : public Runtime {
 }  // namespace
 
 Result<std::unique_ptr<Runtime>> Runtime::create(const RuntimeOptions& options) {
+  if (auto bad = env_error()) return make_error(Errc::invalid_argument, *bad);
+  UniqueFd record_fd;
+  if (const std::string record = options.record_file.empty() ? env().record_file : options.record_file; !record.empty()) {
+    auto opened = open_for_append(record, options.record_file.empty() ? "KILN_RECORD" : "RuntimeOptions::record_file");
+    if (!opened) return opened.take_error();
+    record_fd = std::move(opened).value();
+  }
   std::unique_ptr<DeviceImpl> device;
   const std::string& backend = options.backend;
   if (backend == "cuda" || backend == "hip") {
@@ -608,7 +615,8 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const RuntimeOptions& options) 
       else KILN_LOG_WARN("skipping read-only cache layer: {}", layer.error().message);
     }
   }
-  return std::unique_ptr<Runtime>(new RuntimeImpl(options, std::move(device), std::move(disk), std::move(layers)));
+  return std::unique_ptr<Runtime>(
+      new RuntimeImpl(options, std::move(device), std::move(disk), std::move(layers), std::move(record_fd)));
 }
 
 }  // namespace kiln

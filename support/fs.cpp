@@ -48,6 +48,19 @@ OpenedFile open_regular_at(int dirfd, const char* name, int flags, bool follow) 
   return out;
 }
 
+Result<UniqueFd> open_for_append(const std::string& path, std::string_view what) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_NONBLOCK | O_CLOEXEC, 0644);
+  if (fd < 0)
+    return make_error(Errc::io_error, fmt::format("{}: cannot open '{}' for appending: {}", what, path, std::strerror(errno)));
+  UniqueFd held(fd);
+  struct stat st{};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
+    return make_error(Errc::io_error, fmt::format("{}: '{}' is not a regular file (a FIFO, socket, device or "
+                                                  "directory); give the path of a file",
+                                                  what, path));
+  return held;
+}
+
 int open_dir_at(int dirfd, const char* name) {
   return ::openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 }

@@ -79,6 +79,11 @@ struct DirEntryName {
 Result<std::vector<DirEntryName>> list_dir(const std::string& path, int* err = nullptr);
 Result<std::vector<DirEntryName>> list_dir_fd(int dirfd, int* err = nullptr);
 
+/// Opens `path` for appending (created 0644 if missing): a regular file only, never blocking (a
+/// FIFO without a reader is refused at once, one with a reader too). `what` names it in errors:
+/// "KILN_RECORD='x': ...". Errors: Errc::io_error.
+Result<UniqueFd> open_for_append(const std::string& path, std::string_view what);
+
 /// Removes a file or a directory tree without following symlinks; best effort, never throws.
 /// Returns false when something could not be removed.
 bool remove_tree(const std::string& path);
