@@ -19,6 +19,7 @@
 #include "support/fs.h"
 #include "support/json_read.h"
 #include "support/sha256.h"
+#include "support/signature.h"
 
 #if KILN_WITH_LIBARCHIVE
 #include <archive.h>
@@ -38,7 +39,9 @@ static Error no_libarchive() {
                                        "libarchive-dev and rebuild)");
 }
 
-Result<ExportReport> export_cache(const DiskCache&, const std::string&, ArchiveCompression) { return no_libarchive(); }
+Result<ExportReport> export_cache(const DiskCache&, const std::string&, ArchiveCompression, const std::string&) {
+  return no_libarchive();
+}
 Result<ImportReport> import_cache(const DiskCache&, const std::string&, const ImportLimits&) { return no_libarchive(); }
 
 #else
@@ -49,6 +52,8 @@ using json = nlohmann::json;
 
 constexpr const char* kTop = "kiln-cache";
 constexpr const char* kManifestMember = "kiln-cache/manifest.json";
+constexpr const char* kSignatureMember = "kiln-cache/manifest.sig";
+constexpr uint64_t kMaxSignatureBytes = 64 << 10;
 constexpr const char* kFormat = "kiln-cache-archive";
 constexpr int kArchiveVersion = 1;
 /// The only file names an entry may hold.
@@ -157,7 +162,7 @@ class TreeGuard {
 
 /// What a member of an archive is, after its name was checked against the layout.
 struct Member {
-  enum Kind { a_directory, the_manifest, a_file } kind = a_directory;
+  enum Kind { a_directory, the_manifest, the_signature, a_file } kind = a_directory;
   std::string key, file;
 };
 
@@ -187,6 +192,7 @@ Result<Member> classify(std::string_view name, bool is_dir) {
                                   "kiln-cache/v1/entries/<xx>/<key>/<file>)";
   if (parts[0] != kTop) return bad(layout);
   if (parts.size() == 2 && parts[1] == "manifest.json" && !is_dir) return Member{Member::the_manifest, {}, {}};
+  if (parts.size() == 2 && parts[1] == "manifest.sig" && !is_dir) return Member{Member::the_signature, {}, {}};
   if (parts.size() >= 2 && parts[1] != "v1") return bad(layout);
   if (parts.size() >= 3 && parts[2] != "entries") return bad(layout);
   if (parts.size() >= 4 && !is_hex(parts[3], 2)) return bad(layout);
@@ -207,8 +213,10 @@ Result<Member> classify(std::string_view name, bool is_dir) {
 
 bool archive_supported() { return true; }
 
-Result<ExportReport> export_cache(const DiskCache& cache, const std::string& path, ArchiveCompression compression) {
+Result<ExportReport> export_cache(const DiskCache& cache, const std::string& path, ArchiveCompression compression,
+                                  const std::string& sign_key) {
   ExportReport report;
+  if (!sign_key.empty()) KILN_TRY(sign_ed25519(sign_key, "kiln: check the signing key"));  // before any file
   // A new file of a private name beside the archive, created exclusively (O_EXCL, O_NOFOLLOW):
   // never a file or a symlink someone planted there. Mode 0666 less the umask, as any file the
   // user creates; renamed over `path` when complete.
@@ -260,7 +268,17 @@ Result<ExportReport> export_cache(const DiskCache& cache, const std::string& pat
     ++report.entries;
   }
   const json manifest = {{"format", kFormat}, {"version", kArchiveVersion}, {"entries", listing}};
-  KILN_TRY(write_member(a.get(), kManifestMember, manifest.dump(1) + "\n", ::time(nullptr), tmp));
+  const std::string manifest_text = manifest.dump(1) + "\n";
+  KILN_TRY(write_member(a.get(), kManifestMember, manifest_text, ::time(nullptr), tmp));
+  if (!sign_key.empty()) {
+    // The signature covers manifest.json's exact bytes, which list every entry's key and the
+    // SHA-256 of each of its files: the binding of keys to code objects.
+    KILN_ASSIGN_OR_RETURN(Signature sig, sign_ed25519(sign_key, manifest_text));
+    const json sig_json = {{"format", "kiln-cache-signature"}, {"algorithm", "ed25519"}, {"signs", kManifestMember},
+                           {"public_key", sig.public_hex}, {"signature", sig.signature_hex}};
+    KILN_TRY(write_member(a.get(), kSignatureMember, sig_json.dump(1) + "\n", ::time(nullptr), tmp));
+    report.signer = sig.public_hex;
+  }
   if (archive_write_close(a.get()) != ARCHIVE_OK)
     return make_error(Errc::io_error, fmt::format("cannot write '{}': {}", tmp, archive_message(a.get())));
   if (::fsync(fd) != 0) return make_error(Errc::io_error, "cannot fsync " + errno_message(tmp));
@@ -311,8 +329,8 @@ Result<ImportReport> import_cache(const DiskCache& cache, const std::string& pat
 
   ImportReport report;
   std::map<std::string, std::set<std::string>> staged;  // key -> file names
-  std::string manifest_text;
-  bool have_manifest = false;
+  std::string manifest_text, signature_text;
+  bool have_manifest = false, have_signature = false;
   size_t members = 0;
   uint64_t staged_bytes = 0;
   std::vector<char> buf(1 << 16);
@@ -350,9 +368,15 @@ Result<ImportReport> import_cache(const DiskCache& cache, const std::string& pat
     // The data: into memory for manifest.json, into a new file of the staging cache otherwise.
     int fd = -1;
     std::string file_path;
+    std::string* in_memory = nullptr;
     if (member->kind == Member::the_manifest) {
       if (have_manifest) return refuse("appears twice");
       have_manifest = true;
+      in_memory = &manifest_text;
+    } else if (member->kind == Member::the_signature) {
+      if (have_signature) return refuse("appears twice");
+      have_signature = true;
+      in_memory = &signature_text;
     } else {
       const std::string dir = fmt::format("{}/{}/{}", staged_entries, member->key.substr(0, 2), member->key);
       KILN_TRY(make_dirs(dir, 0700));
@@ -382,8 +406,9 @@ Result<ImportReport> import_cache(const DiskCache& cache, const std::string& pat
         return make_error(Errc::corrupt, fmt::format("'{}' unpacks to more than {} bytes, over the limit of an import; "
                                                      "refusing the archive (nothing was imported)",
                                                      path, limits.max_total_bytes));
-      if (fd < 0) {
-        manifest_text.append(buf.data(), static_cast<size_t>(n));
+      if (in_memory) {
+        if (in_memory == &signature_text && total > kMaxSignatureBytes) return refuse("is too large for a signature");
+        in_memory->append(buf.data(), static_cast<size_t>(n));
         continue;
       }
       for (la_ssize_t off = 0; off < n;) {
@@ -398,6 +423,26 @@ Result<ImportReport> import_cache(const DiskCache& cache, const std::string& pat
   if (!have_manifest)
     return make_error(Errc::corrupt, fmt::format("{}: it has no {} (write one with 'kiln cache export')", not_archive,
                                                  kManifestMember));
+  // With trusted keys configured, the archive must carry a signature of manifest.json by one of
+  // them; checked before anything of the archive is believed.
+  if (!limits.trusted_keys.empty()) {
+    if (!have_signature)
+      return make_error(Errc::corrupt, fmt::format("'{}' is not signed, and KILN_TRUSTED_KEYS accepts only signed "
+                                                   "archives; refusing it (nothing was imported; sign with 'kiln "
+                                                   "cache export --sign KEY')",
+                                                   path));
+    auto sig_json = parse_json(signature_text, kSignatureMember);
+    Signature sig;
+    if (sig_json && sig_json->is_object() && sig_json->value("algorithm", "") == "ed25519") {
+      sig.public_hex = sig_json->value("public_key", "");
+      sig.signature_hex = sig_json->value("signature", "");
+    }
+    if (!verify_ed25519(limits.trusted_keys, manifest_text, sig))
+      return make_error(Errc::corrupt, fmt::format("'{}': its signature is not by a key in KILN_TRUSTED_KEYS or does "
+                                                   "not match its manifest; refusing it (nothing was imported)",
+                                                   path));
+    report.signer = sig.public_hex;
+  }
   auto parsed_manifest = parse_json(manifest_text, kManifestMember);
   const json manifest = parsed_manifest ? std::move(parsed_manifest).value() : json();
   if (!manifest.is_object() || !manifest.contains("format") || manifest["format"] != kFormat ||

@@ -610,6 +610,12 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const RuntimeOptions& options) 
       if (next > pos) paths.push_back(env().cache_path.substr(pos, next - pos));
     }
     for (const std::string& path : paths) {
+      if (!env().trusted_keys.empty()) {  // layers cannot carry signatures yet: unsigned content
+        KILN_LOG_WARN("skipping read-only cache layer '{}': KILN_TRUSTED_KEYS accepts only signed content, and "
+                      "layers are not signed (import a signed archive instead)",
+                      path);
+        continue;
+      }
       auto layer = DiskCache::open(path, /*read_only=*/true);
       if (layer) layers.push_back(std::move(layer).value());
       else KILN_LOG_WARN("skipping read-only cache layer: {}", layer.error().message);

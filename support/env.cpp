@@ -56,6 +56,7 @@ Env read_env() {
   }
   e.cache_path = get("KILN_CACHE_PATH");
   e.record_file = get("KILN_RECORD");
+  e.trusted_keys = get("KILN_TRUSTED_KEYS");
   if (auto t = get("KILN_TUNING"); !t.empty()) e.tuning = truthy(t);
   e.test_kill_at = get("KILN_TEST_KILL_AT");
   e.cuda_lib = get("KILN_CUDA_LIB");

@@ -18,6 +18,7 @@ struct Env {
   uint64_t cache_max_bytes = 0;  ///< KILN_CACHE_MAX_SIZE ("2G", "500M", bytes, > 0); unset = unbounded.
   std::string cache_path;       ///< KILN_CACHE_PATH: read-only cache layers, ':'-separated.
   std::string record_file;      ///< KILN_RECORD: append every requested kernel spec to this manifest.
+  std::string trusted_keys;     ///< KILN_TRUSTED_KEYS: ':'-separated PEM files of Ed25519 public keys.
   bool tuning = true;           ///< KILN_TUNING=0 ignores tuning records (kernels use the heuristic).
   std::string test_kill_at;     ///< KILN_TEST_KILL_AT (tests only): SIGKILL at compile|write|publish.
   std::string cuda_lib;         ///< KILN_CUDA_LIB: path of libcuda.so to dlopen first.

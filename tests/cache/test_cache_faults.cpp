@@ -14,6 +14,7 @@
 #include <fstream>
 #include <thread>
 
+#include "cache/archive.h"
 #include "cache/disk_cache.h"
 #include "kiln/runtime.h"
 #include "test_util.h"
@@ -258,6 +259,30 @@ TEST(CacheTrust, ASymlinkedEntryFileIsRefused) {
   ASSERT_EQ(::symlink((dir / "elsewhere").c_str(), (entry + "/" + code).c_str()), 0);
   auto cache = std::move(DiskCache::open(dir.path())).value();
   EXPECT_FALSE(cache->load(key).has_value()) << "a symlinked code object was followed";
+}
+
+// An import is bounded by what all its members unpack to, not only member by member.
+TEST(CacheFaults, AnImportIsBoundedInTotalStagedBytes) {
+  if (!archive_supported()) GTEST_SKIP() << "built without libarchive";
+  TempDir src, dst;
+  const char* target = testing::compilable_target();
+  {
+    auto rt = compile_only_runtime(src.path());
+    ASSERT_TRUE(rt->compile(gemm_spec(64, 64, 32, false, true), target).ok());
+    ASSERT_TRUE(rt->compile(gemm_spec(64, 64, 48, false, true), target).ok());
+  }
+  auto from = std::move(DiskCache::open(src.path())).value();
+  ASSERT_TRUE(export_cache(*from, src / "a.tar.zst").ok());
+  auto to = std::move(DiskCache::open(dst.path())).value();
+  ImportLimits limits;
+  limits.max_total_bytes = 4096;  // less than the two entries together
+  auto r = import_cache(*to, src / "a.tar.zst", limits);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code, Errc::corrupt);
+  EXPECT_NE(r.error().message.find("unpacks to more than 4096 bytes"), std::string::npos) << r.error().message;
+  EXPECT_TRUE(to->list(false).empty()) << "nothing is imported";
+  EXPECT_EQ(count(dst / "v1/tmp"), 0u) << "the staging directory is removed";
+  EXPECT_TRUE(import_cache(*to, src / "a.tar.zst").ok()) << "the default limits accept it";
 }
 
 }  // namespace

@@ -951,4 +951,46 @@ TEST_F(CliTest, AReadOnlyCacheCanBeAudited) {
   EXPECT_EQ(system(("umount " + mnt).c_str()), 0);
 }
 
+// ---- Trust: signed archives (issue 10, section 1) ----
+
+TEST_F(CliTest, WithTrustedKeysOnlyArchivesSignedByThemAreImported) {
+  if (system("openssl version >/dev/null 2>&1") != 0) GTEST_SKIP() << "no openssl command to make keys";
+  for (const char* who : {"alice", "mallory"}) {
+    ASSERT_EQ(system(fmt::format("openssl genpkey -algorithm ed25519 -out {0}/{1}.pem 2>/dev/null && openssl pkey -in "
+                                 "{0}/{1}.pem -pubout -out {0}/{1}.pub 2>/dev/null",
+                                 dir_, who)
+                         .c_str()),
+              0);
+  }
+  write(path("small.json"), kSmallManifest);
+  ASSERT_EQ(kiln_cached({"prewarm", path("small.json"), "--arch", "sm_90a"}).code, 0);
+  const Output signed_by_alice = kiln_cached({"cache", "export", path("a.tar.zst"), "--sign", path("alice.pem")});
+  ASSERT_EQ(signed_by_alice.code, 0) << signed_by_alice.err;
+  EXPECT_NE(signed_by_alice.out.find("signed   ed25519 key"), std::string::npos) << signed_by_alice.out;
+  ASSERT_EQ(kiln_cached({"cache", "export", path("m.tar.zst"), "--sign", path("mallory.pem")}).code, 0);
+  ASSERT_EQ(kiln_cached({"cache", "export", path("u.tar.zst")}).code, 0);
+  expect_one_error_line(kiln_cached({"cache", "export", path("x.tar.zst"), "--sign", path("alice.pub")}),
+                        {"not an Ed25519 private key"});
+
+  const std::string other = path("other");
+  auto import = [&](const std::string& archive) {
+    return kiln_env({"cache", "import", archive, "--cache-dir", other}, {"KILN_TRUSTED_KEYS=" + path("alice.pub")});
+  };
+  expect_one_error_line(import(path("u.tar.zst")), {"is not signed", "KILN_TRUSTED_KEYS"});
+  expect_one_error_line(import(path("m.tar.zst")), {"not by a key in KILN_TRUSTED_KEYS"});
+  EXPECT_FALSE(fs::exists(other + "/v1/entries") && !fs::is_empty(other + "/v1/entries")) << "nothing imported";
+  const Output good = import(path("a.tar.zst"));
+  ASSERT_EQ(good.code, 0) << good.err;
+  EXPECT_NE(good.out.find("signed by"), std::string::npos) << good.out;
+  EXPECT_FALSE(fs::is_empty(other + "/v1/entries"));
+  // Without trusted keys, an unsigned archive is imported as before.
+  const Output plain = kiln({"cache", "import", path("u.tar.zst"), "--cache-dir", path("third")});
+  EXPECT_EQ(plain.code, 0) << plain.err;
+  // A key file that is not a key: a clear error.
+  write(path("junk.pub"), "junk");
+  expect_one_error_line(kiln_env({"cache", "import", path("a.tar.zst"), "--cache-dir", other},
+                                 {"KILN_TRUSTED_KEYS=" + path("junk.pub")}),
+                        {"KILN_TRUSTED_KEYS", "junk.pub"});
+}
+
 }  // namespace

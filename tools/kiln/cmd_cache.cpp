@@ -26,6 +26,7 @@ struct CacheOptions {
   std::string file;                 ///< export, import: the archive
   std::string compression = "zstd";  ///< export
   std::string max_size;             ///< gc
+  std::string sign_key;             ///< export --sign
   bool fix = false;                 ///< verify
 };
 
@@ -358,10 +359,11 @@ int cache_export(const CacheOptions& o) {
   auto cache = open_cache(o.dir);
   if (!cache) return fail(cache.error());
   const auto compression = o.compression == "none" ? ArchiveCompression::none : ArchiveCompression::zstd;
-  auto r = export_cache(**cache, o.file, compression);
+  auto r = export_cache(**cache, o.file, compression, o.sign_key);
   if (!r) return fail(r.error());
   fmt::print("exported {} ({}) from {} to {} ({}, {})\n", entries_word(r->entries), human_bytes(r->entry_bytes), root,
              o.file, human_bytes(r->archive_bytes), compression == ArchiveCompression::zstd ? "tar.zst" : "tar");
+  if (!r->signer.empty()) fmt::print("  signed   ed25519 key {}\n", r->signer);
   for (const ArchiveEntryInfo& e : r->skipped)
     fmt::print("  skipped  {}  {}  {}: {}\n", e.key.substr(0, 12), e.target.empty() ? "?" : e.target,
                e.summary.empty() ? "?" : e.summary, e.problem);
@@ -375,12 +377,19 @@ int cache_export(const CacheOptions& o) {
 int cache_import(const CacheOptions& o) {
   auto cache = open_cache(o.dir);
   if (!cache) return fail(cache.error());
-  auto r = import_cache(**cache, o.file);
+  ImportLimits limits;
+  if (!env().trusted_keys.empty()) {
+    auto keys = load_trusted_keys(env().trusted_keys);
+    if (!keys) return fail(keys.error());
+    limits.trusted_keys = std::move(keys).value();
+  }
+  auto r = import_cache(**cache, o.file, limits);
   if (!r) return fail(r.error());
   fmt::print("kiln cache import {}: {} in the archive\n", o.file, entries_word(r->members));
   fmt::print("  imported         {}\n", r->imported.size());
   fmt::print("  already present  {}\n", r->present.size());
   fmt::print("  rejected         {}\n", r->rejected.size());
+  if (!r->signer.empty()) fmt::print("  signed by        ed25519 key {} (trusted: KILN_TRUSTED_KEYS)\n", r->signer);
   for (const ArchiveEntryInfo& e : r->rejected)
     fmt::print("    {}  {}  {}: {}\n", e.key.substr(0, 12), e.target.empty() ? "?" : e.target,
                e.summary.empty() ? "?" : e.summary, e.problem);
@@ -429,6 +438,9 @@ Command add_cache_command(CLI::App& app) {
   exp->add_option("--compression", o->compression, "zstd or none (a plain tar)")
       ->check(CLI::IsMember({"zstd", "none"}))
       ->capture_default_str();
+  exp->add_option("--sign", o->sign_key,
+                  "Sign the archive with this Ed25519 private key (PEM, from 'openssl genpkey -algorithm ed25519'); "
+                  "importers with KILN_TRUSTED_KEYS accept only archives signed by their keys");
   auto* imp = add("import", "Add the entries of an archive (from 'kiln cache export') that verify", cache_import);
   imp->add_option("file", o->file, "Archive to read")->required();
   return [o, chosen] {
