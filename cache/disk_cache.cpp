@@ -498,7 +498,12 @@ Result<void> DiskCache::store(const CacheEntry& e) {
       cleanup();
       return made;
     }
-    if (::rename(tmp.c_str(), final_dir.c_str()) == 0) return sync_dir(parent);
+    if (::rename(tmp.c_str(), final_dir.c_str()) == 0) {
+      // Durability of the rename, best effort: a concurrent clear may have swapped the shard out
+      // already (then the entry is cleared, as asked, and there is nothing to sync).
+      (void)sync_dir(parent);
+      return ok();
+    }
     err = errno;
     if (err != ENOENT) break;
   }
