@@ -17,7 +17,9 @@
 
 #include "cache/disk_cache.h"
 #include "support/fs.h"
+#include "support/json_read.h"
 #include "support/sha256.h"
+#include "support/signature.h"
 
 #if KILN_WITH_LIBARCHIVE
 #include <archive.h>
@@ -37,8 +39,10 @@ static Error no_libarchive() {
                                        "libarchive-dev and rebuild)");
 }
 
-Result<ExportReport> export_cache(const DiskCache&, const std::string&, ArchiveCompression) { return no_libarchive(); }
-Result<ImportReport> import_cache(const DiskCache&, const std::string&) { return no_libarchive(); }
+Result<ExportReport> export_cache(const DiskCache&, const std::string&, ArchiveCompression, const std::string&) {
+  return no_libarchive();
+}
+Result<ImportReport> import_cache(const DiskCache&, const std::string&, const ImportLimits&) { return no_libarchive(); }
 
 #else
 
@@ -48,9 +52,10 @@ using json = nlohmann::json;
 
 constexpr const char* kTop = "kiln-cache";
 constexpr const char* kManifestMember = "kiln-cache/manifest.json";
+constexpr const char* kSignatureMember = "kiln-cache/manifest.sig";
+constexpr uint64_t kMaxSignatureBytes = 64 << 10;
 constexpr const char* kFormat = "kiln-cache-archive";
 constexpr int kArchiveVersion = 1;
-constexpr uint64_t kMaxMemberBytes = uint64_t{256} << 20;
 /// The only file names an entry may hold.
 const std::set<std::string> kEntryFiles = {"meta.json", "code.hsaco", "code.cubin", "code.ptx", "source.hip",
                                            "source.cu"};
@@ -68,14 +73,6 @@ struct EntryDeleter {
 std::string archive_message(archive* a) {
   const char* s = archive_error_string(a);
   return s && *s ? std::string(s) : std::string("unknown libarchive error");
-}
-
-/// A name from an archive, safe to print: control characters replaced, length bounded.
-std::string printable(std::string_view name) {
-  std::string out;
-  for (char c : name.substr(0, 160)) out += (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) ? '?' : c;
-  if (name.size() > 160) out += "...";
-  return out;
 }
 
 bool is_hex(std::string_view s, size_t n) {
@@ -111,35 +108,21 @@ Result<void> check_meta(const json& meta, const std::string& key, const std::set
   return ok();
 }
 
-Result<EntryFiles> read_entry_files(const std::string& dir, const std::string& key) {
-  const std::string meta_path = dir + "/meta.json";
-  int fd = ::open(meta_path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return make_error(Errc::io_error, "vanished (evicted while exporting?)");
-  FileLock reading(fd);
-  struct flock fl{};
-  fl.l_type = F_RDLCK;
-  if (::fcntl(fd, F_OFD_SETLK, &fl) != 0) return make_error(Errc::io_error, "being evicted");
+Result<EntryFiles> read_entry_files(const DiskCache& cache, const std::string& key) {
   EntryFiles out;
-  struct stat st{};
-  if (::fstat(fd, &st) == 0) out.mtime = st.st_mtime;
-  auto meta_text = read_file(meta_path);
-  if (!meta_text) return make_error(Errc::io_error, "meta.json is unreadable");
-  out.meta = json::parse(*meta_text, nullptr, /*allow_exceptions=*/false);
-  if (!out.meta.is_object()) return make_error(Errc::corrupt, "meta.json is not valid JSON");
+  KILN_ASSIGN_OR_RETURN(out.files, cache.read_entry_files(key, &out.mtime));
+  auto meta_it = out.files.find("meta.json");
+  if (meta_it == out.files.end()) return make_error(Errc::corrupt, "meta.json is missing");
+  KILN_ASSIGN_OR_RETURN(out.meta, parse_json(meta_it->second, "meta.json"));
   std::set<std::string> present;
-  std::error_code ec;
-  for (const auto& f : fs::directory_iterator(dir, ec)) present.insert(f.path().filename().string());
-  if (ec) return make_error(Errc::io_error, fmt::format("cannot list '{}': {}", dir, ec.message()));
+  for (const auto& [name, _] : out.files) present.insert(name);
   KILN_TRY(check_meta(out.meta, key, present));
-  out.files["meta.json"] = std::move(*meta_text);
   try {
     for (const auto& [name, want] : out.meta["files"].items()) {
-      auto data = read_file(dir + "/" + name);
-      if (!data) return make_error(Errc::io_error, fmt::format("{} is unreadable", name));
-      if (!want.at("bytes").is_number_unsigned() || data->size() != want.at("bytes").get<uint64_t>() ||
-          sha256_hex(*data) != want.at("sha256").get<std::string>())
+      const std::string& data = out.files.at(name);
+      if (!want.at("bytes").is_number_unsigned() || data.size() != want.at("bytes").get<uint64_t>() ||
+          sha256_hex(data) != want.at("sha256").get<std::string>())
         return make_error(Errc::corrupt, fmt::format("{} changed while exporting", name));
-      out.files[name] = std::move(*data);
     }
   } catch (const json::exception& e) {
     return make_error(Errc::corrupt, fmt::format("meta.json is malformed: {}", e.what()));
@@ -179,7 +162,7 @@ class TreeGuard {
 
 /// What a member of an archive is, after its name was checked against the layout.
 struct Member {
-  enum Kind { a_directory, the_manifest, a_file } kind = a_directory;
+  enum Kind { a_directory, the_manifest, the_signature, a_file } kind = a_directory;
   std::string key, file;
 };
 
@@ -209,6 +192,7 @@ Result<Member> classify(std::string_view name, bool is_dir) {
                                   "kiln-cache/v1/entries/<xx>/<key>/<file>)";
   if (parts[0] != kTop) return bad(layout);
   if (parts.size() == 2 && parts[1] == "manifest.json" && !is_dir) return Member{Member::the_manifest, {}, {}};
+  if (parts.size() == 2 && parts[1] == "manifest.sig" && !is_dir) return Member{Member::the_signature, {}, {}};
   if (parts.size() >= 2 && parts[1] != "v1") return bad(layout);
   if (parts.size() >= 3 && parts[2] != "entries") return bad(layout);
   if (parts.size() >= 4 && !is_hex(parts[3], 2)) return bad(layout);
@@ -229,10 +213,20 @@ Result<Member> classify(std::string_view name, bool is_dir) {
 
 bool archive_supported() { return true; }
 
-Result<ExportReport> export_cache(const DiskCache& cache, const std::string& path, ArchiveCompression compression) {
+Result<ExportReport> export_cache(const DiskCache& cache, const std::string& path, ArchiveCompression compression,
+                                  const std::string& sign_key) {
   ExportReport report;
-  const std::string tmp = path + ".tmp";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+  if (!sign_key.empty()) KILN_TRY(sign_ed25519(sign_key, "kiln: check the signing key"));  // before any file
+  // A new file of a private name beside the archive, created exclusively (O_EXCL, O_NOFOLLOW):
+  // never a file or a symlink someone planted there. Mode 0666 less the umask, as any file the
+  // user creates; renamed over `path` when complete.
+  std::string tmp;
+  int fd = -1;
+  for (int attempt = 0; attempt < 16 && fd < 0; ++attempt) {
+    tmp = fmt::format("{}.{}.tmp", path, random_tag(10));
+    fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+    if (fd < 0 && errno != EEXIST) break;
+  }
   if (fd < 0) return make_error(Errc::io_error, "cannot create " + errno_message(tmp));
   bool done = false;
   struct Cleanup {
@@ -260,7 +254,7 @@ Result<ExportReport> export_cache(const DiskCache& cache, const std::string& pat
       report.skipped.push_back({s.key, s.target, s.summary, s.problem});
       continue;
     }
-    auto entry = read_entry_files(s.path, s.key);
+    auto entry = read_entry_files(cache, s.key);
     if (!entry) {
       report.skipped.push_back({s.key, s.target, s.summary, entry.error().message});
       continue;
@@ -274,7 +268,17 @@ Result<ExportReport> export_cache(const DiskCache& cache, const std::string& pat
     ++report.entries;
   }
   const json manifest = {{"format", kFormat}, {"version", kArchiveVersion}, {"entries", listing}};
-  KILN_TRY(write_member(a.get(), kManifestMember, manifest.dump(1) + "\n", ::time(nullptr), tmp));
+  const std::string manifest_text = manifest.dump(1) + "\n";
+  KILN_TRY(write_member(a.get(), kManifestMember, manifest_text, ::time(nullptr), tmp));
+  if (!sign_key.empty()) {
+    // The signature covers manifest.json's exact bytes, which list every entry's key and the
+    // SHA-256 of each of its files: the binding of keys to code objects.
+    KILN_ASSIGN_OR_RETURN(Signature sig, sign_ed25519(sign_key, manifest_text));
+    const json sig_json = {{"format", "kiln-cache-signature"}, {"algorithm", "ed25519"}, {"signs", kManifestMember},
+                           {"public_key", sig.public_hex}, {"signature", sig.signature_hex}};
+    KILN_TRY(write_member(a.get(), kSignatureMember, sig_json.dump(1) + "\n", ::time(nullptr), tmp));
+    report.signer = sig.public_hex;
+  }
   if (archive_write_close(a.get()) != ARCHIVE_OK)
     return make_error(Errc::io_error, fmt::format("cannot write '{}': {}", tmp, archive_message(a.get())));
   if (::fsync(fd) != 0) return make_error(Errc::io_error, "cannot fsync " + errno_message(tmp));
@@ -291,7 +295,7 @@ Result<ExportReport> export_cache(const DiskCache& cache, const std::string& pat
   return report;
 }
 
-Result<ImportReport> import_cache(const DiskCache& cache, const std::string& path) {
+Result<ImportReport> import_cache(const DiskCache& cache, const std::string& path, const ImportLimits& limits) {
   if (cache.read_only())
     return make_error(Errc::io_error, fmt::format("cache '{}' is a read-only layer", cache.root()));
   struct stat ast{};
@@ -313,20 +317,22 @@ Result<ImportReport> import_cache(const DiskCache& cache, const std::string& pat
     return make_error(Errc::corrupt,
                       fmt::format("{}: {}", unrecognized() ? not_archive : damaged, archive_message(a.get())));
 
-  // A private staging directory, laid out as a cache root. Its name has the shape of the disk
-  // cache's temporaries (<name>.<host>.<pid>.<n>): one left by a killed import is cleaned up.
+  // A private staging directory, laid out as a cache root: a temporary of the disk cache, held
+  // alive while the import runs (one left by a killed import is removed by the next writer).
   const std::string root = cache.root();
-  std::string staging = fmt::format("{}/v1/tmp/import.{}.{}.XXXXXX", root, host_tag(), ::getpid());
   KILN_TRY(make_dirs(root + "/v1/tmp", 0700));
-  if (!::mkdtemp(staging.data())) return make_error(Errc::io_error, "cannot create " + errno_message(staging));
+  KILN_ASSIGN_OR_RETURN(DiskCache::Temporary lease, cache.temporary("import."));
+  const std::string staging = lease.path();
+  if (::mkdir(staging.c_str(), 0700) != 0) return make_error(Errc::io_error, "cannot create " + errno_message(staging));
   TreeGuard remove_staging(staging);
   const std::string staged_entries = staging + "/v1/entries";
 
   ImportReport report;
   std::map<std::string, std::set<std::string>> staged;  // key -> file names
-  std::string manifest_text;
-  bool have_manifest = false;
+  std::string manifest_text, signature_text;
+  bool have_manifest = false, have_signature = false;
   size_t members = 0;
+  uint64_t staged_bytes = 0;
   std::vector<char> buf(1 << 16);
   for (;;) {
     archive_entry* e = nullptr;
@@ -352,15 +358,25 @@ Result<ImportReport> import_cache(const DiskCache& cache, const std::string& pat
       return make_error(Errc::corrupt, fmt::format("'{}': {}; refusing the archive (nothing was imported)", path,
                                                    member.error().message));
     if (member->kind == Member::a_directory) continue;
-    if (archive_entry_size_is_set(e) && static_cast<uint64_t>(archive_entry_size(e)) > kMaxMemberBytes)
-      return refuse(fmt::format("is {} bytes, over the limit of {} bytes", archive_entry_size(e), kMaxMemberBytes));
+    if (archive_entry_size_is_set(e) && static_cast<uint64_t>(archive_entry_size(e)) > limits.max_member_bytes)
+      return refuse(fmt::format("is {} bytes, over the limit of {} bytes", archive_entry_size(e), limits.max_member_bytes));
+    if (members > limits.max_members)
+      return make_error(Errc::corrupt, fmt::format("'{}' has more than {} members, over the limit; refusing the archive "
+                                                   "(nothing was imported)",
+                                                   path, limits.max_members));
 
     // The data: into memory for manifest.json, into a new file of the staging cache otherwise.
     int fd = -1;
     std::string file_path;
+    std::string* in_memory = nullptr;
     if (member->kind == Member::the_manifest) {
       if (have_manifest) return refuse("appears twice");
       have_manifest = true;
+      in_memory = &manifest_text;
+    } else if (member->kind == Member::the_signature) {
+      if (have_signature) return refuse("appears twice");
+      have_signature = true;
+      in_memory = &signature_text;
     } else {
       const std::string dir = fmt::format("{}/{}/{}", staged_entries, member->key.substr(0, 2), member->key);
       KILN_TRY(make_dirs(dir, 0700));
@@ -382,9 +398,17 @@ Result<ImportReport> import_cache(const DiskCache& cache, const std::string& pat
       if (n == 0) break;
       if (n < 0) return make_error(Errc::corrupt, fmt::format("{}: {}", damaged, archive_message(a.get())));
       total += static_cast<uint64_t>(n);
-      if (total > kMaxMemberBytes) return refuse(fmt::format("is over the limit of {} bytes", kMaxMemberBytes));
-      if (fd < 0) {
-        manifest_text.append(buf.data(), static_cast<size_t>(n));
+      staged_bytes += static_cast<uint64_t>(n);
+      if (total > limits.max_member_bytes)
+        return refuse(fmt::format("is over the limit of {} bytes", limits.max_member_bytes));
+      // The whole archive is bounded too: a small compressed file must not fill the disk.
+      if (staged_bytes > limits.max_total_bytes)
+        return make_error(Errc::corrupt, fmt::format("'{}' unpacks to more than {} bytes, over the limit of an import; "
+                                                     "refusing the archive (nothing was imported)",
+                                                     path, limits.max_total_bytes));
+      if (in_memory) {
+        if (in_memory == &signature_text && total > kMaxSignatureBytes) return refuse("is too large for a signature");
+        in_memory->append(buf.data(), static_cast<size_t>(n));
         continue;
       }
       for (la_ssize_t off = 0; off < n;) {
@@ -399,7 +423,28 @@ Result<ImportReport> import_cache(const DiskCache& cache, const std::string& pat
   if (!have_manifest)
     return make_error(Errc::corrupt, fmt::format("{}: it has no {} (write one with 'kiln cache export')", not_archive,
                                                  kManifestMember));
-  const json manifest = json::parse(manifest_text, nullptr, /*allow_exceptions=*/false);
+  // With trusted keys configured, the archive must carry a signature of manifest.json by one of
+  // them; checked before anything of the archive is believed.
+  if (!limits.trusted_keys.empty()) {
+    if (!have_signature)
+      return make_error(Errc::corrupt, fmt::format("'{}' is not signed, and KILN_TRUSTED_KEYS accepts only signed "
+                                                   "archives; refusing it (nothing was imported; sign with 'kiln "
+                                                   "cache export --sign KEY')",
+                                                   path));
+    auto sig_json = parse_json(signature_text, kSignatureMember);
+    Signature sig;
+    if (sig_json && sig_json->is_object() && sig_json->value("algorithm", "") == "ed25519") {
+      sig.public_hex = sig_json->value("public_key", "");
+      sig.signature_hex = sig_json->value("signature", "");
+    }
+    if (!verify_ed25519(limits.trusted_keys, manifest_text, sig))
+      return make_error(Errc::corrupt, fmt::format("'{}': its signature is not by a key in KILN_TRUSTED_KEYS or does "
+                                                   "not match its manifest; refusing it (nothing was imported)",
+                                                   path));
+    report.signer = sig.public_hex;
+  }
+  auto parsed_manifest = parse_json(manifest_text, kManifestMember);
+  const json manifest = parsed_manifest ? std::move(parsed_manifest).value() : json();
   if (!manifest.is_object() || !manifest.contains("format") || manifest["format"] != kFormat ||
       !manifest.contains("entries") || !manifest["entries"].is_array())
     return make_error(Errc::corrupt, fmt::format("{}: its {} is malformed", not_archive, kManifestMember));
@@ -432,8 +477,9 @@ Result<ImportReport> import_cache(const DiskCache& cache, const std::string& pat
     } else if (auto it = listed.find(s.key); it == listed.end()) {
       info.problem = "it is not listed in manifest.json";
     } else {
-      auto meta = read_file(s.path + "/meta.json");
-      const json m = meta ? json::parse(*meta, nullptr, false) : json();
+      auto meta = read_file(s.path + "/meta.json", uint64_t{16} << 20);
+      auto parsed = meta ? parse_json(*meta, "meta.json") : Result<json>(meta.error());
+      const json m = parsed ? std::move(parsed).value() : json();
       if (auto checked = check_meta(m, s.key, staged[s.key]); !checked) info.problem = checked.error().message;
       else if (m["files"] != it->second["files"]) info.problem = "its files disagree with manifest.json";
     }

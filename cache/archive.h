@@ -8,10 +8,10 @@
 //   kiln-cache/manifest.json                       {"format": "kiln-cache-archive", "version": 1,
 //                                                   "entries": [{"key", "target", "summary",
 //                                                   "files": {name: {"sha256", "bytes"}}}]}
-// Export writes only entries that verify (as a cache load does), to FILE.tmp, renamed to FILE when
-// complete. Import is paranoid about the layout: any member outside it (an absolute path, "..", a
-// link, a device, an unknown file name, a member over 256 MiB) refuses the whole archive, as does a
-// damaged or truncated one. The members are extracted into a private directory under the
+// Export writes only entries that verify (as a cache load does), to a new file of a private name
+// beside FILE (created exclusively, never through a planted symlink), renamed to FILE when complete. Import is paranoid about the layout: any member outside it (an absolute path, "..", a
+// link, a device, an unknown file name, a member over 256 MiB, more than 4 GiB unpacked in all: see
+// ImportLimits) refuses the whole archive, as does a damaged or truncated one. The members are extracted into a private directory under the
 // destination cache's v1/tmp/, laid out as a cache of its own, and every entry is verified there
 // with the checks of a cache load (SHA-256 and size of every file, code-object header, key and
 // target), plus: the key is the SHA-256 of the entry's key fields, the entry holds exactly the
@@ -19,8 +19,10 @@
 // (reported with the reason); the others are renamed into v1/entries/ one by one (atomic, as a
 // compile's store is), existing keys are kept as they are, and the private directory is removed.
 //
-// The checks catch damage and malformed or hostile layouts; they cannot tell a malicious producer,
-// since archives are not signed: import archives only from hosts you would let write your cache.
+// The checks catch damage and malformed or hostile layouts; they cannot tell a malicious producer
+// of an unsigned archive. A signed archive (export --sign KEY) carries kiln-cache/manifest.sig, an
+// Ed25519 signature of manifest.json (which binds every key to the SHA-256 of its files); with
+// KILN_TRUSTED_KEYS set, import refuses archives that are unsigned or not signed by a listed key.
 #pragma once
 
 #include <cstdint>
@@ -28,6 +30,7 @@
 #include <vector>
 
 #include "kiln/result.h"
+#include "support/signature.h"
 
 namespace kiln {
 
@@ -51,24 +54,40 @@ struct ExportReport {
   uint64_t entry_bytes = 0;               ///< Bytes of their files, uncompressed.
   uint64_t archive_bytes = 0;             ///< Size of the archive file.
   std::vector<ArchiveEntryInfo> skipped;  ///< Entries that failed verification (not exported).
+  std::string signer;                     ///< With a signing key: its public key (hex); else empty.
 };
 
-/// Writes every entry of `cache` that verifies to the archive `path` (through `path`.tmp).
+/// Writes every entry of `cache` that verifies to the archive `path` (through a private
+/// temporary `path`.<random>.tmp, created with O_EXCL).
 /// Errors: Errc::unsupported (no libarchive), io_error (cannot write), nothing is left at `path`.
+/// `sign_key`: the PEM file of an Ed25519 private key; the archive then carries
+/// kiln-cache/manifest.sig, a signature of manifest.json's bytes (see support/signature.h).
 Result<ExportReport> export_cache(const DiskCache& cache, const std::string& path,
-                                  ArchiveCompression compression = ArchiveCompression::zstd);
+                                  ArchiveCompression compression = ArchiveCompression::zstd,
+                                  const std::string& sign_key = "");
 
 struct ImportReport {
   size_t members = 0;                      ///< Entries in the archive.
   std::vector<ArchiveEntryInfo> imported;  ///< Added to the cache.
   std::vector<ArchiveEntryInfo> present;   ///< Already in the cache (left as they are).
   std::vector<ArchiveEntryInfo> rejected;  ///< Failed verification (problem says why); not added.
+  std::string signer;                      ///< The trusted key that signed it (hex), when keys were given.
+};
+
+/// Bounds of an import: what an archive may unpack to before it is refused as a whole.
+struct ImportLimits {
+  uint64_t max_member_bytes = uint64_t{256} << 20;  ///< One member (a code object, a source).
+  uint64_t max_total_bytes = uint64_t{4} << 30;     ///< All members together, as staged on disk.
+  size_t max_members = 1'000'000;                   ///< Members of any kind (directories included).
+  /// Not empty (KILN_TRUSTED_KEYS): the archive must be signed by one of these keys, or it is
+  /// refused as a whole (Errc::corrupt), unsigned or mis-signed alike.
+  std::vector<TrustedKey> trusted_keys;
 };
 
 /// Adds the entries of the archive `path` to `cache` (see above).
 /// Errors (nothing is added, nothing is left behind): Errc::unsupported (no libarchive), io_error
 /// (unreadable archive, cache not writable), corrupt (not an archive, damaged or truncated, a
 /// member outside the layout, no or malformed manifest.json).
-Result<ImportReport> import_cache(const DiskCache& cache, const std::string& path);
+Result<ImportReport> import_cache(const DiskCache& cache, const std::string& path, const ImportLimits& limits = {});
 
 }  // namespace kiln

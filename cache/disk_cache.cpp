@@ -1,11 +1,16 @@
 #include "cache/disk_cache.h"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <fmt/format.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
+#include <cstring>
+#include <set>
 #include <chrono>
 #include <climits>
 #include <stdexcept>
@@ -86,11 +91,68 @@ nlohmann::json entry_metadata(const CacheEntry& e, const std::map<std::string, s
           {"files", files}};
 }
 
+namespace {
+
+bool writable_by_others(const struct stat& st) { return (st.st_mode & (S_IWGRP | S_IWOTH)) != 0; }
+
+/// Why directory `dir` (an ancestor of the cache root) lets another user swap what lies under it,
+/// or "" when it does not: it must belong to root or to this user, and be writable by no one
+/// else unless it is sticky and root-owned (as /tmp is: others may add names there, but not
+/// rename or remove this user's).
+std::string unsafe_ancestor(const std::string& dir, const struct stat& st) {
+  const uid_t me = ::geteuid();
+  if (st.st_uid != 0 && st.st_uid != me) return fmt::format("'{}' belongs to uid {}", dir, st.st_uid);
+  if (writable_by_others(st) && !((st.st_mode & S_ISVTX) && st.st_uid == 0))
+    return fmt::format("'{}' is writable by group or others (mode {:o}) and is not a sticky root-owned directory",
+                       dir, st.st_mode & 07777);
+  return {};
+}
+
+/// Checks every directory on the way to `root`, as written and with symlinks resolved.
+Result<void> check_root_path(const std::string& root) {
+  std::string absolute = root;
+  if (absolute.front() != '/') {
+    char cwd[4096];
+    if (!::getcwd(cwd, sizeof cwd)) return make_error(Errc::io_error, "cannot resolve the cache directory " + errno_message(root));
+    absolute = std::string(cwd) + "/" + root;
+  }
+  std::vector<std::string> paths = {absolute};
+  if (char* real = ::realpath(root.c_str(), nullptr)) {
+    paths.emplace_back(real);
+    std::free(real);
+  }
+  for (const std::string& path : paths) {
+    // Every proper prefix: "/", "/home", "/home/user", ... (not the root itself: open() checks it).
+    for (size_t pos = 0; (pos = path.find('/', pos)) != std::string::npos; ++pos) {
+      const std::string dir = pos == 0 ? "/" : path.substr(0, pos);
+      if (pos + 1 >= path.size()) break;
+      struct stat st{};
+      if (::lstat(dir.c_str(), &st) != 0) continue;  // '..' and friends: the resolved path is checked too
+      if (S_ISLNK(st.st_mode)) continue;             // its directory was checked; its target is in the resolved path
+      if (auto why = unsafe_ancestor(dir, st); !why.empty())
+        return make_error(Errc::io_error,
+                          fmt::format("refusing the cache directory '{}': {}, so another user could swap entries "
+                                      "under it; put the cache (KILN_CACHE_DIR) in a directory only you can write",
+                                      root, why));
+    }
+  }
+  return ok();
+}
+
+}  // namespace
+
+DiskCache::~DiskCache() {
+  if (root_fd_ >= 0) ::close(root_fd_);
+}
+
 Result<std::unique_ptr<DiskCache>> DiskCache::open(const std::string& root, bool read_only) {
   if (root.empty()) return make_error(Errc::invalid_argument, "the cache directory is empty");
   if (!read_only) KILN_TRY(make_dirs(root, 0700));
+  KILN_TRY(check_root_path(root));
+  // Checked once here, then used through this descriptor: entries are opened relative to it.
+  UniqueFd root_fd(::open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   struct stat st{};
-  if (::stat(root.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+  if (!root_fd || ::fstat(root_fd.get(), &st) != 0 || !S_ISDIR(st.st_mode))
     return make_error(Errc::io_error, "cannot open cache directory " + errno_message(root));
   // A writable cache must be ours; a read-only layer may belong to root (shipped with an
   // application). Neither may be writable by anyone else.
@@ -105,12 +167,12 @@ Result<std::unique_ptr<DiskCache>> DiskCache::open(const std::string& root, bool
                       fmt::format("cache directory '{}' is writable by group or others (mode {:o}); "
                                   "refusing it, since anyone could plant a code object: chmod 700 it",
                                   root, st.st_mode & 0777));
-  if (read_only) return std::unique_ptr<DiskCache>(new DiskCache(root, true));
+  if (read_only) return std::unique_ptr<DiskCache>(new DiskCache(root, true, root_fd.release()));
   for (const char* sub : {"/v1/entries", "/v1/tmp", "/v1/locks", "/v1/corrupt", "/v1/tuning"})
     KILN_TRY(make_dirs(root + sub, 0700));
   if (::access(root.c_str(), W_OK) != 0)
     return make_error(Errc::io_error, "cache directory is not writable: " + errno_message(root));
-  auto cache = std::unique_ptr<DiskCache>(new DiskCache(root, false));
+  auto cache = std::unique_ptr<DiskCache>(new DiskCache(root, false, root_fd.release()));
   cache->clean_stale_tmp();
   return cache;
 }
@@ -119,34 +181,114 @@ std::string DiskCache::entry_dir(const std::string& key) const {
   return fmt::format("{}/v1/entries/{}/{}", root_, key.substr(0, 2), key);
 }
 
-Result<CacheEntry> DiskCache::read_entry(const std::string& dir, const std::string& key) const {
-  // An entry another user owns, or anyone else can write, may hold a planted code object.
+bool DiskCache::trusted(const struct stat& st) const {
+  return (st.st_uid == ::geteuid() || (read_only_ && st.st_uid == 0)) && !writable_by_others(st);
+}
+
+/// An entry's directory, opened through descriptors from the root, and the stat of it.
+struct DiskCache::EntryDir {
+  UniqueFd fd;
+  struct stat st {};
+};
+
+namespace {
+bool valid_key(const std::string& key) {
+  return key.size() >= 3 && key.size() <= 128 &&
+         std::all_of(key.begin(), key.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_'; });
+}
+}  // namespace
+
+Result<DiskCache::EntryDir> DiskCache::open_entry(const std::string& key) const {
+  if (!valid_key(key)) return make_error(Errc::invalid_argument, fmt::format("'{}' is not a cache key", key));
+  const std::string shard = key.substr(0, 2);
+  const char* steps[] = {"v1", "entries", shard.c_str(), key.c_str()};
+  UniqueFd dir(::fcntl(root_fd_, F_DUPFD_CLOEXEC, 0));
+  if (!dir) return make_error(Errc::io_error, fmt::format("cannot read cache entry {}: {}", key, std::strerror(errno)));
   struct stat st{};
-  if (::stat(dir.c_str(), &st) != 0) return make_error(Errc::io_error, "entry vanished");
-  if ((st.st_uid != ::geteuid() && !(read_only_ && st.st_uid == 0)) || (st.st_mode & (S_IWGRP | S_IWOTH)))
-    return make_error(Errc::corrupt, fmt::format("the entry is owned by uid {} with mode {:o}; refusing it",
-                                                 st.st_uid, st.st_mode & 0777));
+  for (size_t i = 0; i < 4; ++i) {
+    UniqueFd next(open_dir_at(dir.get(), steps[i]));
+    if (!next) {
+      const int err = errno;
+      // ENOENT: a miss. ELOOP/ENOTDIR: a symlink or a file where a directory belongs.
+      if (i == 3 && (err == ELOOP || err == ENOTDIR))
+        return make_error(Errc::corrupt, "the entry is a symlink or not a directory; refusing it");
+      return make_error(Errc::io_error,
+                        fmt::format("{}: {}", err == ENOENT ? "no entry" : "cannot open the entry", std::strerror(err)));
+    }
+    if (::fstat(next.get(), &st) != 0)
+      return make_error(Errc::io_error, fmt::format("cannot stat the entry: {}", std::strerror(errno)));
+    if (!trusted(st)) {
+      const std::string why = fmt::format("'{}' is owned by uid {} with mode {:o}; refusing it",
+                                          i == 3 ? std::string("the entry") : std::string(steps[i]), st.st_uid,
+                                          st.st_mode & 0777);
+      // The entry itself is bad (moved aside); a foreign directory above it is a misconfiguration.
+      return make_error(i == 3 ? Errc::corrupt : Errc::io_error, why);
+    }
+    dir = std::move(next);
+  }
+  return EntryDir{std::move(dir), st};
+}
+
+bool DiskCache::still_linked(const std::string& key, const struct stat& dir_st) const {
+  auto again = open_entry(key);
+  return again && again->st.st_dev == dir_st.st_dev && again->st.st_ino == dir_st.st_ino;
+}
+
+bool DiskCache::contains(const std::string& key) const { return open_entry(key).ok(); }
+
+namespace {
+constexpr uint64_t kMaxMetaBytes = uint64_t{16} << 20;
+constexpr uint64_t kMaxEntryFileBytes = uint64_t{1} << 30;
+}  // namespace
+
+Result<CacheEntry> DiskCache::read_entry(const EntryDir& dir, const std::string& key) const {
+  // Every failure is classified: Errc::corrupt only when the content is proven wrong (a foreign,
+  // linked or special file, a missing file of an entry still in place, bad metadata, a size or
+  // checksum mismatch); Errc::io_error for a read error or an entry that went away meanwhile.
+  auto vanished_or = [&](const std::string& what) -> Error {
+    if (!still_linked(key, dir.st)) return make_error(Errc::io_error, "the entry was evicted or cleared while read");
+    return make_error(Errc::corrupt, what);
+  };
+  auto open_part = [&](const std::string& name, OpenedFile& f) -> Result<void> {
+    f = open_regular_at(dir.fd.get(), name.c_str());
+    if (f.ok()) {
+      if (!trusted(f.st))
+        return make_error(Errc::corrupt, fmt::format("{} is owned by uid {} with mode {:o}; refusing it", name,
+                                                     f.st.st_uid, f.st.st_mode & 0777));
+      return ok();
+    }
+    if (f.not_regular) return make_error(Errc::corrupt, fmt::format("{} is not a regular file", name));
+    if (f.err == ELOOP) return make_error(Errc::corrupt, fmt::format("{} is a symbolic link", name));
+    if (f.err == ENOENT) return vanished_or(fmt::format("{} is missing", name));
+    return make_error(Errc::io_error, fmt::format("cannot open {}: {}", name, std::strerror(f.err)));
+  };
+  auto read_part = [&](const std::string& name, const OpenedFile& f, uint64_t limit) -> Result<std::string> {
+    int err = 0;
+    auto data = read_fd(f.fd.get(), name, limit, &err);
+    if (data) return data;
+    if (data.error().code == Errc::invalid_argument) return make_error(Errc::corrupt, data.error().message);
+    return make_error(Errc::io_error, data.error().message);
+  };
+
   // A shared lock on meta.json for the whole read: eviction (exclusive, non-blocking) skips the
   // entry meanwhile. The lock goes with the descriptor.
-  const std::string meta_path = dir + "/meta.json";
-  int fd = ::open(meta_path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return make_error(errno == ENOENT && ::access(dir.c_str(), F_OK) != 0 ? Errc::io_error : Errc::corrupt,
-                                "cannot open " + errno_message(meta_path));
-  FileLock reading(fd);
+  OpenedFile meta_file;
+  KILN_TRY(open_part("meta.json", meta_file));
   struct flock fl{};
   fl.l_type = F_RDLCK;
-  if (!read_only_ && ::fcntl(fd, F_OFD_SETLK, &fl) != 0) return make_error(Errc::io_error, "entry is being evicted");
-  // From here on the entry cannot be evicted: every failure means a bad entry.
-  auto read_part = [&](const std::string& name) -> Result<std::string> {
-    auto data = read_file(dir + "/" + name);
-    if (!data) return make_error(Errc::corrupt, fmt::format("{} is missing or unreadable", name));
-    return data;
-  };
-  KILN_ASSIGN_OR_RETURN(std::string meta_text, read_part("meta.json"));
+  if (!read_only_ && ::fcntl(meta_file.fd.get(), F_OFD_SETLK, &fl) != 0)
+    return make_error(Errc::io_error, "entry is being evicted");
+  // Evicted between the open and the lock: a miss, not a missing file.
+  if (!read_only_ && !still_linked(key, dir.st)) return make_error(Errc::io_error, "the entry was evicted while read");
+  KILN_ASSIGN_OR_RETURN(std::string meta_text, read_part("meta.json", meta_file, kMaxMetaBytes));
   KILN_ASSIGN_OR_RETURN(EntryMetadata meta, parse_entry_metadata(meta_text, key));
   CacheEntry e = std::move(meta.entry);
   for (const auto& [name, want] : meta.files) {
-    KILN_ASSIGN_OR_RETURN(std::string data, read_part(name));
+    OpenedFile f;
+    KILN_TRY(open_part(name, f));
+    if (static_cast<uint64_t>(f.st.st_size) != want.bytes)
+      return make_error(Errc::corrupt, fmt::format("{} has {} bytes, meta.json says {}", name, f.st.st_size, want.bytes));
+    KILN_ASSIGN_OR_RETURN(std::string data, read_part(name, f, std::min(want.bytes, kMaxEntryFileBytes)));
     if (data.size() != want.bytes)
       return make_error(Errc::corrupt, fmt::format("{} has {} bytes, meta.json says {}", name, data.size(), want.bytes));
     if (sha256_hex(data) != want.sha256) return make_error(Errc::corrupt, fmt::format("{} fails its SHA-256 check", name));
@@ -159,9 +301,45 @@ Result<CacheEntry> DiskCache::read_entry(const std::string& dir, const std::stri
   return e;
 }
 
+Result<std::map<std::string, std::string>> DiskCache::read_entry_files(const std::string& key, time_t* mtime) const {
+  KILN_ASSIGN_OR_RETURN(EntryDir dir, open_entry(key));
+  OpenedFile meta = open_regular_at(dir.fd.get(), "meta.json");
+  if (!meta.ok()) {
+    if (meta.err == ENOENT) return make_error(Errc::io_error, "vanished (evicted while exporting?)");
+    return make_error(transient_errno(meta.err) ? Errc::io_error : Errc::corrupt,
+                      fmt::format("meta.json: {}", meta.not_regular ? "not a regular file" : std::strerror(meta.err)));
+  }
+  struct flock fl{};
+  fl.l_type = F_RDLCK;
+  if (!read_only_ && ::fcntl(meta.fd.get(), F_OFD_SETLK, &fl) != 0) return make_error(Errc::io_error, "being evicted");
+  if (mtime) *mtime = meta.st.st_mtime;
+  int err = 0;
+  auto names = list_dir_fd(dir.fd.get(), &err);
+  if (!names) return make_error(Errc::io_error, names.error().message);
+  std::map<std::string, std::string> files;
+  for (const DirEntryName& n : *names) {
+    OpenedFile f = open_regular_at(dir.fd.get(), n.name.c_str());
+    if (!f.ok()) {
+      if (f.err == ENOENT) return make_error(Errc::io_error, "vanished (evicted while exporting?)");
+      if (f.not_regular || f.err == ELOOP)
+        return make_error(Errc::corrupt, fmt::format("'{}' is not a regular file", printable(n.name)));
+      return make_error(Errc::io_error, fmt::format("cannot open {}: {}", printable(n.name), std::strerror(f.err)));
+    }
+    if (!trusted(f.st))
+      return make_error(Errc::corrupt, fmt::format("{} is owned by uid {} with mode {:o}", printable(n.name),
+                                                   f.st.st_uid, f.st.st_mode & 0777));
+    auto data = read_fd(f.fd.get(), n.name, kMaxEntryFileBytes);
+    if (!data) return make_error(Errc::io_error, data.error().message);
+    files[n.name] = std::move(*data);
+  }
+  return files;
+}
+
 Result<EntryMetadata> parse_entry_metadata(std::string_view text, const std::string& key) {
-  nlohmann::json meta = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (meta.is_discarded() || !meta.is_object()) return make_error(Errc::corrupt, "meta.json is not valid JSON");
+  auto parsed = parse_json(text, "meta.json");
+  if (!parsed) return parsed.take_error();
+  const nlohmann::json meta = std::move(parsed).value();
+  if (!meta.is_object()) return make_error(Errc::corrupt, "meta.json is not a JSON object");
   // nlohmann's typed accessors throw on a wrong type or a missing field: each is a bad entry.
   try {
     if (json_int(meta, "format_version") != kCacheFormatVersion)
@@ -197,47 +375,101 @@ Result<EntryMetadata> parse_entry_metadata(std::string_view text, const std::str
   }
 }
 
-void DiskCache::quarantine_entry(const std::string& key, const std::string& why) {
-  quarantine(entry_dir(key), key, why);
-}
+void DiskCache::quarantine_entry(const std::string& key, const std::string& why) { quarantine(key, nullptr, why); }
 
-void DiskCache::quarantine(const std::string& dir, const std::string& key, const std::string& why) {
+void DiskCache::quarantine(const std::string& key, const struct stat* dir_st, const std::string& why) {
   ++corrupt_;
+  const std::string dir = entry_dir(key);
   if (read_only_) {
     KILN_LOG_WARN("read-only cache entry {} is bad ({}); skipping it", dir, why);
     return;
   }
-  const std::string dest = fmt::format("{}/v1/corrupt/{}.{}.{}", root_, key, ::getpid(), tmp_counter_++);
-  std::error_code ec;
-  fs::rename(dir, dest, ec);
-  KILN_LOG_WARN("cache entry {} is corrupt ({}); moved to {} and rebuilding", dir, why, ec ? "(move failed)" : dest);
+  // Only the entry that was found bad: if another process replaced it meanwhile, leave the new one.
+  if (dir_st && !still_linked(key, *dir_st)) return;
+  const std::string dest = fmt::format("{}/v1/corrupt/{}.{}", root_, key, random_tag(8));
+  const bool moved = ::rename(dir.c_str(), dest.c_str()) == 0;
+  KILN_LOG_WARN("cache entry {} is corrupt ({}); moved to {} and rebuilding", dir, why, moved ? dest : "(move failed)");
 }
 
 std::optional<CacheEntry> DiskCache::load(const std::string& key) {
-  const std::string dir = entry_dir(key);
-  struct stat st{};
-  if (::stat(dir.c_str(), &st) != 0) return std::nullopt;
-  auto entry = read_entry(dir, key);
+  auto dir = open_entry(key);
+  if (!dir) {
+    if (dir.error().code == Errc::corrupt) quarantine(key, nullptr, dir.error().message);
+    return std::nullopt;
+  }
+  auto entry = read_entry(*dir, key);
   if (!entry) {
-    // io_error: the entry vanished or is being evicted under us, a plain miss. Anything else is a
-    // bad entry: moved aside (or, in a read-only layer, reported and skipped).
-    if (entry.error().code != Errc::io_error) quarantine(dir, key, entry.error().message);
+    // corrupt: the content is proven wrong; moved aside (in a read-only layer, reported and
+    // skipped). io_error: a read error, or the entry went away meanwhile: a miss, and the entry
+    // stays where it is.
+    if (entry.error().code == Errc::corrupt) {
+      quarantine(key, &dir->st, entry.error().message);
+    } else if (!warned_unreadable_.exchange(true)) {
+      KILN_LOG_WARN("cannot read cache entry {} ({}); treating it as a miss and leaving it in place", entry_dir(key),
+                    entry.error().message);
+    }
     return std::nullopt;
   }
   // Last use, for the least-recently-used eviction.
-  if (!read_only_) ::utimensat(AT_FDCWD, dir.c_str(), nullptr, 0);
+  if (!read_only_) ::futimens(dir->fd.get(), nullptr);
   return std::move(entry).value();
+}
+
+DiskCache::Temporary::Temporary(Temporary&& o) noexcept
+    : path_(std::move(o.path_)), live_(std::move(o.live_)), fd_(o.fd_) {
+  o.fd_ = -1;
+  o.live_.clear();
+}
+
+DiskCache::Temporary& DiskCache::Temporary::operator=(Temporary&& o) noexcept {
+  if (this != &o) {
+    this->~Temporary();
+    path_ = std::move(o.path_);
+    live_ = std::move(o.live_);
+    fd_ = o.fd_;
+    o.fd_ = -1;
+    o.live_.clear();
+  }
+  return *this;
+}
+
+DiskCache::Temporary::~Temporary() {
+  if (!live_.empty()) ::unlink(live_.c_str());
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+  live_.clear();
+}
+
+Result<DiskCache::Temporary> DiskCache::temporary(const std::string& prefix) const {
+  if (read_only_) return make_error(Errc::io_error, fmt::format("cache '{}' is a read-only layer", root_));
+  Temporary t;
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    t.path_ = fmt::format("{}/v1/tmp/{}{}", root_, prefix, random_tag(12));
+    t.live_ = t.path_ + ".live";
+    // The .live file first, locked: from the moment <name> exists, a cleaner sees a held lock.
+    t.fd_ = ::open(t.live_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (t.fd_ >= 0) break;
+    if (errno != EEXIST) {
+      const std::string live = t.live_;
+      t.live_.clear();
+      return make_error(Errc::io_error, "cannot create " + errno_message(live));
+    }
+    t.live_.clear();
+  }
+  if (t.fd_ < 0) return make_error(Errc::io_error, "cannot create a temporary name in " + root_ + "/v1/tmp");
+  // A file system without flock (some NFS setups) still works: the temporary is then removed only
+  // after a day, like those of older Kiln versions.
+  if (::flock(t.fd_, LOCK_EX | LOCK_NB) != 0) KILN_LOG_DEBUG("cannot flock {}: {}", t.live_, std::strerror(errno));
+  return t;
 }
 
 Result<void> DiskCache::store(const CacheEntry& e) {
   const std::string final_dir = entry_dir(e.key);
   if (read_only_) return make_error(Errc::io_error, fmt::format("cache '{}' is a read-only layer", root_));
-  const std::string tmp = fmt::format("{}/v1/tmp/{}.{}.{}.{}", root_, e.key, host_tag(), ::getpid(), tmp_counter_++);
+  KILN_ASSIGN_OR_RETURN(Temporary lease, temporary(e.key + "."));
+  const std::string& tmp = lease.path();
   KILN_TRY(make_dirs(tmp, 0700));
-  auto cleanup = [&] {
-    std::error_code ec;
-    fs::remove_all(tmp, ec);
-  };
+  auto cleanup = [&] { remove_tree(tmp); };
   const std::string code_name = "code." + e.compiled.code.format;
   const std::string src_name = source_name(e.target);
   std::map<std::string, std::string> sha = {{code_name, sha256_hex(e.compiled.code.bytes)},
@@ -249,29 +481,46 @@ Result<void> DiskCache::store(const CacheEntry& e) {
   // meta.json goes last: an entry directory is only ever renamed into place complete.
   if (r) r = write_file_synced(tmp + "/meta.json", entry_metadata(e, sha, bytes).dump(1));
   if (r) r = sync_dir(tmp);
-  if (r) r = make_dirs(fs::path(final_dir).parent_path().string(), 0700);
   if (!r) {
     cleanup();
     return r;
   }
   test_kill_point("publish");
+  const std::string parent = fs::path(final_dir).parent_path().string();
   // NOTES: rename(2) of a directory is atomic on local and network file systems; a reader sees
   // either no entry or a complete one. ENOTEMPTY/EEXIST means another process published first.
-  if (::rename(tmp.c_str(), final_dir.c_str()) != 0) {
-    const int err = errno;
-    cleanup();
-    if (err == ENOTEMPTY || err == EEXIST) return ok();
-    errno = err;
-    return make_error(Errc::io_error, "cannot publish cache entry " + errno_message(final_dir));
+  // ENOENT means a concurrent 'kiln cache clear' swapped entries/ out under us: make the shard
+  // again and retry.
+  int err = 0;
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    if (auto made = make_dirs(parent, 0700); !made) {
+      if (attempt < 4) continue;
+      cleanup();
+      return made;
+    }
+    if (::rename(tmp.c_str(), final_dir.c_str()) == 0) {
+      // Durability of the rename, best effort: a concurrent clear may have swapped the shard out
+      // already (then the entry is cleared, as asked, and there is nothing to sync).
+      (void)sync_dir(parent);
+      return ok();
+    }
+    err = errno;
+    if (err != ENOENT) break;
   }
-  return sync_dir(fs::path(final_dir).parent_path().string());
+  cleanup();
+  if (err == ENOTEMPTY || err == EEXIST) return ok();
+  errno = err;
+  return make_error(Errc::io_error, "cannot publish cache entry " + errno_message(final_dir));
 }
 
 Result<FileLock> DiskCache::lock(const std::string& key, double timeout_s, bool* waited) {
   const std::string path = fmt::format("{}/v1/locks/{}.lock", root_, key);
-  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600);
   if (fd < 0) return make_error(Errc::io_error, "cannot open lock file " + errno_message(path));
   FileLock held(fd);
+  struct stat st{};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
+    return make_error(Errc::io_error, fmt::format("lock file '{}' is not a regular file", path));
   struct flock fl{};
   fl.l_type = F_WRLCK;
   fl.l_whence = SEEK_SET;
@@ -294,51 +543,111 @@ Result<FileLock> DiskCache::lock(const std::string& key, double timeout_s, bool*
   return held;
 }
 
+namespace {
+/// A summary of an entry's key fields for `kiln cache ls`, with what came from the file escaped.
+std::string entry_summary(const nlohmann::json& meta) {
+  const nlohmann::json kf = meta.contains("key_fields") && meta["key_fields"].is_object() ? meta["key_fields"]
+                                                                                            : nlohmann::json::object();
+  auto str = [&](const char* k, const char* fallback) {
+    return kf.contains(k) && kf[k].is_string() ? printable(kf[k].get<std::string>(), 60) : std::string(fallback);
+  };
+  std::string s = fmt::format("{} {}", str("op", "?"), str("dtype", "?"));
+  if (str("out_dtype", "") != str("dtype", "")) s += "->" + str("out_dtype", "?");
+  if (kf.contains("params") && kf["params"].is_object())
+    for (const auto& [k, v] : kf["params"].items()) s += fmt::format(" {}={}", printable(k, 40), printable(v.dump(), 40));
+  s += " [" + str("compiler", "?") + "]";
+  return s;
+}
+}  // namespace
+
 std::vector<EntryStatus> DiskCache::list(bool verify) const {
   std::vector<EntryStatus> out;
-  std::error_code ec;
-  for (fs::recursive_directory_iterator it(root_ + "/v1/entries", ec), end; it != end; it.increment(ec)) {
-    if (ec) break;
-    if (it.depth() != 1 || !it->is_directory()) continue;
-    EntryStatus s;
-    s.key = it->path().filename().string();
-    s.path = it->path().string();
-    for (const auto& f : fs::directory_iterator(it->path(), ec)) s.bytes += f.is_regular_file() ? f.file_size() : 0;
-    auto meta_text = read_file(s.path + "/meta.json");
-    nlohmann::json meta = meta_text ? nlohmann::json::parse(*meta_text, nullptr, false) : nlohmann::json();
-    if (meta.is_object()) {
-      s.target = meta.value("target", "");
-      const auto kf = meta.value("key_fields", nlohmann::json::object());
-      s.summary = fmt::format("{} {}", kf.value("op", "?"), kf.value("dtype", "?"));
-      if (kf.value("out_dtype", "") != kf.value("dtype", "")) s.summary += "->" + kf.value("out_dtype", "?");
-      const nlohmann::json params = kf.value("params", nlohmann::json::object());
-      for (const auto& [k, v] : params.items()) s.summary += fmt::format(" {}={}", k, v.dump());
-      s.summary += " [" + kf.value("compiler", "?") + "]";
-    }
-    if (verify) {
-      auto e = read_entry(s.path, s.key);
-      if (!e) {
+  const std::string entries = root_ + "/v1/entries";
+  auto shards = list_dir(entries);
+  if (!shards) return out;
+  for (const DirEntryName& shard : *shards) {
+    if (shard.type != DT_DIR && shard.type != DT_UNKNOWN) continue;
+    auto keys = list_dir(entries + "/" + shard.name);
+    if (!keys) continue;  // evicted or cleared meanwhile
+    for (const DirEntryName& k : *keys) {
+      if (k.type != DT_DIR && k.type != DT_UNKNOWN) continue;
+      EntryStatus s;
+      s.key = k.name;
+      s.path = entries + "/" + shard.name + "/" + k.name;
+      auto dir = open_entry(s.key);
+      if (!dir) {
+        if (dir.error().message.rfind("no entry", 0) == 0) continue;  // vanished: evicted meanwhile
         s.ok = false;
-        s.problem = e.error().message;
+        s.unreadable = dir.error().code != Errc::corrupt;
+        s.problem = dir.error().message;
+        out.push_back(std::move(s));
+        continue;
       }
-    } else if (!meta.is_object()) {
-      s.ok = false;
-      s.problem = "meta.json is missing or malformed";
+      if (auto files = list_dir_fd(dir->fd.get())) {
+        for (const DirEntryName& f : *files) {
+          struct stat st{};
+          if (::fstatat(dir->fd.get(), f.name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode))
+            s.bytes += static_cast<uint64_t>(st.st_size);
+        }
+      }
+      // meta.json for the summary: opened without following links or blocking, bounded.
+      nlohmann::json meta;
+      OpenedFile mf = open_regular_at(dir->fd.get(), "meta.json");
+      if (mf.ok()) {
+        if (auto text = read_fd(mf.fd.get(), "meta.json", kMaxMetaBytes)) {
+          if (auto parsed = parse_json(*text, "meta.json")) meta = std::move(parsed).value();
+        }
+      }
+      if (meta.is_object()) {
+        s.target = meta.contains("target") && meta["target"].is_string() ? printable(meta["target"].get<std::string>(), 40)
+                                                                          : std::string();
+        s.summary = entry_summary(meta);
+      }
+      if (verify) {
+        auto e = read_entry(*dir, s.key);
+        if (!e) {
+          // An entry evicted while it was verified is simply gone.
+          if (e.error().code != Errc::corrupt && !still_linked(s.key, dir->st)) continue;
+          s.ok = false;
+          s.unreadable = e.error().code != Errc::corrupt;
+          s.problem = e.error().message;
+        }
+      } else if (!meta.is_object()) {
+        s.ok = false;
+        s.unreadable = !mf.ok() && transient_errno(mf.err);
+        s.problem = s.unreadable ? fmt::format("meta.json is unreadable: {}", std::strerror(mf.err))
+                                 : "meta.json is missing or malformed";
+      }
+      out.push_back(std::move(s));
     }
-    out.push_back(std::move(s));
   }
   std::sort(out.begin(), out.end(), [](const EntryStatus& a, const EntryStatus& b) { return a.path < b.path; });
   return out;
 }
 
 Result<size_t> DiskCache::clear() {
-  size_t n = list(false).size();
-  std::error_code ec;
-  for (const char* sub : {"/v1/entries", "/v1/tmp", "/v1/corrupt", "/v1/tuning"}) {
-    fs::remove_all(root_ + sub, ec);
-    if (ec) return make_error(Errc::io_error, fmt::format("cannot remove '{}{}': {}", root_, sub, ec.message()));
-    KILN_TRY(make_dirs(root_ + sub, 0700));
+  if (read_only_) return make_error(Errc::io_error, fmt::format("cache '{}' is a read-only layer", root_));
+  size_t n = 0;
+  for (const char* sub : {"entries", "tuning", "corrupt"}) {
+    const std::string path = fmt::format("{}/v1/{}", root_, sub);
+    // Renamed aside at once, so that readers and writers see the old directory or a new empty
+    // one, never a half-deleted tree; then deleted at leisure (a .live lock keeps cleaners off).
+    KILN_ASSIGN_OR_RETURN(Temporary doomed, temporary(fmt::format("cleared-{}.", sub)));
+    if (::rename(path.c_str(), doomed.path().c_str()) != 0) {
+      if (errno != ENOENT)
+        return make_error(Errc::io_error, fmt::format("cannot clear '{}': {}", path, std::strerror(errno)));
+    }
+    if (::mkdir(path.c_str(), 0700) != 0 && errno != EEXIST)
+      return make_error(Errc::io_error, "cannot create directory " + errno_message(path));
+    if (std::string_view(sub) == "entries") {
+      if (auto shards = list_dir(doomed.path()))
+        for (const DirEntryName& shard : *shards)
+          if (auto keys = list_dir(doomed.path() + "/" + shard.name)) n += keys->size();
+    }
+    if (!remove_tree(doomed.path()))
+      KILN_LOG_WARN("could not remove all of {} (the next 'kiln cache gc' retries)", doomed.path());
   }
+  clean_stale_tmp();
   return n;
 }
 
@@ -349,29 +658,39 @@ uint64_t DiskCache::total_bytes() const {
 }
 
 size_t DiskCache::clean_stale_tmp() {
+  if (read_only_) return 0;
   size_t removed = 0;
-  std::error_code ec;
-  const auto now = fs::file_time_type::clock::now();
-  for (const auto& d : fs::directory_iterator(root_ + "/v1/tmp", ec)) {
-    // <key>.<host>.<pid>.<n>
-    const std::string name = d.path().filename().string();
-    std::vector<std::string> parts;
-    for (size_t pos = 0, next; pos <= name.size(); pos = next + 1) {
-      next = name.find('.', pos);
-      if (next == std::string::npos) next = name.size();
-      parts.push_back(name.substr(pos, next - pos));
-    }
+  const std::string tmp = root_ + "/v1/tmp";
+  auto names = list_dir(tmp);
+  if (!names) return 0;
+  std::set<std::string> all;
+  for (const DirEntryName& n : *names) all.insert(n.name);
+  const time_t now = ::time(nullptr);
+  constexpr time_t kDay = 24 * 3600;
+  for (const std::string& name : all) {
+    const bool is_live = name.size() > 5 && name.compare(name.size() - 5, 5, ".live") == 0;
+    const std::string path = tmp + "/" + name;
+    const std::string base = is_live ? name.substr(0, name.size() - 5) : name;
+    if (is_live && all.count(base)) continue;  // handled with its temporary
+    const std::string live_path = tmp + "/" + base + ".live";
     bool stale = false;
-    if (parts.size() == 4 && parts[1] == host_tag()) {
-      const pid_t pid = static_cast<pid_t>(std::strtol(parts[2].c_str(), nullptr, 10));
-      stale = pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH;
+    bool have_lock = false;
+    UniqueFd live(::open(live_path.c_str(), O_RDWR | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+    if (live) {
+      // The writer holds this lock for as long as it works on the temporary; the kernel drops it
+      // when the writer dies, whatever PID namespace or host it ran in.
+      if (::flock(live.get(), LOCK_EX | LOCK_NB) == 0) stale = have_lock = true;
+      else if (errno == EWOULDBLOCK) continue;  // alive
     }
-    std::error_code tec;
-    const auto mtime = fs::last_write_time(d.path(), tec);
-    if (!tec && now - mtime > std::chrono::hours(24)) stale = true;
+    if (!have_lock) {  // no .live file (a temporary of an older Kiln) or no flock here: a day
+      struct stat st{};
+      if (::lstat(path.c_str(), &st) != 0) continue;
+      stale = now - st.st_mtime > kDay;
+    }
     if (!stale) continue;
-    fs::remove_all(d.path(), tec);
-    if (!tec) ++removed;
+    if (!is_live && !remove_tree(path)) continue;
+    if (live) ::unlink(live_path.c_str());
+    if (!is_live) ++removed;
   }
   if (removed) KILN_LOG_INFO("removed {} temporary cache entries left by dead processes", removed);
   return removed;
@@ -383,35 +702,42 @@ Result<DiskCache::GcResult> DiskCache::collect(uint64_t max_bytes) {
   struct Item {
     std::string key, path;
     uint64_t bytes;
-    fs::file_time_type used;
+    struct timespec used;
   };
   std::vector<Item> items;
   GcResult r;
   for (const auto& e : list(false)) {
-    std::error_code ec;
-    items.push_back({e.key, e.path, e.bytes, fs::last_write_time(e.path, ec)});
+    struct stat st{};
+    if (::lstat(e.path.c_str(), &st) != 0) continue;  // gone meanwhile
+    items.push_back({e.key, e.path, e.bytes, st.st_mtim});
     r.bytes_before += e.bytes;
   }
-  std::sort(items.begin(), items.end(), [](const Item& a, const Item& b) { return a.used < b.used; });
+  std::sort(items.begin(), items.end(), [](const Item& a, const Item& b) {
+    return a.used.tv_sec != b.used.tv_sec ? a.used.tv_sec < b.used.tv_sec : a.used.tv_nsec < b.used.tv_nsec;
+  });
   uint64_t total = r.bytes_before;
   for (const Item& item : items) {
     if (total <= max_bytes) break;
-    const std::string meta = item.path + "/meta.json";
-    int fd = ::open(meta.c_str(), O_RDWR | O_CLOEXEC);  // a write lock needs a writable descriptor
-    FileLock held(fd);
-    if (fd >= 0) {
+    auto dir = open_entry(item.key);
+    if (!dir) {
+      if (dir.error().message.rfind("no entry", 0) == 0) total -= std::min(total, item.bytes);  // gone meanwhile
+      continue;
+    }
+    // A write lock needs a writable descriptor; O_NONBLOCK: a FIFO planted there does not hang.
+    OpenedFile meta = open_regular_at(dir->fd.get(), "meta.json", O_RDWR);
+    if (meta.ok()) {
       struct flock fl{};
       fl.l_type = F_WRLCK;
-      if (::fcntl(fd, F_OFD_SETLK, &fl) != 0) {  // a reader holds it: in use
+      if (::fcntl(meta.fd.get(), F_OFD_SETLK, &fl) != 0) {  // a reader holds it: in use
         ++r.skipped_in_use;
         continue;
       }
     }
     // Rename out of entries/ first (atomic: readers see the entry or nothing), then delete.
-    const std::string doomed = fmt::format("{}/v1/tmp/evicted-{}.{}.{}.{}", root_, item.key, host_tag(), ::getpid(), tmp_counter_++);
-    if (::rename(item.path.c_str(), doomed.c_str()) != 0) continue;
-    std::error_code ec;
-    fs::remove_all(doomed, ec);
+    auto doomed = temporary("evicted-" + item.key + ".");
+    if (!doomed) continue;
+    if (::rename(item.path.c_str(), doomed->path().c_str()) != 0) continue;
+    remove_tree(doomed->path());
     total -= std::min(total, item.bytes);
     ++r.evicted;
     ++evictions_;
@@ -427,24 +753,28 @@ std::string DiskCache::tuning_path(const std::string& key) const {
 
 Result<std::optional<std::string>> DiskCache::read_tuning(const std::string& key) const {
   const std::string path = tuning_path(key);
-  struct stat st{};
-  if (::stat(path.c_str(), &st) != 0) {
-    if (errno == ENOENT || errno == ENOTDIR) return std::optional<std::string>();
+  OpenedFile f = open_regular_at(AT_FDCWD, path.c_str());
+  if (!f.ok()) {
+    if (f.err == ENOENT || f.err == ENOTDIR) return std::optional<std::string>();
+    if (f.not_regular || f.err == ELOOP)
+      return make_error(Errc::corrupt, fmt::format("tuning record '{}' is not a regular file; refusing it", path));
+    errno = f.err;
     return make_error(Errc::io_error, "cannot read tuning record " + errno_message(path));
   }
   // The same rule as for entries: a record anyone else could have written is not trusted.
-  if ((st.st_uid != ::geteuid() && !(read_only_ && st.st_uid == 0)) || (st.st_mode & (S_IWGRP | S_IWOTH)) ||
-      !S_ISREG(st.st_mode))
+  if (!trusted(f.st))
     return make_error(Errc::corrupt, fmt::format("tuning record '{}' is owned by uid {} with mode {:o}; refusing it",
-                                                 path, st.st_uid, st.st_mode & 0777));
-  KILN_ASSIGN_OR_RETURN(std::string text, read_file(path));
-  return std::optional<std::string>(std::move(text));
+                                                 path, f.st.st_uid, f.st.st_mode & 0777));
+  auto text = read_fd(f.fd.get(), path, kMaxMetaBytes);
+  if (!text) return make_error(text.error().code == Errc::invalid_argument ? Errc::corrupt : Errc::io_error,
+                               text.error().message);
+  return std::optional<std::string>(std::move(text).value());
 }
 
 Result<std::string> DiskCache::write_tuning(const std::string& key, const std::string& text) {
   if (read_only_) return make_error(Errc::io_error, fmt::format("cache '{}' is a read-only layer", root_));
-  // <name>.<host>.<pid>.<n>, as entries: clean_stale_tmp removes it if this process dies now.
-  const std::string tmp = fmt::format("{}/v1/tmp/tuning-{}.{}.{}.{}", root_, key, host_tag(), ::getpid(), tmp_counter_++);
+  KILN_ASSIGN_OR_RETURN(Temporary lease, temporary("tuning-" + key + "."));
+  const std::string& tmp = lease.path();
   const std::string path = tuning_path(key);
   Result<void> r = make_dirs(root_ + "/v1/tuning", 0700);
   if (r) r = write_file_synced(tmp, text);
@@ -465,7 +795,7 @@ void DiskCache::quarantine_tuning(const std::string& key, const std::string& why
     KILN_LOG_WARN("read-only tuning record {} is bad ({}); ignoring it", path, why);
     return;
   }
-  const std::string dest = fmt::format("{}/v1/corrupt/tuning-{}.{}.{}.json", root_, key, ::getpid(), tmp_counter_++);
+  const std::string dest = fmt::format("{}/v1/corrupt/tuning-{}.{}.json", root_, key, random_tag(8));
   const bool moved = ::rename(path.c_str(), dest.c_str()) == 0;
   KILN_LOG_WARN("tuning record {} is bad ({}); ignoring it{}", path, why, moved ? ", moved to " + dest : "");
 }
@@ -475,23 +805,23 @@ void DiskCache::append_telemetry(const nlohmann::json& counters) {
   const std::string path = root_ + "/v1/telemetry.jsonl";
   const std::string line = counters.dump() + "\n";
   // O_APPEND writes of one short line are atomic with respect to other appenders.
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
-  if (fd < 0) return;
-  (void)!::write(fd, line.data(), line.size());
-  ::close(fd);
+  OpenedFile f = open_regular_at(AT_FDCWD, path.c_str(), O_WRONLY | O_CREAT | O_APPEND);
+  if (!f.ok()) return;
+  (void)!::write(f.fd.get(), line.data(), line.size());
 }
 
 nlohmann::json DiskCache::telemetry() const {
   nlohmann::json sum = nlohmann::json::object();
-  auto text = read_file(root_ + "/v1/telemetry.jsonl");
+  auto text = read_file(root_ + "/v1/telemetry.jsonl", uint64_t{256} << 20);
   if (!text) return sum;
   uint64_t runtimes = 0;
   for (size_t pos = 0; pos < text->size();) {
     size_t end = text->find('\n', pos);
     if (end == std::string::npos) end = text->size();
-    auto j = nlohmann::json::parse(text->substr(pos, end - pos), nullptr, false);
+    auto parsed = parse_json(std::string_view(*text).substr(pos, end - pos), "telemetry.jsonl");
     pos = end + 1;
-    if (!j.is_object()) continue;  // a torn line from a killed process
+    if (!parsed || !parsed->is_object()) continue;  // a torn line from a killed process
+    const nlohmann::json& j = *parsed;
     ++runtimes;
     for (const auto& [k, v] : j.items())
       if (v.is_number()) sum[k] = sum.value(k, 0.0) + v.get<double>();

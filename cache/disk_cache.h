@@ -2,9 +2,13 @@
 //
 // Layout under the root (default ~/.cache/kiln, see support/env.h):
 //   v1/entries/<key[0:2]>/<key>/  code.<hsaco|cubin|ptx>, source.<hip|cu>, meta.json
-//   v1/tmp/<key>.<host>.<pid>.<n>/ an entry being written; renamed into entries/ when complete.
-//                                 Left behind only by a process that died; removed by the next
-//                                 writer on that host (dead pid) or after a day (other hosts).
+//   v1/tmp/<name>/                 an entry (or tuning record, import, eviction) being written or
+//                                 removed, with v1/tmp/<name>.live beside it: a file its writer
+//                                 holds an flock on for as long as it works on <name>. A
+//                                 temporary whose .live lock can be taken belongs to a dead
+//                                 process and is removed by the next writer or 'kiln cache gc';
+//                                 one without a .live file after a day. Liveness never rests on
+//                                 host names or pids (containers share hosts, not PID namespaces).
 //   v1/locks/<key>.lock           per-key lock file for single-flight compiles across processes
 //   v1/tuning/<key>.json          tuning records (cache/tuning.h): the autotuner's winner for a
 //                                 spec, target, device name and compiler; replaced atomically
@@ -15,11 +19,23 @@
 // its last use (touched on every load): the byte budget evicts the least recently used first.
 // Readers hold a shared OFD lock on meta.json while they read; eviction takes it exclusively
 // without waiting and skips entries in use, so an entry is never deleted under a reader.
+//
+// Trust and faults: the root is opened once (after checking that no directory on its path can be
+// written by another user, unless sticky and root-owned like /tmp) and every entry is read through
+// directory descriptors from it (openat, O_NOFOLLOW), each directory and file checked with fstat
+// (regular file, owner, no group or world write). Special files are opened O_NONBLOCK and refused,
+// so a FIFO never hangs a reader. An entry is quarantined only when its content is proven wrong
+// (a checksum, a size, a missing or foreign file, bad metadata); a read error (EMFILE, EIO,
+// ESTALE, ...) is reported as an error and the entry stays. Nothing here throws.
 #pragma once
 
 #include <nlohmann/json.hpp>
 
+#include <sys/stat.h>
+
 #include <atomic>
+#include <ctime>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -61,15 +77,22 @@ struct EntryStatus {
   std::string summary;  ///< "gemm bf16 M=... " from meta.json.
   uint64_t bytes = 0;
   bool ok = true;
+  bool unreadable = false;  ///< !ok because of a read error (EMFILE, EIO, ...), not bad content.
   std::string problem;  ///< Why verification failed.
 };
 
 class DiskCache {
  public:
+  ~DiskCache();
+  DiskCache(const DiskCache&) = delete;
+  DiskCache& operator=(const DiskCache&) = delete;
+
   /// Opens (creating, mode 0700) the cache under `root`. Refuses a directory owned by another
   /// user or writable by group/others: a poisoned code object would run on the GPU.
   /// `read_only`: a layer (KILN_CACHE_PATH) that is searched but never written or repaired; it
   /// must exist and may be owned by another user, but must not be writable by anyone but its owner.
+  /// Errors: Errc::io_error (cannot create or open it; another user owns it or may write it or a
+  /// directory on its path).
   static Result<std::unique_ptr<DiskCache>> open(const std::string& root, bool read_only = false);
 
   const std::string& root() const { return root_; }
@@ -87,9 +110,15 @@ class DiskCache {
   /// released by the kernel when the holder dies, so a crashed process never blocks others).
   Result<FileLock> lock(const std::string& key, double timeout_s, bool* waited = nullptr);
 
+  /// Whether an entry directory for `key` exists (not verified).
+  bool contains(const std::string& key) const;
+
   /// Every entry, verified (checksums) when `verify`.
   std::vector<EntryStatus> list(bool verify) const;
-  /// Removes every entry and tuning record; returns how many entries.
+  /// Removes every entry and tuning record; returns how many entries. Safe under concurrent
+  /// writers and readers: each of entries/, tuning/ and corrupt/ is renamed aside at once (a new
+  /// empty one takes its place) and then deleted; writers that publish meanwhile retry, and the
+  /// temporaries of live writers are left alone.
   Result<size_t> clear();
   /// Moves a bad entry aside (v1/corrupt/), as load() does; for `kiln cache verify --fix`.
   void quarantine_entry(const std::string& key, const std::string& why);
@@ -104,6 +133,30 @@ class DiskCache {
   uint64_t total_bytes() const;
   /// Removes temporary entries left by dead processes; returns how many.
   size_t clean_stale_tmp();
+
+  /// A temporary name under v1/tmp/ held alive for as long as this object lives (see the layout
+  /// above): `path` is free for the holder to create; other processes leave it alone.
+  class Temporary {
+   public:
+    Temporary() = default;
+    Temporary(Temporary&& o) noexcept;
+    Temporary& operator=(Temporary&&) noexcept;
+    ~Temporary();
+    const std::string& path() const { return path_; }
+
+   private:
+    friend class DiskCache;
+    std::string path_, live_;
+    int fd_ = -1;
+  };
+  /// Reserves v1/tmp/<prefix><random>. Errors: Errc::io_error.
+  Result<Temporary> temporary(const std::string& prefix) const;
+
+  /// The files of entry `key` (name -> bytes, meta.json included; every regular file in the
+  /// entry), read through directory descriptors under a shared lock, each file checked as load()
+  /// checks it, and the entry's mtime. For export. Errors: Errc::corrupt (a foreign, linked or
+  /// special file), io_error (vanished, being evicted, unreadable).
+  Result<std::map<std::string, std::string>> read_entry_files(const std::string& key, time_t* mtime = nullptr) const;
 
   /// The text of tuning record `key` (v1/tuning/<key>.json, see cache/tuning.h), or nullopt when
   /// there is none. Errors: Errc::corrupt (owned by another user or writable by group/others:
@@ -124,13 +177,20 @@ class DiskCache {
   uint64_t evictions() const { return evictions_.load(); }
 
  private:
-  DiskCache(std::string root, bool read_only) : root_(std::move(root)), read_only_(read_only) {}
+  DiskCache(std::string root, bool read_only, int root_fd)
+      : root_(std::move(root)), read_only_(read_only), root_fd_(root_fd) {}
   std::string entry_dir(const std::string& key) const;
-  Result<CacheEntry> read_entry(const std::string& dir, const std::string& key) const;
-  void quarantine(const std::string& dir, const std::string& key, const std::string& why);
+  struct EntryDir;
+  Result<EntryDir> open_entry(const std::string& key) const;
+  bool trusted(const struct stat& st) const;
+  bool still_linked(const std::string& key, const struct stat& dir_st) const;
+  Result<CacheEntry> read_entry(const EntryDir& dir, const std::string& key) const;
+  void quarantine(const std::string& key, const struct stat* dir_st, const std::string& why);
 
   std::string root_;
   bool read_only_ = false;
+  int root_fd_ = -1;  ///< The root, opened once by open(); entries are read relative to it.
+  mutable std::atomic<bool> warned_unreadable_{false};
   std::atomic<uint64_t> corrupt_{0};
   std::atomic<uint64_t> evictions_{0};
   std::atomic<uint64_t> tmp_counter_{0};

@@ -8,6 +8,7 @@
 #include <filesystem>
 
 #include "codegen/codegen.h"
+#include "support/fs.h"
 #include "support/json_read.h"
 #include "support/log.h"
 #include "support/sha256.h"
@@ -73,8 +74,9 @@ nlohmann::json tuning_record_json(const TuningRecord& r) {
 }
 
 Result<TuningRecord> parse_tuning_record(std::string_view text, const TuningKey& key) {
-  const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) return make_error(Errc::corrupt, "the record is not valid JSON");
+  auto parsed = parse_json(text, "the tuning record");
+  if (!parsed || !parsed->is_object()) return make_error(Errc::corrupt, "the record is not valid JSON");
+  const nlohmann::json& j = *parsed;
   // nlohmann's typed accessors throw on a wrong type or a missing field: each is a bad record.
   try {
     if (json_int(j, "format_version") != kTuningFormatVersion)
@@ -140,14 +142,18 @@ std::vector<FoundTuning> tunings_of(const DiskCache& cache, const OpTemplate& op
                                     const TargetInfo& target, const std::string& compiler) {
   std::vector<FoundTuning> out;
   const std::vector<TileConfig> candidates = op.tuning_candidates(op.baked_spec(spec), target);
-  std::error_code ec;
-  for (const auto& f : std::filesystem::directory_iterator(cache.root() + "/v1/tuning", ec)) {
-    if (f.path().extension() != ".json") continue;
-    const std::string digest = f.path().stem().string();
+  auto names = list_dir(cache.root() + "/v1/tuning");
+  if (!names) return out;
+  for (const DirEntryName& f : *names) {
+    if (f.name.size() <= 5 || f.name.compare(f.name.size() - 5, 5, ".json") != 0) continue;
+    const std::string digest = f.name.substr(0, f.name.size() - 5);
+    const std::string file_path = cache.root() + "/v1/tuning/" + f.name;
     auto text = cache.read_tuning(digest);
     if (!text || !*text) continue;
     // The device is the one key field the caller cannot know: take the record's, then check it all.
-    const nlohmann::json j = nlohmann::json::parse(**text, nullptr, /*allow_exceptions=*/false);
+    auto parsed = parse_json(**text, file_path);
+    if (!parsed) continue;
+    const nlohmann::json& j = *parsed;
     if (!j.is_object() || !j.contains("key_fields") || !j["key_fields"].is_object()) continue;
     const nlohmann::json& device = j["key_fields"].value("device", nlohmann::json());
     if (!device.is_string()) continue;
@@ -155,7 +161,7 @@ std::vector<FoundTuning> tunings_of(const DiskCache& cache, const OpTemplate& op
     if (key.digest() != digest) continue;
     auto record = parse_tuning_record(**text, key);
     if (!record || std::find(candidates.begin(), candidates.end(), record->winner) == candidates.end()) continue;
-    out.push_back({std::move(record).value(), f.path().string()});
+    out.push_back({std::move(record).value(), file_path});
   }
   std::sort(out.begin(), out.end(), [](const FoundTuning& a, const FoundTuning& b) { return a.path < b.path; });
   return out;

@@ -1,7 +1,9 @@
 // Kernel manifests: parse (nlohmann::json), validate against targets, write.
 #include "kiln/manifest.h"
 
+#include <fcntl.h>
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
@@ -13,12 +15,19 @@
 
 #include "support/fs.h"
 #include "templates/registry.h"
+#include "support/json_read.h"
 
 namespace kiln {
 namespace {
 
 using json = nlohmann::json;
 
+/// The largest manifest read: 64 MiB (a recording of every spec of a long job is a few MiB).
+constexpr uint64_t kMaxManifestBytes = uint64_t{64} << 20;
+
+/// A manifest nests 4 levels ({"kernels": [{"params": {...}}]}); 32 leaves room and bounds every
+/// recursion over the parsed value (dump() in messages, comparisons).
+constexpr JsonLimits kLimits{32, true};
 constexpr std::string_view kKernelFields[] = {"op", "dtype", "out_dtype", "label", "params"};
 constexpr std::string_view kTopFields[] = {"model", "kernels"};
 
@@ -38,11 +47,12 @@ std::string op_names() {
   return join(names);
 }
 
-/// A JSON value as the user wrote it, shortened, for "got ..." in messages.
+/// A JSON value as the user wrote it, shortened and with control characters escaped, for
+/// "got ..." in messages.
 std::string shown(const json& v) {
-  std::string s = v.dump();
+  std::string s = v.dump(-1, ' ', false, json::error_handler_t::replace);
   if (s.size() > 40) s = s.substr(0, 37) + "...";
-  return s;
+  return printable(s);
 }
 
 bool is_comment(const std::string& key) { return !key.empty() && key[0] == '_'; }
@@ -90,7 +100,7 @@ Result<ManifestEntry> parse_kernel(const json& k, std::string_view source, std::
     if (is_comment(key)) continue;
     if (std::find(std::begin(kKernelFields), std::end(kKernelFields), key) == std::end(kKernelFields))
       return kernel_error(Errc::corrupt, source, where,
-                          fmt::format("unknown field '{}' (fields: {})", key, join(kKernelFields)));
+                          fmt::format("unknown field '{}' (fields: {})", printable(key, 60), join(kKernelFields)));
   }
   ManifestEntry entry;
   // op
@@ -143,7 +153,7 @@ Result<ManifestEntry> parse_kernel(const json& k, std::string_view source, std::
     auto p = std::find_if(ps.begin(), ps.end(), [&](const ParamInfo& i) { return i.name == key; });
     if (p == ps.end())
       return kernel_error(Errc::invalid_argument, source, where,
-                          fmt::format("unknown parameter params.{}; {} takes: {}", key, entry.spec.op,
+                          fmt::format("unknown parameter params.{}; {} takes: {}", printable(key, 60), entry.spec.op,
                                       join(param_names)));
     KILN_ASSIGN_OR_RETURN(entry.spec.params[key], param_value(value, *p, source, where));
   }
@@ -177,15 +187,21 @@ bool is_json_lines(std::string_view text) {
   const size_t start = text.find_first_not_of(" \t\r\n");
   if (start == std::string_view::npos || text[start] != '{') return false;
   std::string_view first = text.substr(start, text.find('\n', start) - start);
-  const json j = json::parse(first.begin(), first.end(), nullptr, /*allow_exceptions=*/false);
-  return j.is_object() && j.contains("op") && !j.contains("kernels");
+  try {
+    const json j = parse_json_limited(first, kLimits);
+    return j.is_object() && j.contains("op") && !j.contains("kernels");
+  } catch (const std::exception&) {
+    return false;
+  }
 }
 
 /// "column 7: ..." of a parse error of one line, for "line N, column 7: invalid JSON (...)".
 std::string line_parse_error(std::string_view line, size_t number) {
   try {
-    const json parsed = json::parse(line.begin(), line.end());
+    const json parsed = parse_json_limited(line, kLimits);
     (void)parsed;
+  } catch (const JsonLimitError& e) {
+    return fmt::format("line {}: {}", number, e.what());
   } catch (const json::parse_error& e) {
     const std::string what = e.what();
     static const std::regex kAt(R"(line \d+, column (\d+): (.*))");
@@ -212,8 +228,14 @@ Result<Manifest> parse_json_lines(std::string_view text, std::string_view source
   std::set<std::string> seen;
   for (size_t i = 0; i < lines.size(); ++i) {
     const auto& [number, line] = lines[i];
-    const json k = json::parse(line.begin(), line.end(), nullptr, /*allow_exceptions=*/false);
-    if (k.is_discarded()) {
+    json k;
+    bool bad = false;
+    try {
+      k = parse_json_limited(line, kLimits);
+    } catch (const std::exception&) {
+      bad = true;
+    }
+    if (bad) {
       if (i + 1 == lines.size()) {
         m.warnings.push_back(fmt::format("'{}': line {}: skipped the last line, which is not complete JSON (a "
                                          "process killed while recording it?)",
@@ -237,9 +259,14 @@ Result<Manifest> parse_json_lines(std::string_view text, std::string_view source
 
 Result<Manifest> parse_manifest(std::string_view text, std::string_view source) {
   if (is_json_lines(text)) return parse_json_lines(text, source);
+  if (text.size() > kMaxManifestBytes)
+    return make_error(Errc::corrupt, fmt::format("'{}': {} bytes, over the limit of {} bytes for a manifest", source,
+                                                 text.size(), kMaxManifestBytes));
   json doc;
   try {
-    doc = json::parse(text.begin(), text.end());
+    doc = parse_json_limited(text, kLimits);
+  } catch (const JsonLimitError& e) {
+    return make_error(Errc::corrupt, fmt::format("'{}': invalid manifest: {}", source, e.what()));
   } catch (const json::parse_error& e) {
     return make_error(Errc::corrupt, fmt::format("'{}': {}", source, parse_error_text(e)));
   } catch (const std::exception& e) {
@@ -254,7 +281,8 @@ Result<Manifest> parse_manifest(std::string_view text, std::string_view source) 
     if (is_comment(key)) continue;
     if (std::find(std::begin(kTopFields), std::end(kTopFields), key) == std::end(kTopFields))
       return make_error(Errc::corrupt,
-                        fmt::format("'{}': unknown top-level field '{}' (fields: {})", source, key, join(kTopFields)));
+                        fmt::format("'{}': unknown top-level field '{}' (fields: {})", source, printable(key, 60),
+                                    join(kTopFields)));
   }
   Manifest m;
   if (auto it = doc.find("model"); it != doc.end()) {
@@ -281,15 +309,25 @@ Result<Manifest> parse_manifest(std::string_view text, std::string_view source) 
 }
 
 Result<Manifest> read_manifest(const std::string& path) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec))
-    return make_error(Errc::io_error, fmt::format("cannot read manifest '{}': it is a directory", path));
-  auto text = read_file(path);
-  if (!text) {
-    std::string msg = text.error().message;
-    if (msg.rfind("cannot read ", 0) == 0) msg = "cannot read manifest " + msg.substr(12);
-    return make_error(Errc::io_error, std::move(msg));
+  // A regular file (or '-', standard input), never more than the manifest limit: /dev/zero, a
+  // FIFO or a directory is refused at once, not read without bound.
+  if (path == "-") {
+    auto text = read_fd(STDIN_FILENO, "-", kMaxManifestBytes);
+    if (!text) return make_error(Errc::io_error, fmt::format("cannot read the manifest from standard input: {}",
+                                                             text.error().message));
+    return parse_manifest(*text, "<stdin>");
   }
+  OpenedFile f = open_regular_at(AT_FDCWD, path.c_str(), O_RDONLY, /*follow=*/true);
+  if (f.not_regular)
+    return make_error(Errc::io_error, fmt::format("cannot read manifest '{}': it is {}; give a regular file, or - for "
+                                                  "standard input",
+                                                  path, S_ISDIR(f.st.st_mode) ? "a directory" : "not a regular file"));
+  if (!f.ok()) {
+    errno = f.err;
+    return make_error(Errc::io_error, "cannot read manifest " + errno_message(path));
+  }
+  auto text = read_fd(f.fd.get(), path, kMaxManifestBytes);
+  if (!text) return make_error(Errc::io_error, fmt::format("cannot read manifest '{}': {}", path, text.error().message));
   return parse_manifest(*text, path);
 }
 
@@ -298,7 +336,7 @@ Result<void> validate_manifest(const Manifest& manifest, std::span<const TargetI
   for (size_t i = 0; i < manifest.kernels.size(); ++i) {
     const ManifestEntry& e = manifest.kernels[i];
     std::string where = e.line ? fmt::format("line {}", e.line) : fmt::format("kernel {}", i);
-    if (!e.label.empty()) where += fmt::format(" ({})", e.label);
+    if (!e.label.empty()) where += fmt::format(" ({})", printable(e.label, 80));
     auto op = find_op(e.spec.op);
     if (!op) return make_error(Errc::unknown, fmt::format("'{}': {}: {}", source, where, op.error().message));
     std::optional<Error> first;

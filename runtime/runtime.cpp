@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <functional>
 #include <mutex>
 #include <random>
@@ -336,16 +337,11 @@ class KernelImpl final : public Kernel {
 class RuntimeImpl final : public Runtime {
  public:
   RuntimeImpl(const RuntimeOptions& options, std::unique_ptr<DeviceImpl> device, std::unique_ptr<DiskCache> disk,
-              std::vector<std::unique_ptr<DiskCache>> layers)
-      : device_(std::move(device)), disk_(std::move(disk)), layers_(std::move(layers)) {
+              std::vector<std::unique_ptr<DiskCache>> layers, UniqueFd record_fd)
+      : device_(std::move(device)), disk_(std::move(disk)), layers_(std::move(layers)), record_fd_(record_fd.release()) {
     nvidia_compiler_ = options.nvidia_compiler.empty() ? env().nvidia_compiler : options.nvidia_compiler;
     max_bytes_ = options.cache_max_bytes ? options.cache_max_bytes : env().cache_max_bytes;
     use_tuning_ = options.use_tuning && env().tuning;
-    const std::string record = options.record_file.empty() ? env().record_file : options.record_file;
-    if (!record.empty()) {
-      record_fd_ = ::open(record.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-      if (record_fd_ < 0) KILN_LOG_WARN("cannot record kernel specs to {}", errno_message(record));
-    }
   }
   ~RuntimeImpl() override {
     // Modules go before the device (and its context).
@@ -737,8 +733,12 @@ class RuntimeImpl final : public Runtime {
                                             {"params", params}}
                                  .dump() +
                              "\n";
-    (void)!::write(record_fd_, line.data(), line.size());
+    const ssize_t n = ::write(record_fd_, line.data(), line.size());
+    if (n != static_cast<ssize_t>(line.size()) && !record_failed_.exchange(true))
+      KILN_LOG_WARN("cannot record kernel specs (KILN_RECORD): {}; this runtime records nothing more",
+                    n < 0 ? std::strerror(errno) : "short write (disk full?)");
   }
+  std::atomic<bool> record_failed_{false};
 
   std::unique_ptr<DeviceImpl> device_;
   std::unique_ptr<DiskCache> disk_;
@@ -759,6 +759,13 @@ class RuntimeImpl final : public Runtime {
 }  // namespace
 
 Result<std::unique_ptr<Runtime>> Runtime::create(const RuntimeOptions& options) {
+  if (auto bad = env_error()) return make_error(Errc::invalid_argument, *bad);
+  UniqueFd record_fd;
+  if (const std::string record = options.record_file.empty() ? env().record_file : options.record_file; !record.empty()) {
+    auto opened = open_for_append(record, options.record_file.empty() ? "KILN_RECORD" : "RuntimeOptions::record_file");
+    if (!opened) return opened.take_error();
+    record_fd = std::move(opened).value();
+  }
   std::unique_ptr<DeviceImpl> device;
   const std::string& backend = options.backend;
   if (backend == "cuda" || backend == "hip") {
@@ -804,12 +811,19 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const RuntimeOptions& options) 
       if (next > pos) paths.push_back(env().cache_path.substr(pos, next - pos));
     }
     for (const std::string& path : paths) {
+      if (!env().trusted_keys.empty()) {  // layers cannot carry signatures yet: unsigned content
+        KILN_LOG_WARN("skipping read-only cache layer '{}': KILN_TRUSTED_KEYS accepts only signed content, and "
+                      "layers are not signed (import a signed archive instead)",
+                      path);
+        continue;
+      }
       auto layer = DiskCache::open(path, /*read_only=*/true);
       if (layer) layers.push_back(std::move(layer).value());
       else KILN_LOG_WARN("skipping read-only cache layer: {}", layer.error().message);
     }
   }
-  return std::unique_ptr<Runtime>(new RuntimeImpl(options, std::move(device), std::move(disk), std::move(layers)));
+  return std::unique_ptr<Runtime>(
+      new RuntimeImpl(options, std::move(device), std::move(disk), std::move(layers), std::move(record_fd)));
 }
 
 }  // namespace kiln

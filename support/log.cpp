@@ -10,7 +10,9 @@ std::shared_ptr<spdlog::logger> make_logger() {
   auto sink = std::make_shared<spdlog::sinks::stderr_color_sink_mt>();
   auto log = std::make_shared<spdlog::logger>("kiln", std::move(sink));
   log->set_pattern("kiln: %l: %v");
-  log->set_level(spdlog::level::from_str(env().log_level));
+  // env() refuses unknown names (Runtime::create and the CLI report them); "warning" is spdlog's
+  // "warn" spelled out.
+  log->set_level(spdlog::level::from_str(env().log_level == "warning" ? "warn" : env().log_level));
   return log;
 }
 std::shared_ptr<spdlog::logger>& logger_ptr() {

@@ -5,6 +5,8 @@
 #include <spawn.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sched.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -274,6 +276,49 @@ TEST(CacheFailures, AReadOnlyFileSystemIsReadButNotWritten) {
     EXPECT_EQ(rt->stats().compiles, 1u);
   }
   EXPECT_EQ(system(("umount " + mnt).c_str()), 0);
+}
+
+// A writer stopped in the middle of writing its temporary, and a cleaner in another PID namespace
+// (a container with host networking: same host name, other pids): the cleaner cannot see the
+// writer's pid, and must still leave its temporary alone, because the writer holds its lock.
+TEST(CacheTemporaries, ALiveWriterInAnotherPidNamespaceKeepsItsTemporary) {
+  if (geteuid() != 0) GTEST_SKIP() << "a new PID namespace needs root (CAP_SYS_ADMIN)";
+  TempDir dir;
+  const std::string cache = dir / "cache";
+  { ASSERT_TRUE(DiskCache::open(cache).ok()); }
+  const pid_t writer = spawn_worker(cache, 1, dir / "report", "", "stop:write");
+  int status = 0;
+  ASSERT_EQ(waitpid(writer, &status, WUNTRACED), writer);
+  ASSERT_TRUE(WIFSTOPPED(status)) << "the writer did not stop in the middle of its write";
+  size_t before = 0;
+  for (const auto& e : fs::directory_iterator(cache + "/v1/tmp")) before += e.is_directory();
+  ASSERT_EQ(before, 1u);
+
+  const pid_t outer = fork();
+  if (outer == 0) {
+    if (unshare(CLONE_NEWPID) != 0) _exit(77);
+    const pid_t inner = fork();  // pid 1 of the new namespace
+    if (inner == 0) _exit(DiskCache::open(cache).ok() ? 0 : 1);
+    int st = 0;
+    waitpid(inner, &st, 0);
+    _exit(WIFEXITED(st) ? WEXITSTATUS(st) : 2);
+  }
+  const int cleaner = wait_status(outer);
+  if (WIFEXITED(cleaner) && WEXITSTATUS(cleaner) == 77) {
+    kill(writer, SIGKILL);
+    wait_status(writer);
+    GTEST_SKIP() << "this machine does not allow a new PID namespace";
+  }
+  EXPECT_TRUE(WIFEXITED(cleaner) && WEXITSTATUS(cleaner) == 0);
+  size_t after = 0;
+  for (const auto& e : fs::directory_iterator(cache + "/v1/tmp")) after += e.is_directory();
+  EXPECT_EQ(after, 1u) << "the cleaner removed the temporary of a live writer";
+
+  kill(writer, SIGCONT);
+  const int done = wait_status(writer);
+  EXPECT_TRUE(WIFEXITED(done) && WEXITSTATUS(done) == 0);
+  EXPECT_EQ((*DiskCache::open(cache))->list(true).size(), 1u) << "the writer's entry was published";
+  EXPECT_EQ(read_report(dir / "report").compiles, 1);
 }
 
 TEST(CacheSecurity, EntriesOwnedByAnotherUserAreRefused) {

@@ -2,7 +2,11 @@
 // exactly one "kiln: error: ..." line) and what it leaves in the cache. Each test has its own
 // temporary directory and cache (--cache-dir and KILN_CACHE_DIR). Needs no GPU; kernels are small.
 #include <fcntl.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/stat.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -72,6 +76,8 @@ class CliTest : public ::testing::Test {
   Output kiln_env(const std::vector<std::string>& args, const std::vector<std::string>& extra_env) {
     const std::string out_path = dir_ + "/stdout", err_path = dir_ + "/stderr";
     std::vector<std::string> argv_s = {KILN_CLI_PATH};
+    // A time limit turns a hang into a failure (exit 128+9) instead of a stuck suite.
+    if (time_limit_s_ > 0) argv_s = {"/usr/bin/timeout", "-s", "KILL", std::to_string(time_limit_s_), KILN_CLI_PATH};
     argv_s.insert(argv_s.end(), args.begin(), args.end());
     std::vector<char*> argv;
     for (auto& a : argv_s) argv.push_back(a.data());
@@ -132,6 +138,7 @@ class CliTest : public ::testing::Test {
   std::string path(const std::string& name) const { return dir_ + "/" + name; }
 
   std::string dir_, cache_;
+  int time_limit_s_ = 0;
 };
 
 /// Exactly one line on stderr, "kiln: error: ...", containing every one of `parts`.
@@ -851,6 +858,186 @@ TEST(Manifest, JsonLines) {
   auto valid = kiln::validate_manifest(*zero, std::span<const kiln::TargetInfo* const>(&sm90, 1), "r");
   ASSERT_FALSE(valid.ok());
   EXPECT_EQ(valid.error().message.rfind("'r': line 3: ", 0), 0u) << valid.error().message;
+}
+
+}  // namespace
+
+namespace {
+
+// ---- Input and configuration are validated (issue 10, section 3) ----
+
+TEST_F(CliTest, ADeeplyNestedManifestIsAnErrorNotACrash) {
+  write(path("deep.json"), std::string(100000, '['));
+  expect_one_error_line(kiln({"prewarm", path("deep.json"), "--arch", "sm_90a"}), {"deep.json", "nested deeper than"});
+  write(path("deep2.json"), std::string(100000, '[') + std::string(100000, ']'));
+  expect_one_error_line(kiln({"prewarm", path("deep2.json"), "--arch", "sm_90a"}), {"deep2.json", "nested deeper than"});
+  write(path("deep.jsonl"), R"({"op": "swiglu", "dtype": "bf16", "params": )" + std::string(50000, '[') + "\n");
+  const Output lines = kiln({"prewarm", path("deep.jsonl"), "--arch", "sm_90a"});
+  EXPECT_LT(lines.code, 128) << "crashed: " << lines.err;
+}
+
+TEST_F(CliTest, ManifestsAreRegularFilesWithoutDuplicateKeys) {
+  time_limit_s_ = 20;
+  ASSERT_EQ(::mkfifo(path("fifo.json").c_str(), 0600), 0);
+  expect_one_error_line(kiln({"prewarm", path("fifo.json"), "--arch", "sm_90a"}), {"fifo.json", "not a regular file"});
+  expect_one_error_line(kiln({"prewarm", "/dev/zero", "--arch", "sm_90a"}), {"/dev/zero", "not a regular file"});
+  write(path("dup.json"), R"({"kernels": [{"op": "swiglu", "dtype": "bf16", "dtype": "fp16",
+      "params": {"rows": 1, "intermediate": 64}}]})");
+  expect_one_error_line(kiln({"prewarm", path("dup.json"), "--arch", "sm_90a"}), {"dup.json", "duplicate key \"dtype\""});
+}
+
+TEST_F(CliTest, ControlCharactersInLabelsArePrintedEscaped) {
+  write(path("label.json"), R"({"kernels": [{"op": "swiglu", "dtype": "bf16", "label": "a\u001b[2Jb\u0000c",
+      "params": {"rows": 1, "intermediate": 64}}]})");
+  const Output o = kiln_cached({"prewarm", path("label.json"), "--arch", "sm_90a"});
+  ASSERT_EQ(o.code, 0) << o.err;
+  EXPECT_EQ(o.out.find('\x1b'), std::string::npos) << "an ESC byte reached the terminal";
+  EXPECT_EQ(o.out.find(std::string(1, '\0')), std::string::npos) << "a NUL byte reached the terminal";
+  EXPECT_NE(o.out.find("a\\x1b[2Jb\\x00c"), std::string::npos) << o.out;
+}
+
+TEST_F(CliTest, InvalidEnvironmentVariablesAreErrorsNamingVariableAndValue) {
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"KILN_LOCK_TIMEOUT", "abc"},  {"KILN_LOCK_TIMEOUT", "-5"},      {"KILN_LOCK_TIMEOUT", "nan"},
+      {"KILN_LOCK_TIMEOUT", "1e300"}, {"KILN_CACHE_MAX_SIZE", "abc"},  {"KILN_CACHE_MAX_SIZE", "-1"},
+      {"KILN_CACHE_MAX_SIZE", "2 GiB"}, {"KILN_CACHE_MAX_SIZE", "1e30"}, {"KILN_CACHE_MAX_SIZE", "nan"},
+      {"KILN_CACHE_MAX_SIZE", "0"},  {"KILN_LOG", "wrn"}};
+  for (const auto& [name, value] : bad) {
+    SCOPED_TRACE(name + "=" + value);
+    const Output o = kiln_env({"cache", "stat", "--cache-dir", cache_}, {name + "=" + value});
+    EXPECT_EQ(o.code, 2);
+    expect_one_error_line(o, {name + "='" + value + "'"});
+  }
+  // The accepted forms still work.
+  for (const std::string& ok : {"KILN_LOCK_TIMEOUT=2.5", "KILN_CACHE_MAX_SIZE=2GiB", "KILN_CACHE_MAX_SIZE=512M", "KILN_LOG=info"}) {
+    const Output o = kiln_env({"cache", "stat", "--cache-dir", cache_}, {ok});
+    EXPECT_EQ(o.code, 0) << ok << ": " << o.err;
+  }
+}
+
+TEST_F(CliTest, ZeroBudgetsAreRefusedAlike) {
+  expect_one_error_line(kiln_cached({"cache", "gc", "--max-size", "0"}), {"--max-size 0", "kiln cache clear"});
+  expect_one_error_line(kiln_env({"cache", "gc", "--cache-dir", cache_}, {"KILN_CACHE_MAX_SIZE=0"}),
+                        {"KILN_CACHE_MAX_SIZE='0'", "positive size"});
+}
+
+TEST_F(CliTest, RecordingToAFifoFailsAtOnceInsteadOfHanging) {
+  time_limit_s_ = 20;
+  ASSERT_EQ(::mkfifo(path("rec").c_str(), 0600), 0);
+  const Output o = kiln_env({"inspect", "swiglu", "--param", "rows=1,intermediate=64", "--arch", "sm_90a", "--emit",
+                             "meta", "--cache-dir", cache_},
+                            {"KILN_RECORD=" + path("rec")});
+  EXPECT_NE(o.code, 128 + SIGKILL) << "hung";
+  expect_one_error_line(o, {"KILN_RECORD"});
+}
+
+// ---- Faults (issue 10, section 2) ----
+
+TEST_F(CliTest, PrewarmThatKeepsNothingSaysSoAndFails) {
+  write(path("small.json"), kSmallManifest);
+  const Output o = kiln_env({"prewarm", path("small.json"), "--arch", "sm_90a", "--cache-dir", cache_},
+                            {"KILN_CACHE_MAX_SIZE=1"});
+  EXPECT_EQ(o.code, 1) << o.out << o.err;
+  EXPECT_NE(o.out.find("not kept"), std::string::npos) << o.out;
+  EXPECT_NE(o.err.find("kept nothing"), std::string::npos) << o.err;
+}
+
+TEST_F(CliTest, AFifoInTheCacheNeverHangsTheCacheCommands) {
+  time_limit_s_ = 30;
+  write(path("small.json"), kSmallManifest);
+  ASSERT_EQ(kiln_cached({"prewarm", path("small.json"), "--arch", "sm_90a"}).code, 0);
+  const std::set<std::string> entries = entry_dirs(cache_);
+  ASSERT_GE(entries.size(), 2u);
+  const std::string first = *entries.begin(), second = *std::next(entries.begin());
+  ASSERT_EQ(::unlink((first + "/meta.json").c_str()), 0);
+  ASSERT_EQ(::mkfifo((first + "/meta.json").c_str(), 0600), 0);
+  ASSERT_EQ(::unlink((second + "/code.cubin").c_str()), 0);
+  ASSERT_EQ(::mkfifo((second + "/code.cubin").c_str(), 0600), 0);
+  for (const std::vector<std::string>& cmd : std::vector<std::vector<std::string>>{
+           {"cache", "stat"}, {"cache", "ls"}, {"cache", "verify"}, {"cache", "gc", "--max-size", "1G"},
+           {"cache", "export", path("out.tar.zst")}, {"prewarm", path("small.json"), "--arch", "sm_90a"},
+           {"cache", "verify", "--fix"}, {"cache", "clear"}}) {
+    std::vector<std::string> args = cmd;
+    args.insert(args.end(), {"--cache-dir", cache_});
+    const Output o = kiln(args);
+    EXPECT_LT(o.code, 128) << fmt::format("{}", fmt::join(cmd, " ")) << " hung or crashed: " << o.err;
+  }
+}
+
+TEST_F(CliTest, ExportNeverFollowsAPlantedSymlink) {
+  write(path("small.json"), kSmallManifest);
+  ASSERT_EQ(kiln_cached({"prewarm", path("small.json"), "--arch", "sm_90a"}).code, 0);
+  write(path("victim"), "precious");
+  const std::string archive = path("out.tar.zst");
+  ASSERT_EQ(::symlink(path("victim").c_str(), (archive + ".tmp").c_str()), 0);
+  const Output o = kiln_cached({"cache", "export", archive});
+  ASSERT_EQ(o.code, 0) << o.err;
+  EXPECT_EQ(slurp(path("victim")), "precious") << "the export wrote through a planted symlink";
+  EXPECT_TRUE(fs::is_regular_file(fs::symlink_status(archive)));
+  struct stat st{};
+  ASSERT_EQ(::stat(archive.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0077 & ~0044, 0u) << "group/others may not write the archive";
+}
+
+TEST_F(CliTest, AReadOnlyCacheCanBeAudited) {
+  if (geteuid() != 0) GTEST_SKIP() << "mounting a tmpfs needs root";
+  const std::string mnt = path("ro");
+  fs::create_directories(mnt);
+  if (system(("mount -t tmpfs -o size=16m,mode=0700 tmpfs " + mnt + " 2>/dev/null").c_str()) != 0)
+    GTEST_SKIP() << "this machine does not allow mounting a tmpfs";
+  write(path("small.json"), kSmallManifest);
+  const Output warm = kiln({"prewarm", path("small.json"), "--arch", "sm_90a", "--cache-dir", mnt});
+  EXPECT_EQ(warm.code, 0) << warm.err;
+  ASSERT_EQ(system(("mount -o remount,ro " + mnt).c_str()), 0);
+  for (const char* sub : {"stat", "ls", "verify"}) {
+    const Output o = kiln({"cache", sub, "--cache-dir", mnt});
+    EXPECT_EQ(o.code, 0) << sub << ": " << o.err;
+  }
+  const Output fix = kiln({"cache", "verify", "--fix", "--cache-dir", mnt});
+  EXPECT_NE(fix.code, 0) << "--fix writes, and the cache is read-only";
+  EXPECT_EQ(system(("umount " + mnt).c_str()), 0);
+}
+
+// ---- Trust: signed archives (issue 10, section 1) ----
+
+TEST_F(CliTest, WithTrustedKeysOnlyArchivesSignedByThemAreImported) {
+  if (system("openssl version >/dev/null 2>&1") != 0) GTEST_SKIP() << "no openssl command to make keys";
+  for (const char* who : {"alice", "mallory"}) {
+    ASSERT_EQ(system(fmt::format("openssl genpkey -algorithm ed25519 -out {0}/{1}.pem 2>/dev/null && openssl pkey -in "
+                                 "{0}/{1}.pem -pubout -out {0}/{1}.pub 2>/dev/null",
+                                 dir_, who)
+                         .c_str()),
+              0);
+  }
+  write(path("small.json"), kSmallManifest);
+  ASSERT_EQ(kiln_cached({"prewarm", path("small.json"), "--arch", "sm_90a"}).code, 0);
+  const Output signed_by_alice = kiln_cached({"cache", "export", path("a.tar.zst"), "--sign", path("alice.pem")});
+  ASSERT_EQ(signed_by_alice.code, 0) << signed_by_alice.err;
+  EXPECT_NE(signed_by_alice.out.find("signed   ed25519 key"), std::string::npos) << signed_by_alice.out;
+  ASSERT_EQ(kiln_cached({"cache", "export", path("m.tar.zst"), "--sign", path("mallory.pem")}).code, 0);
+  ASSERT_EQ(kiln_cached({"cache", "export", path("u.tar.zst")}).code, 0);
+  expect_one_error_line(kiln_cached({"cache", "export", path("x.tar.zst"), "--sign", path("alice.pub")}),
+                        {"not an Ed25519 private key"});
+
+  const std::string other = path("other");
+  auto import = [&](const std::string& archive) {
+    return kiln_env({"cache", "import", archive, "--cache-dir", other}, {"KILN_TRUSTED_KEYS=" + path("alice.pub")});
+  };
+  expect_one_error_line(import(path("u.tar.zst")), {"is not signed", "KILN_TRUSTED_KEYS"});
+  expect_one_error_line(import(path("m.tar.zst")), {"not by a key in KILN_TRUSTED_KEYS"});
+  EXPECT_FALSE(fs::exists(other + "/v1/entries") && !fs::is_empty(other + "/v1/entries")) << "nothing imported";
+  const Output good = import(path("a.tar.zst"));
+  ASSERT_EQ(good.code, 0) << good.err;
+  EXPECT_NE(good.out.find("signed by"), std::string::npos) << good.out;
+  EXPECT_FALSE(fs::is_empty(other + "/v1/entries"));
+  // Without trusted keys, an unsigned archive is imported as before.
+  const Output plain = kiln({"cache", "import", path("u.tar.zst"), "--cache-dir", path("third")});
+  EXPECT_EQ(plain.code, 0) << plain.err;
+  // A key file that is not a key: a clear error.
+  write(path("junk.pub"), "junk");
+  expect_one_error_line(kiln_env({"cache", "import", path("a.tar.zst"), "--cache-dir", other},
+                                 {"KILN_TRUSTED_KEYS=" + path("junk.pub")}),
+                        {"KILN_TRUSTED_KEYS", "junk.pub"});
 }
 
 }  // namespace

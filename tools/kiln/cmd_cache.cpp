@@ -1,6 +1,7 @@
 // kiln cache stat|ls|verify|clear|gc|export|import: the on-disk kernel cache (cache/disk_cache.h)
 // and cache archives (cache/archive.h).
 #include <fmt/format.h>
+#include <dirent.h>
 #include <sys/stat.h>
 
 #include <cstdlib>
@@ -12,6 +13,7 @@
 #include "cache/disk_cache.h"
 #include "support/env.h"
 #include "support/fs.h"
+#include "support/json_read.h"
 #include "support/log.h"
 #include "templates/registry.h"
 #include "tools/kiln/cli.h"
@@ -24,12 +26,20 @@ struct CacheOptions {
   std::string file;                 ///< export, import: the archive
   std::string compression = "zstd";  ///< export
   std::string max_size;             ///< gc
+  std::string sign_key;             ///< export --sign
   bool fix = false;                 ///< verify
 };
 
-Result<std::unique_ptr<DiskCache>> open_cache(const std::string& option) {
+/// The cache a command works on. `audit`: stat, ls and verify without --fix only read, so a cache
+/// this user cannot write (a read-only mount, a shipped layer) is opened read-only for them.
+Result<std::unique_ptr<DiskCache>> open_cache(const std::string& option, bool audit = false) {
   const std::string root = cache_root(option);
   auto cache = DiskCache::open(root);
+  if (!cache && audit) {
+    struct stat st{};
+    if (::stat(root.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
+      if (auto readable = DiskCache::open(root, /*read_only=*/true)) return readable;
+  }
   if (!cache) return make_error(cache.error().code, fmt::format("cannot open the cache: {}", cache.error().message));
   return cache;
 }
@@ -45,16 +55,17 @@ std::string size_text(uint64_t bytes) { return fmt::format("{} ({} bytes)", huma
 /// Directories directly under `path` (0 when it does not exist).
 size_t count_dirs(const std::string& path) {
   size_t n = 0;
-  std::error_code ec;
-  for (const auto& d : std::filesystem::directory_iterator(path, ec)) n += d.is_directory(ec);
+  if (auto names = list_dir(path))
+    for (const DirEntryName& d : *names) n += d.type == DT_DIR;
   return n;
 }
 
 /// "nvrtc 13.0" from an entry's meta.json, or "?".
 std::string entry_compiler(const EntryStatus& e) {
-  auto text = read_file(e.path + "/meta.json");
+  auto text = read_file(e.path + "/meta.json", uint64_t{16} << 20);
   if (!text) return "?";
-  auto meta = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  auto parsed = parse_json(*text, "meta.json");
+  const nlohmann::json meta = parsed ? std::move(parsed).value() : nlohmann::json();
   if (!meta.is_object() || !meta.contains("key_fields") || !meta["key_fields"].is_object()) return "?";
   const auto& kf = meta["key_fields"];
   auto str = [&](const char* k) {
@@ -63,7 +74,7 @@ std::string entry_compiler(const EntryStatus& e) {
   std::string c = str("compiler");
   if (c.empty()) return "?";
   if (auto v = str("compiler_version"); !v.empty()) c += " " + v;
-  return c;
+  return printable(c, 60);
 }
 
 /// The byte budget from KILN_CACHE_MAX_SIZE: the value, or nullopt with the reason in `why`.
@@ -74,19 +85,15 @@ std::optional<uint64_t> env_budget(std::string& why) {
     return std::nullopt;
   }
   auto size = parse_size(text);
-  if (!size) {
-    why = fmt::format("KILN_CACHE_MAX_SIZE='{}' is not a size like 2G, 500M, 64K or bytes", text);
-    return std::nullopt;
-  }
-  if (*size == 0) {
-    why = "KILN_CACHE_MAX_SIZE=0 means unbounded";
+  if (!size || *size == 0) {  // main() refuses such a value before any command runs
+    why = fmt::format("KILN_CACHE_MAX_SIZE='{}' is not a positive size like 2G, 500M, 64K or bytes", printable(text, 40));
     return std::nullopt;
   }
   return size;
 }
 
 int cache_stat(const CacheOptions& o) {
-  auto cache = open_cache(o.dir);
+  auto cache = open_cache(o.dir, /*audit=*/true);
   if (!cache) return fail(cache.error());
   const std::string root = (*cache)->root();
   const auto entries = (*cache)->list(false);
@@ -116,6 +123,7 @@ int cache_stat(const CacheOptions& o) {
   fmt::print("by compiler  {}\n", c.empty() ? "-" : c);
   if (unreadable)
     fmt::print("unreadable   {} (meta.json missing or malformed; 'kiln cache verify' for details)\n", unreadable);
+  if ((*cache)->read_only()) fmt::print("access       read-only (this user cannot write it; audited, not changed)\n");
   fmt::print("quarantined  {} (v1/corrupt: entries that failed verification, moved aside)\n",
              count_dirs(root + "/v1/corrupt"));
   fmt::print("temporary    {} (v1/tmp: being written now, or left by a killed process and removed by the next "
@@ -141,7 +149,7 @@ int cache_stat(const CacheOptions& o) {
 }
 
 int cache_ls(const CacheOptions& o) {
-  auto cache = open_cache(o.dir);
+  auto cache = open_cache(o.dir, /*audit=*/true);
   if (!cache) return fail(cache.error());
   const auto entries = (*cache)->list(false);
   if (entries.empty()) {
@@ -171,9 +179,10 @@ void quarantine_quietly(DiskCache& cache, const EntryStatus& e) {
 /// The spec of an entry from its meta.json's key fields; runtime parameters (not in the key) get
 /// their smallest value, which does not change the code.
 Result<std::pair<KernelSpec, std::string>> spec_from_meta(const EntryStatus& e, std::string& compiler) {
-  auto text = read_file(e.path + "/meta.json");
+  auto text = read_file(e.path + "/meta.json", uint64_t{16} << 20);
   if (!text) return make_error(Errc::corrupt, "meta.json is unreadable");
-  const auto meta = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  auto parsed = parse_json(*text, "meta.json");
+  const auto meta = parsed ? std::move(parsed).value() : nlohmann::json();
   if (!meta.is_object()) return make_error(Errc::corrupt, "meta.json is not valid JSON");
   const auto kf = meta.value("key_fields", nlohmann::json());
   auto str = [&](const char* k) -> std::string {
@@ -205,14 +214,20 @@ Result<std::pair<KernelSpec, std::string>> spec_from_meta(const EntryStatus& e, 
 }
 
 int cache_verify(const CacheOptions& o) {
-  auto cache = open_cache(o.dir);
+  auto cache = open_cache(o.dir, /*audit=*/!o.fix);
   if (!cache) return fail(cache.error());
   const std::string root = (*cache)->root();
   const auto entries = (*cache)->list(true);
   size_t bad = 0, fixed = 0, removed = 0, failed = 0;
   std::map<std::string, std::unique_ptr<Runtime>> runtimes;  // by NVIDIA compiler
+  size_t unreadable = 0;
   for (const EntryStatus& e : entries) {
     if (e.ok) continue;
+    if (e.unreadable) {  // a read error, not bad content: reported, never moved or rebuilt
+      ++unreadable;
+      fmt::print("UNREADABLE  {}  {}: {}\n", e.key.substr(0, 12), e.path, e.problem);
+      continue;
+    }
     ++bad;
     fmt::print("CORRUPT  {}  {}  {}: {}\n", e.key.substr(0, 12), e.target.empty() ? "?" : e.target, e.path, e.problem);
     if (!o.fix) continue;
@@ -259,10 +274,16 @@ int cache_verify(const CacheOptions& o) {
                moved);
   }
   runtimes.clear();  // their telemetry goes to the cache now
-  fmt::print("verified {} in {}: {} ok, {} corrupt", entries_word(entries.size()), root, entries.size() - bad, bad);
+  fmt::print("verified {} in {}: {} ok, {} corrupt", entries_word(entries.size()), root,
+             entries.size() - bad - unreadable, bad);
+  if (unreadable) fmt::print(", {} unreadable", unreadable);
   if (o.fix && bad) fmt::print("; fixed {}, removed {}, failed {}", fixed, removed, failed);
   fmt::print("\n");
   std::fflush(stdout);
+  if (unreadable)
+    return fail(fmt::format("{} of {} cache entries could not be read (an I/O error, not bad content: they were left "
+                            "as they are); run 'kiln cache verify' again",
+                            unreadable, entries.size()));
   if (o.fix) {
     if (failed)
       return fail(fmt::format("{} of {} bad cache entries could not be rebuilt (they were moved to v1/corrupt/)",
@@ -291,7 +312,10 @@ int cache_gc(const CacheOptions& o) {
   if (!o.max_size.empty()) {
     auto size = parse_size(o.max_size);
     if (!size)
-      return fail(fmt::format("--max-size '{}': give a size like 2G, 500M, 64K or a number of bytes", o.max_size), 2);
+      return fail(fmt::format("--max-size '{}': give a size like 2G, 500M, 64K or a number of bytes", printable(o.max_size, 40)), 2);
+    // As for KILN_CACHE_MAX_SIZE: a budget is positive. Emptying the cache is 'kiln cache clear'.
+    if (*size == 0)
+      return fail("--max-size 0: a budget of 0 bytes would keep nothing; 'kiln cache clear' removes every entry", 2);
     budget = *size;
     source = "--max-size";
   } else {
@@ -335,10 +359,11 @@ int cache_export(const CacheOptions& o) {
   auto cache = open_cache(o.dir);
   if (!cache) return fail(cache.error());
   const auto compression = o.compression == "none" ? ArchiveCompression::none : ArchiveCompression::zstd;
-  auto r = export_cache(**cache, o.file, compression);
+  auto r = export_cache(**cache, o.file, compression, o.sign_key);
   if (!r) return fail(r.error());
   fmt::print("exported {} ({}) from {} to {} ({}, {})\n", entries_word(r->entries), human_bytes(r->entry_bytes), root,
              o.file, human_bytes(r->archive_bytes), compression == ArchiveCompression::zstd ? "tar.zst" : "tar");
+  if (!r->signer.empty()) fmt::print("  signed   ed25519 key {}\n", r->signer);
   for (const ArchiveEntryInfo& e : r->skipped)
     fmt::print("  skipped  {}  {}  {}: {}\n", e.key.substr(0, 12), e.target.empty() ? "?" : e.target,
                e.summary.empty() ? "?" : e.summary, e.problem);
@@ -352,12 +377,19 @@ int cache_export(const CacheOptions& o) {
 int cache_import(const CacheOptions& o) {
   auto cache = open_cache(o.dir);
   if (!cache) return fail(cache.error());
-  auto r = import_cache(**cache, o.file);
+  ImportLimits limits;
+  if (!env().trusted_keys.empty()) {
+    auto keys = load_trusted_keys(env().trusted_keys);
+    if (!keys) return fail(keys.error());
+    limits.trusted_keys = std::move(keys).value();
+  }
+  auto r = import_cache(**cache, o.file, limits);
   if (!r) return fail(r.error());
   fmt::print("kiln cache import {}: {} in the archive\n", o.file, entries_word(r->members));
   fmt::print("  imported         {}\n", r->imported.size());
   fmt::print("  already present  {}\n", r->present.size());
   fmt::print("  rejected         {}\n", r->rejected.size());
+  if (!r->signer.empty()) fmt::print("  signed by        ed25519 key {} (trusted: KILN_TRUSTED_KEYS)\n", r->signer);
   for (const ArchiveEntryInfo& e : r->rejected)
     fmt::print("    {}  {}  {}: {}\n", e.key.substr(0, 12), e.target.empty() ? "?" : e.target,
                e.summary.empty() ? "?" : e.summary, e.problem);
@@ -406,6 +438,9 @@ Command add_cache_command(CLI::App& app) {
   exp->add_option("--compression", o->compression, "zstd or none (a plain tar)")
       ->check(CLI::IsMember({"zstd", "none"}))
       ->capture_default_str();
+  exp->add_option("--sign", o->sign_key,
+                  "Sign the archive with this Ed25519 private key (PEM, from 'openssl genpkey -algorithm ed25519'); "
+                  "importers with KILN_TRUSTED_KEYS accept only archives signed by their keys");
   auto* imp = add("import", "Add the entries of an archive (from 'kiln cache export') that verify", cache_import);
   imp->add_option("file", o->file, "Archive to read")->required();
   return [o, chosen] {

@@ -13,6 +13,7 @@
 
 #include "cache/disk_cache.h"
 #include "support/env.h"
+#include "support/fs.h"
 #include "tools/kiln/cli.h"
 
 namespace kiln::cli {
@@ -188,6 +189,21 @@ int run_prewarm(const PrewarmOptions& o) {
   }
   const double wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
+  // What is on disk now: a compiled kernel the cache did not keep (a full disk, a budget smaller
+  // than the kernels, an eviction by another process) is built, but not prewarmed.
+  std::set<std::string> asked, not_kept;
+  {
+    std::unique_ptr<DiskCache> disk;
+    if (!rt.cache_dir().empty())
+      if (auto opened = DiskCache::open(rt.cache_dir(), /*read_only=*/true)) disk = std::move(opened).value();
+    for (const Job& job : jobs) {
+      if (!job.compiled) continue;
+      const std::string& key = job.compiled->info().cache_key;
+      asked.insert(key);
+      if (!disk || !disk->contains(key)) not_kept.insert(key);
+    }
+  }
+
   // 4. Summary, then the table of what was built.
   std::string names;
   for (const TargetInfo* t : *targets) names += fmt::format("{}{}", names.empty() ? "" : ",", t->name);
@@ -199,12 +215,16 @@ int run_prewarm(const PrewarmOptions& o) {
   fmt::print("  compiled        {}\n", compiled.load());
   fmt::print("  already cached  {}\n", cached.load());
   fmt::print("  failed          {}\n", failed.load());
+  if (!not_kept.empty())
+    fmt::print("  not kept        {} of {} built (not in the cache now: disk full, read-only, or a budget "
+               "(KILN_CACHE_MAX_SIZE) too small for them)\n",
+               not_kept.size(), asked.size());
   if (o.tune)
     fmt::print("  tuned           {} on {} ({} from records, {} with one configuration, {} failed)\n", tuned,
                rt.device()->name(), from_records, untunable, tune_failed);
   for (const Job& job : jobs) {
     if (job.error.empty()) continue;
-    const std::string label = job.kernel->label.empty() ? spec_summary(job.kernel->spec) : job.kernel->label;
+    const std::string label = job.kernel->label.empty() ? spec_summary(job.kernel->spec) : printable(job.kernel->label, 80);
     const std::string where =
         job.kernel->line ? fmt::format("line {}", job.kernel->line) : fmt::format("kernel {}", job.kernel_index);
     fmt::print("    {} ({}) for {}: {}\n", where, label, job.target->name, first_line(job.error));
@@ -219,13 +239,18 @@ int run_prewarm(const PrewarmOptions& o) {
   for (const Job& job : jobs) {
     if (!job.compiled) continue;
     const KernelInfo& i = job.compiled->info();
-    table.add({job.kernel->label.empty() ? fmt::format("#{}", job.kernel_index) : job.kernel->label,
+    table.add({job.kernel->label.empty() ? fmt::format("#{}", job.kernel_index) : printable(job.kernel->label, 80),
                std::string(job.target->name), spec_summary(job.kernel->spec), i.code_format,
                std::to_string(i.code_bytes), known(i.registers), known(i.shared_bytes), spills(i),
                fmt::format("{:.0f}", i.compile_ms), std::string(job.compiled->origin())});
   }
   fmt::print("\n{}", table.render({4, 5, 6, 7, 8}));
   std::fflush(stdout);
+  if (!asked.empty() && not_kept.size() == asked.size())
+    return fail(fmt::format("none of the {} kernels built is in the cache '{}' (see 'not kept'); prewarm kept nothing",
+                            asked.size(), rt.cache_dir().empty() ? "(memory only)" : rt.cache_dir()));
+  if (!not_kept.empty())
+    warn(fmt::format("{} of {} kernels built were not kept in the cache", not_kept.size(), asked.size()));
   if (!failed.load() && !tune_failed) return 0;
   if (!failed.load()) return fail(fmt::format("{} kernels could not be tuned", tune_failed));
   fail(fmt::format("{} of {} builds failed{}", failed.load(), jobs.size(),

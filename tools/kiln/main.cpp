@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "support/env.h"
 #include "tools/kiln/cli.h"
 
 #ifndef KILN_VERSION_STRING
@@ -77,6 +78,8 @@ int run_cli(int argc, char** argv) {
     }
     return fail(fmt::format("{} (see '{} --help')", e.what(), where), 2);
   }
+  // An invalid KILN_* variable is an error before any command runs, never a silent default.
+  if (auto bad = kiln::env_error()) return fail(*bad, 2);
   for (auto& [sub, cmd] : commands)
     if (sub->parsed()) return cmd();
   return fail("no command given (see 'kiln --help')", 2);
