@@ -17,11 +17,8 @@
 #include <utility>
 #include <vector>
 
+#include "kiln/version.h"
 #include "tools/kiln/cli.h"
-
-#ifndef KILN_VERSION_STRING
-#define KILN_VERSION_STRING "0.1.0"
-#endif
 
 namespace {
 
