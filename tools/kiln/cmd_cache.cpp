@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <map>
@@ -10,6 +11,7 @@
 
 #include "cache/archive.h"
 #include "cache/disk_cache.h"
+#include "cache/remote_cache.h"
 #include "support/env.h"
 #include "support/fs.h"
 #include "support/log.h"
@@ -121,6 +123,19 @@ int cache_stat(const CacheOptions& o) {
   fmt::print("temporary    {} (v1/tmp: being written now, or left by a killed process and removed by the next "
              "writer or 'kiln cache gc')\n",
              count_dirs(root + "/v1/tmp"));
+  if (auto remote = remote_cache_options_from_env(); !remote) {
+    fmt::print("remote       misconfigured: {}\n", remote.error().message);
+  } else if (*remote) {
+    (*remote)->timeout_s = std::min((*remote)->timeout_s, 2.0);
+    RemoteCache tier(std::move(**remote));
+    auto& log = logger();  // the probe's own failure is the line below, not a warning
+    const auto level = log.level();
+    log.set_level(spdlog::level::err);
+    auto probe = tier.probe();
+    log.set_level(level);
+    fmt::print("remote       {} (KILN_REMOTE_CACHE): {}\n", tier.options().url(),
+               probe ? *probe : probe.error().message);
+  }
   const nlohmann::json tel = (*cache)->telemetry();
   const auto runtimes = static_cast<uint64_t>(tel.value("runtimes", 0.0));
   if (!runtimes) {
@@ -137,6 +152,9 @@ int cache_stat(const CacheOptions& o) {
   fmt::print("  evictions    {}\n", n("evictions"));
   fmt::print("  corrupt      {} (entries that failed verification on load, rebuilt)\n", n("corrupt_entries"));
   fmt::print("  disk errors  {}\n", n("disk_errors"));
+  if (n("remote_hits") || n("remote_stores") || n("remote_refused") || n("remote_errors"))
+    fmt::print("  remote       {} hits, {} stores, {} refused (not authenticated or malformed), {} errors\n",
+               n("remote_hits"), n("remote_stores"), n("remote_refused"), n("remote_errors"));
   return 0;
 }
 

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -120,7 +121,7 @@ int run_prewarm(const PrewarmOptions& o) {
   const size_t workers = std::min<size_t>(o.jobs > 0 ? static_cast<size_t>(o.jobs) : hw, jobs.size());
 
   Progress progress(jobs.size(), ::isatty(STDERR_FILENO) == 1);
-  std::atomic<size_t> next{0}, done{0}, compiled{0}, cached{0}, failed{0};
+  std::atomic<size_t> next{0}, done{0}, compiled{0}, cached{0}, failed{0}, remote{0};
   // Two manifest kernels may share a cache entry (rmsnorm with another runtime `rows`): the
   // second finds the first's result in memory and counts as cached, not as a second compile.
   std::mutex keys_mu;
@@ -138,13 +139,14 @@ int run_prewarm(const PrewarmOptions& o) {
           std::lock_guard lock(keys_mu);
           first = keys.insert(job.compiled->info().cache_key).second;
         }
-        (job.compiled->origin() == "compiled" && first ? compiled : cached)++;
+        const std::string_view origin = job.compiled->origin();
+        (first && origin == "compiled" ? compiled : first && origin == "remote" ? remote : cached)++;
       } else {
         job.error = r.error().message;
         failed++;
       }
       const size_t d = ++done;
-      progress.update(d, compiled.load(), cached.load(), failed.load());
+      progress.update(d, compiled.load(), cached.load() + remote.load(), failed.load());
     }
   };
   std::vector<std::thread> pool;
@@ -199,6 +201,8 @@ int run_prewarm(const PrewarmOptions& o) {
   fmt::print("  compiled        {}\n", compiled.load());
   fmt::print("  already cached  {}\n", cached.load());
   fmt::print("  failed          {}\n", failed.load());
+  if (remote.load() || std::getenv("KILN_REMOTE_CACHE"))
+    fmt::print("  remote hits     {} (compiled by another node, fetched from the remote cache)\n", remote.load());
   if (o.tune)
     fmt::print("  tuned           {} on {} ({} from records, {} with one configuration, {} failed)\n", tuned,
                rt.device()->name(), from_records, untunable, tune_failed);
