@@ -303,6 +303,30 @@ TEST_F(RemoteTier, ARedisThatIsFullDegradesAndTheJobGoesOn) {
   EXPECT_EQ(log.count("the server is full"), 1u) << log.text();
 }
 
+TEST_F(RemoteTier, PrewarmJsonCountsRemoteHits) {
+  ScopedEnv url("KILN_REMOTE_CACHE", redis_.url());
+  {
+    auto a = node(dir_ / "a", redis_.url());
+    ASSERT_TRUE(a->compile(swiglu_spec(4, 64), target_).ok());
+  }
+  const std::string manifest = dir_ / "m.json";
+  std::ofstream(manifest) << R"({"kernels": [{"op": "swiglu", "dtype": "bf16", "params": {"rows": 4, "intermediate": 64}},
+                                            {"op": "swiglu", "dtype": "bf16", "params": {"rows": 4, "intermediate": 65}}]})";
+  const std::string cmd = std::string(KILN_CLI_PATH) + " prewarm " + manifest + " --arch " + target_ +
+                          " --json --cache-dir " + (dir_ / "b") + " 2>/dev/null";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[4096];
+  for (size_t n; (n = fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
+  ASSERT_EQ(::pclose(p), 0) << out;
+  auto doc = nlohmann::json::parse(out, nullptr, false);
+  ASSERT_TRUE(doc.is_object()) << out;
+  EXPECT_EQ(doc["summary"]["remote_hits"], 1) << out;
+  EXPECT_EQ(doc["summary"]["compiled"], 1) << out;
+  EXPECT_EQ(doc["kernels"][0]["origin"], "remote");
+}
+
 // Cluster runs: processes (tests/cache/cache_worker.cpp) on separate cache directories, one Redis.
 const char* kWorker = KILN_CACHE_WORKER_PATH;
 
