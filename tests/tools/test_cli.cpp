@@ -879,3 +879,33 @@ TEST_F(CliTest, JsonReportsOfPrewarmAndCacheStatLsVerifyParse) {
   EXPECT_EQ(doc["corrupt"][0]["path"], entry_path);
   EXPECT_TRUE(doc["fix"].is_null());
 }
+
+TEST_F(CliTest, JsonOfManifestListAndInspectMetaParse) {
+  Output list = kiln({"manifest", "--list", "--json"});
+  ASSERT_EQ(list.code, 0) << list.err;
+  auto doc = nlohmann::json::parse(list.out, nullptr, false);
+  ASSERT_TRUE(doc.is_object()) << list.out;
+  EXPECT_EQ(doc["schema"], "kiln.manifest.list");
+  EXPECT_EQ(doc["schema_version"], 1);
+  bool llama = false;
+  for (const auto& m : doc["models"]) llama |= m["name"] == "llama3.1-8b" && m["hidden"] == 4096;
+  EXPECT_TRUE(llama) << list.out;
+  EXPECT_FALSE(doc["gemms"].empty());
+  expect_one_error_line(kiln({"manifest", "llama3.1-8b", "--json"}), {"--json goes with --list"});
+
+  const std::string target = kiln::testing::compilable_target();
+  Output meta = kiln_cached({"inspect", "rmsnorm", "--param", "rows=4,hidden=128", "--dtype", "bf16", "--arch", target,
+                             "--emit", "meta", "--json"});
+  ASSERT_EQ(meta.code, 0) << meta.err;
+  doc = nlohmann::json::parse(meta.out, nullptr, false);
+  ASSERT_TRUE(doc.is_object()) << meta.out;
+  EXPECT_EQ(doc["schema"], "kiln.inspect.meta");
+  EXPECT_EQ(doc["target"], target);
+  EXPECT_EQ(doc["origin"], "compiled");
+  EXPECT_GT(doc["bytes"].get<uint64_t>(), 0u);
+  EXPECT_EQ(doc["cache_key"].get<std::string>().size(), 64u);
+  EXPECT_TRUE(doc["launch"]["grid"].is_array());
+  expect_one_error_line(kiln_cached({"inspect", "rmsnorm", "--param", "rows=4,hidden=128", "--arch", target, "--emit",
+                                     "source", "--json"}),
+                        {"--json goes with --emit meta"});
+}
