@@ -103,7 +103,7 @@ class OpTemplate {
   virtual std::string_view device_template() const = 0;
   /// The device template codegen uses for a chosen configuration (an op with several kernels,
   /// e.g. gemm's tensor-core path, picks by its config); the cache key hashes this text.
-  virtual std::string_view device_template_for(const TileConfig& config) const { return device_template(); }
+  virtual std::string_view device_template_for(const TileConfig& /*config*/) const { return device_template(); }
   virtual std::string_view kernel_name() const = 0;
 
   /// Checks a request. The base checks names, ranges and dtypes from params()/dtypes(); ops add
@@ -125,7 +125,7 @@ class OpTemplate {
   /// Tensor arguments of a spec, in kernel-argument order.
   virtual std::vector<TensorInfo> tensors(const KernelSpec& spec) const = 0;
   /// Tensors passed as TMA tensor maps instead of pointers (default: none).
-  virtual std::vector<TensorMapInfo> tensor_maps(const KernelSpec& spec, const TileConfig& config) const {
+  virtual std::vector<TensorMapInfo> tensor_maps(const KernelSpec& /*spec*/, const TileConfig& /*config*/) const {
     return {};
   }
 
