@@ -22,8 +22,8 @@ class LoadedModule {
   virtual ~LoadedModule() = default;
   /// Encodes the tensor map of a kernel argument for the tensor at `address` (NVIDIA only:
   /// cuTensorMapEncodeTiled; the error names the tensor's requirement that failed).
-  virtual Result<void> encode_tensor_map(const TensorMapInfo& info, DType dtype, const void* address,
-                                         TensorMapBytes& out) const {
+  virtual Result<void> encode_tensor_map(const TensorMapInfo& /*info*/, DType /*dtype*/, const void* /*address*/,
+                                         TensorMapBytes& /*out*/) const {
     return make_error(Errc::unsupported, "TMA tensor maps exist only on NVIDIA GPUs (sm_90a)");
   }
   /// `args` is the kernel-parameter array of cuLaunchKernel / hipModuleLaunchKernel.

@@ -17,6 +17,7 @@
 
 #include "cache/cache_key.h"
 #include "cache/disk_cache.h"
+#include "cache/remote_cache.h"
 #include "cache/tuning.h"
 #include "codegen/codegen.h"
 #include "runtime/compile/compiler.h"
@@ -336,6 +337,7 @@ class KernelImpl final : public Kernel {
 
 class RuntimeImpl final : public Runtime {
  public:
+  friend class Runtime;  // create() sets remote_
   RuntimeImpl(const RuntimeOptions& options, std::unique_ptr<DeviceImpl> device, std::unique_ptr<DiskCache> disk,
               std::vector<std::unique_ptr<DiskCache>> layers, UniqueFd record_fd)
       : device_(std::move(device)), disk_(std::move(disk)), layers_(std::move(layers)), record_fd_(record_fd.release()) {
@@ -351,11 +353,13 @@ class RuntimeImpl final : public Runtime {
     }
     if (record_fd_ >= 0) ::close(record_fd_);
     const CacheStats s = stats();
-    if (disk_ && writes_enabled_ && (s.compiles || s.disk_hits || s.memory_hits))
+    if (disk_ && writes_enabled_ && (s.compiles || s.disk_hits || s.memory_hits || s.remote_hits))
       disk_->append_telemetry({{"memory_hits", s.memory_hits}, {"disk_hits", s.disk_hits}, {"layer_hits", s.layer_hits},
                                {"compiles", s.compiles}, {"compile_ms", s.compile_ms}, {"lock_waits", s.lock_waits},
                                {"evictions", s.evictions}, {"corrupt_entries", s.corrupt_entries},
-                               {"disk_errors", s.disk_errors}, {"tunings", s.tunings}, {"tuning_hits", s.tuning_hits}});
+                               {"disk_errors", s.disk_errors}, {"tunings", s.tunings}, {"tuning_hits", s.tuning_hits},
+                               {"remote_hits", s.remote_hits}, {"remote_stores", s.remote_stores},
+                               {"remote_refused", s.remote_refused}, {"remote_errors", s.remote_errors}});
   }
 
   Device* device() override { return device_.get(); }
@@ -507,6 +511,13 @@ class RuntimeImpl final : public Runtime {
     s.evictions = disk_ ? disk_->evictions() : 0;
     s.tunings = stats_.tunings;
     s.tuning_hits = stats_.tuning_hits;
+    if (remote_) {
+      const RemoteCache::Counters r = remote_->counters();
+      s.remote_hits = r.hits;
+      s.remote_stores = r.stores;
+      s.remote_refused = r.refused;
+      s.remote_errors = r.errors;
+    }
     return s;
   }
 
@@ -685,18 +696,27 @@ class RuntimeImpl final : public Runtime {
       }
     }
 
-    KILN_LOG_DEBUG("compiling {} for {} with {} {}", to_string(src.spec), target.name, compiler->name(), compiler->version());
-    test_kill_point("compile");
-    KILN_ASSIGN_OR_RETURN(CompiledCode code, compiler->compile(src));
-    ++stats_.compiles;
-    stats_.compile_us += static_cast<uint64_t>(code.compile_ms * 1000);
+    // The cluster tier (cache/remote_cache.h): a verified entry another node compiled, or the
+    // cluster-wide claim to compile it here and store it there.
+    RemoteClaim claim;
+    std::optional<CacheEntry> remote_hit = remote_ ? remote_->fetch_or_claim(digest, claim) : std::nullopt;
     CacheEntry entry;
-    entry.key = digest;
-    entry.key_json = key.to_json();
-    entry.target = std::string(target.name);
-    entry.kernel_name = src.kernel_name;
-    entry.source = src.text;
-    entry.compiled = std::move(code);
+    if (remote_hit) {
+      entry = std::move(*remote_hit);
+    } else {
+      KILN_LOG_DEBUG("compiling {} for {} with {} {}", to_string(src.spec), target.name, compiler->name(), compiler->version());
+      test_kill_point("compile");
+      KILN_ASSIGN_OR_RETURN(CompiledCode code, compiler->compile(src));
+      ++stats_.compiles;
+      stats_.compile_us += static_cast<uint64_t>(code.compile_ms * 1000);
+      entry.key = digest;
+      entry.key_json = key.to_json();
+      entry.target = std::string(target.name);
+      entry.kernel_name = src.kernel_name;
+      entry.source = src.text;
+      entry.compiled = std::move(code);
+      if (remote_) remote_->publish(entry, claim);
+    }
     if (disk_ && writes_enabled_) {
       if (auto stored = disk_->store(entry); !stored) {
         ++stats_.disk_errors;
@@ -708,7 +728,7 @@ class RuntimeImpl final : public Runtime {
         if (auto gc = disk_->collect(max_bytes_); !gc) KILN_LOG_WARN("cache budget: {}", gc.error().message);
       }
     }
-    return std::make_shared<CompiledKernelImpl>(std::move(entry), *compiler, "compiled", src);
+    return std::make_shared<CompiledKernelImpl>(std::move(entry), *compiler, remote_hit ? "remote" : "compiled", src);
   }
 
   std::shared_ptr<CompiledKernelImpl> from_disk(CacheEntry entry, const Compiler& compiler, const KernelSource& src) {
@@ -743,6 +763,7 @@ class RuntimeImpl final : public Runtime {
   std::unique_ptr<DeviceImpl> device_;
   std::unique_ptr<DiskCache> disk_;
   std::vector<std::unique_ptr<DiskCache>> layers_;
+  std::unique_ptr<RemoteCache> remote_;  // KILN_REMOTE_CACHE; set by create()
   std::atomic<bool> writes_enabled_{true};
   uint64_t max_bytes_ = 0;
   bool use_tuning_ = true;
@@ -790,6 +811,7 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const RuntimeOptions& options) 
                       fmt::format("unknown backend '{}'; use auto, cuda, hip, emulator or none", backend));
   }
 
+  KILN_ASSIGN_OR_RETURN(std::optional<RemoteCacheOptions> remote, remote_cache_options_from_env(options.remote_cache));
   std::unique_ptr<DiskCache> disk;
   std::vector<std::unique_ptr<DiskCache>> layers;
   if (options.disk_cache && env().disk_cache) {
@@ -822,8 +844,13 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const RuntimeOptions& options) 
       else KILN_LOG_WARN("skipping read-only cache layer: {}", layer.error().message);
     }
   }
-  return std::unique_ptr<Runtime>(
-      new RuntimeImpl(options, std::move(device), std::move(disk), std::move(layers), std::move(record_fd)));
+  auto runtime = std::make_unique<RuntimeImpl>(options, std::move(device), std::move(disk), std::move(layers),
+                                               std::move(record_fd));
+  if (remote) {
+    remote->wait_s = env().lock_timeout_s;
+    runtime->remote_ = std::make_unique<RemoteCache>(std::move(*remote));
+  }
+  return std::unique_ptr<Runtime>(std::move(runtime));
 }
 
 }  // namespace kiln

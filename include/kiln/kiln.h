@@ -9,3 +9,4 @@
 #include "kiln/runtime.h"
 #include "kiln/spec.h"
 #include "kiln/target.h"
+#include "kiln/version.h"

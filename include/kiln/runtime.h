@@ -51,6 +51,10 @@ struct RuntimeOptions {
   /// (Runtime::tune, here or in another process) for the spec, device and compiler when the
   /// cache holds one, else the heuristic's. KILN_TUNING=0 turns it off too.
   bool use_tuning = true;
+  /// The cluster-wide cache tier after the disk cache: "redis://HOST[:PORT][/DB]"; empty =
+  /// KILN_REMOTE_CACHE, else none. Entries are authenticated with the secret in
+  /// KILN_REMOTE_CACHE_KEY (required with a remote cache). See docs/remote-cache.md.
+  std::string remote_cache;
 };
 
 /// Cache and compile counters (per Runtime).
@@ -66,6 +70,10 @@ struct CacheStats {
   uint64_t evictions = 0;    ///< Entries evicted to keep the cache within its byte budget.
   uint64_t tunings = 0;      ///< Specs timed by Runtime::tune in this runtime.
   uint64_t tuning_hits = 0;  ///< Tuning records found (by kernel() on a memory miss, or by tune()).
+  uint64_t remote_hits = 0;  ///< Kernels fetched from the remote tier (verified, then kept on disk).
+  uint64_t remote_stores = 0;   ///< Kernels compiled here and stored in the remote tier.
+  uint64_t remote_refused = 0;  ///< Remote entries refused (not authenticated, malformed, too large).
+  uint64_t remote_errors = 0;   ///< Failed remote calls (the first turns the tier off for this runtime).
 };
 
 /// Options of Runtime::tune.
@@ -124,7 +132,7 @@ class CompiledKernel {
   virtual const KernelInfo& info() const = 0;
   virtual const std::string& source() const = 0;
   virtual std::span<const uint8_t> code_object() const = 0;
-  /// Where the result came from: "memory", "disk" or "compiled".
+  /// Where the result came from: "memory", "disk", "remote" or "compiled".
   virtual std::string_view origin() const = 0;
 };
 

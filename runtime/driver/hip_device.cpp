@@ -10,10 +10,16 @@ namespace kiln {
 #if KILN_WITH_HIP
 namespace {
 
+// A cleanup call whose failure cannot be returned (a destructor, an error path): logged at debug
+// level, since the caller's own result is what matters.
+void cleanup(const HipApi& api, hipError_t rc, const char* call) {
+  if (rc != hipSuccess) KILN_LOG_DEBUG("{} failed during cleanup: {}", call, api.hipGetErrorString(rc));
+}
+
 class HipModule final : public LoadedModule {
  public:
   HipModule(const HipApi* api, hipModule_t module, hipFunction_t fn) : api_(api), module_(module), fn_(fn) {}
-  ~HipModule() override { api_->hipModuleUnload(module_); }
+  ~HipModule() override { cleanup(*api_, api_->hipModuleUnload(module_), "hipModuleUnload"); }
   Result<void> launch(const LaunchGeometry& g, void** args, Stream stream) const override {
     KILN_HIP(*api_, hipModuleLaunchKernel(fn_, g.grid.x, g.grid.y, g.grid.z, g.block.x, g.block.y, g.block.z,
                                           g.dynamic_shared_bytes, static_cast<hipStream_t>(stream), args, nullptr));
@@ -74,8 +80,8 @@ class HipDevice final : public DeviceImpl {
     KILN_HIP(*api_, hipEventSynchronize(stop));
     float ms = 0;
     KILN_HIP(*api_, hipEventElapsedTime(&ms, start, stop));
-    api_->hipEventDestroy(start);
-    api_->hipEventDestroy(stop);
+    cleanup(*api_, api_->hipEventDestroy(start), "hipEventDestroy");
+    cleanup(*api_, api_->hipEventDestroy(stop), "hipEventDestroy");
     if (!r) return r.take_error();
     return ms;
   }
@@ -86,7 +92,7 @@ class HipDevice final : public DeviceImpl {
     hipFunction_t fn = nullptr;
     hipError_t rc = api_->hipModuleGetFunction(&fn, module, kernel.c_str());
     if (rc != hipSuccess) {
-      api_->hipModuleUnload(module);
+      cleanup(*api_, api_->hipModuleUnload(module), "hipModuleUnload");
       return hip_error(*api_, rc, ("hipModuleGetFunction(" + kernel + ")").c_str(), __FILE__, __LINE__);
     }
     return std::unique_ptr<LoadedModule>(new HipModule(api_, module, fn));

@@ -2,6 +2,9 @@
 // waits for a start signal (a file), compiles N distinct small kernels, and writes its counters.
 //   cache_worker CACHE_DIR TARGET N REPORT_FILE [START_FILE]
 // KILN_TEST_KILL_AT=compile|write|publish makes it SIGKILL itself at that point (crash tests).
+// KILN_REMOTE_CACHE (and KILN_REMOTE_CACHE_KEY) add the remote tier: the worker is then one node
+// of a cluster (tests/cache/test_remote_cache.cpp, bench/remote_cluster.sh).
+// The report: kernels obtained, compiles, disk hits, lock waits, kernels compiled here, remote hits.
 #include <unistd.h>
 
 #include <chrono>
@@ -39,6 +42,7 @@ int main(int argc, char** argv) {
     compiled += (*c)->origin() == "compiled";
   }
   const kiln::CacheStats s = (*rt)->stats();
-  std::ofstream(argv[4]) << ok << " " << s.compiles << " " << s.disk_hits << " " << s.lock_waits << " " << compiled << "\n";
+  std::ofstream(argv[4]) << ok << " " << s.compiles << " " << s.disk_hits << " " << s.lock_waits << " " << compiled << " "
+                         << s.remote_hits << "\n";
   return ok == n ? 0 : 1;
 }

@@ -130,7 +130,9 @@ TEST_P(Gpu, EveryOpMatchesItsReference) {
   const CacheStats s = (*rt)->stats();
   std::printf("%d/%zu specs pass; compiles %lu, disk hits %lu, memory hits %lu\n", passed, gpu_specs().size(),
               (unsigned long)s.compiles, (unsigned long)s.disk_hits, (unsigned long)s.memory_hits);
-  if (compiler == "clang" && !KILN_WITH_LLVM) EXPECT_EQ(s.compiles, 0u) << "every clang kernel came from the cache";
+  if (compiler == "clang" && !KILN_WITH_LLVM) {
+    EXPECT_EQ(s.compiles, 0u) << "every clang kernel came from the cache";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Compilers, Gpu, ::testing::Values("nvrtc", "clang"));

@@ -48,7 +48,9 @@ TEST(Runtime, BadRequestsAreErrorsNotCrashes) {
   ASSERT_FALSE(bad_shape.ok());
   EXPECT_EQ(bad_shape.error().code, Errc::invalid_argument);
   EXPECT_EQ(rt->stats().compiles, 0u);
-  auto bad_backend = Runtime::create(RuntimeOptions{"opencl"});
+  RuntimeOptions opencl;
+  opencl.backend = "opencl";
+  auto bad_backend = Runtime::create(opencl);
   ASSERT_FALSE(bad_backend.ok());
   EXPECT_NE(bad_backend.error().message.find("unknown backend 'opencl'"), std::string::npos);
 }

@@ -114,7 +114,9 @@ TEST(Templates, TuningCandidatesStartWithTheHeuristicAndAreDistinct) {
     for (const TileConfig& t : c) {
       tiles.insert({t.at("BN"), t.at("STAGES")});
       // GROUP_M only where it differs from the default 8, which the heuristic leaves implicit.
-      if (t.count("GROUP_M")) EXPECT_EQ(t.at("GROUP_M"), 16);
+      if (t.count("GROUP_M")) {
+        EXPECT_EQ(t.at("GROUP_M"), 16);
+      }
       EXPECT_EQ(t.at("TMA"), 1);
       EXPECT_EQ(t.at("THREADS"), heuristic.at("THREADS"));
     }

@@ -21,6 +21,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "cache/tuning.h"
 #include "kiln/manifest.h"
 #include "templates/registry.h"
@@ -1041,3 +1043,103 @@ TEST_F(CliTest, WithTrustedKeysOnlyArchivesSignedByThemAreImported) {
 }
 
 }  // namespace
+// --json (docs/json.md): each reporting command prints one document that parses, with its schema
+// name and version, integer counts, and nothing on stderr when it succeeds.
+TEST_F(CliTest, JsonReportsOfPrewarmAndCacheStatLsVerifyParse) {
+  const std::string target = kiln::testing::compilable_target();
+  const std::string file = path("small.json");
+  write(file, R"({"kernels": [
+    {"op": "rmsnorm", "dtype": "bf16", "label": "norm", "params": {"rows": 4, "hidden": 128}},
+    {"op": "swiglu", "dtype": "fp16", "params": {"rows": 4, "intermediate": 64}},
+    {"op": "swiglu", "dtype": "bf16", "params": {"rows": 4, "intermediate": 96}}]})");
+  auto parse = [](const Output& o) {
+    auto doc = nlohmann::json::parse(o.out, nullptr, /*allow_exceptions=*/false);
+    EXPECT_TRUE(doc.is_object()) << o.out;
+    return doc;
+  };
+  Output first = kiln_cached({"prewarm", file, "--arch", target, "--json"});
+  ASSERT_EQ(first.code, 0) << first.out << first.err;
+  EXPECT_TRUE(first.err.empty()) << first.err;
+  auto doc = parse(first);
+  EXPECT_EQ(doc["schema"], "kiln.prewarm");
+  EXPECT_EQ(doc["schema_version"], 1);
+  for (const char* count : {"compiled", "already_cached", "failed", "remote_hits"})
+    EXPECT_TRUE(doc["summary"][count].is_number_unsigned()) << count << ": " << doc["summary"].dump();
+  EXPECT_EQ(doc["summary"]["compiled"], 3);
+  EXPECT_EQ(doc["summary"]["already_cached"], 0);
+  EXPECT_EQ(doc["summary"]["failed"], 0);
+  EXPECT_EQ(doc["summary"]["remote_hits"], 0);
+  ASSERT_EQ(doc["kernels"].size(), 3u);
+  EXPECT_EQ(doc["kernels"][0]["label"], "norm");
+  EXPECT_EQ(doc["kernels"][0]["target"], target);
+  EXPECT_EQ(doc["kernels"][0]["origin"], "compiled");
+  EXPECT_GT(doc["kernels"][0]["bytes"].get<uint64_t>(), 0u);
+  EXPECT_TRUE(doc["failures"].empty());
+
+  Output second = kiln({"prewarm", file, "--arch", target, "--json"});
+  ASSERT_EQ(second.code, 0) << second.err;
+  EXPECT_EQ(parse(second)["summary"]["already_cached"], 3);
+
+  Output stat = kiln_cached({"cache", "stat", "--json"});
+  ASSERT_EQ(stat.code, 0) << stat.err;
+  doc = parse(stat);
+  EXPECT_EQ(doc["schema"], "kiln.cache.stat");
+  EXPECT_EQ(doc["entries"], 3);
+  EXPECT_EQ(doc["by_target"][target], 3);
+  EXPECT_TRUE(doc["total_bytes"].is_number_unsigned());
+  EXPECT_GE(doc["telemetry"]["runtimes"].get<int>(), 2);
+  EXPECT_EQ(doc["telemetry"]["counters"]["compiles"], 3);
+
+  Output ls = kiln_cached({"cache", "ls", "--json"});
+  ASSERT_EQ(ls.code, 0) << ls.err;
+  doc = parse(ls);
+  EXPECT_EQ(doc["schema"], "kiln.cache.ls");
+  ASSERT_EQ(doc["entries"].size(), 3u);
+  const std::string entry_path = doc["entries"][0]["path"];
+  EXPECT_EQ(doc["entries"][0]["key"].get<std::string>().size(), 64u);
+
+  // A truncated code object: verify reports it in the document and exits 1 with one error line.
+  for (const auto& f : fs::directory_iterator(entry_path))
+    if (f.path().filename().string().rfind("code.", 0) == 0) fs::resize_file(f.path(), 10);
+  Output verify = kiln_cached({"cache", "verify", "--json"});
+  EXPECT_EQ(verify.code, 1);
+  EXPECT_EQ(count_lines(verify.err), 1u) << verify.err;
+  doc = parse(verify);
+  EXPECT_EQ(doc["schema"], "kiln.cache.verify");
+  EXPECT_EQ(doc["entries"], 3);
+  EXPECT_EQ(doc["ok"], 2);
+  ASSERT_EQ(doc["corrupt"].size(), 1u);
+  EXPECT_EQ(doc["corrupt"][0]["path"], entry_path);
+  EXPECT_TRUE(doc["fix"].is_null());
+}
+
+TEST_F(CliTest, JsonOfManifestListAndInspectMetaParse) {
+  Output list = kiln({"manifest", "--list", "--json"});
+  ASSERT_EQ(list.code, 0) << list.err;
+  auto doc = nlohmann::json::parse(list.out, nullptr, false);
+  ASSERT_TRUE(doc.is_object()) << list.out;
+  EXPECT_EQ(doc["schema"], "kiln.manifest.list");
+  EXPECT_EQ(doc["schema_version"], 1);
+  bool llama = false;
+  for (const auto& m : doc["models"]) llama |= m["name"] == "llama3.1-8b" && m["hidden"] == 4096;
+  EXPECT_TRUE(llama) << list.out;
+  EXPECT_FALSE(doc["gemms"].empty());
+  expect_one_error_line(kiln({"manifest", "llama3.1-8b", "--json"}), {"--json goes with --list"});
+
+  const std::string target = kiln::testing::compilable_target();
+  Output meta = kiln_cached({"inspect", "rmsnorm", "--param", "rows=4,hidden=128", "--dtype", "bf16", "--arch", target,
+                             "--emit", "meta", "--json"});
+  ASSERT_EQ(meta.code, 0) << meta.err;
+  doc = nlohmann::json::parse(meta.out, nullptr, false);
+  ASSERT_TRUE(doc.is_object()) << meta.out;
+  EXPECT_EQ(doc["schema"], "kiln.inspect.meta");
+  EXPECT_EQ(doc["target"], target);
+  EXPECT_EQ(doc["origin"], "compiled");
+  EXPECT_GT(doc["bytes"].get<uint64_t>(), 0u);
+  EXPECT_EQ(doc["cache_key"].get<std::string>().size(), 64u);
+  ASSERT_TRUE(doc["launches"].is_array());
+  EXPECT_TRUE(doc["launches"][0]["grid"].is_array());
+  expect_one_error_line(kiln_cached({"inspect", "rmsnorm", "--param", "rows=4,hidden=128", "--arch", target, "--emit",
+                                     "source", "--json"}),
+                        {"--json goes with --emit meta"});
+}

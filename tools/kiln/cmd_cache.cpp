@@ -4,6 +4,7 @@
 #include <dirent.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <map>
@@ -11,6 +12,7 @@
 
 #include "cache/archive.h"
 #include "cache/disk_cache.h"
+#include "cache/remote_cache.h"
 #include "support/env.h"
 #include "support/fs.h"
 #include "support/json_read.h"
@@ -28,7 +30,17 @@ struct CacheOptions {
   std::string max_size;             ///< gc
   std::string sign_key;             ///< export --sign
   bool fix = false;                 ///< verify
+  bool json = false;                ///< stat, ls, verify: one JSON document (docs/json.md)
 };
+
+/// The head of every --json document (docs/json.md): which report, in which schema version.
+nlohmann::json json_document(const char* schema) {
+  return {{"schema", schema}, {"schema_version", 1}};
+}
+void print_json(const nlohmann::json& doc) {
+  fmt::print("{}\n", doc.dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
+  std::fflush(stdout);
+}
 
 /// The cache a command works on. `audit`: stat, ls and verify without --fix only read, so a cache
 /// this user cannot write (a read-only mount, a shipped layer) is opened read-only for them.
@@ -106,6 +118,41 @@ int cache_stat(const CacheOptions& o) {
     ++targets[e.target.empty() ? "?" : e.target];
     ++compilers[entry_compiler(e)];
   }
+  if (o.json) {
+    nlohmann::json doc = json_document("kiln.cache.stat");
+    doc["cache"] = root;
+    doc["entries"] = entries.size();
+    doc["total_bytes"] = total;
+    std::string why;
+    const auto budget = env_budget(why);
+    doc["budget_bytes"] = budget ? nlohmann::json(*budget) : nlohmann::json(nullptr);
+    doc["by_target"] = targets;
+    doc["by_compiler"] = compilers;
+    doc["unreadable"] = unreadable;
+    doc["quarantined"] = count_dirs(root + "/v1/corrupt");
+    doc["temporary"] = count_dirs(root + "/v1/tmp");
+    nlohmann::json tel = (*cache)->telemetry();
+    nlohmann::json counters = nlohmann::json::object();
+    for (const auto& [k, v] : tel.items())
+      if (k != "runtimes" && v.is_number()) counters[k] = k == "compile_ms" ? v : nlohmann::json(v.get<uint64_t>());
+    doc["telemetry"] = {{"runtimes", static_cast<uint64_t>(tel.value("runtimes", 0.0))}, {"counters", counters}};
+    doc["remote"] = nullptr;
+    if (auto remote = remote_cache_options_from_env(); !remote) {
+      doc["remote"] = {{"url", nullptr}, {"reachable", false}, {"status", remote.error().message}};
+    } else if (*remote) {
+      (*remote)->timeout_s = std::min((*remote)->timeout_s, 2.0);
+      RemoteCache tier(std::move(**remote));
+      auto& log = logger();
+      const auto level = log.level();
+      log.set_level(spdlog::level::err);
+      auto probe = tier.probe();
+      log.set_level(level);
+      doc["remote"] = {{"url", tier.options().url()}, {"reachable", probe.ok()},
+                       {"status", probe ? *probe : probe.error().message}};
+    }
+    print_json(doc);
+    return 0;
+  }
   fmt::print("cache        {}\n", root);
   fmt::print("entries      {}\n", entries.size());
   fmt::print("total size   {}\n", size_text(total));
@@ -129,6 +176,19 @@ int cache_stat(const CacheOptions& o) {
   fmt::print("temporary    {} (v1/tmp: being written now, or left by a killed process and removed by the next "
              "writer or 'kiln cache gc')\n",
              count_dirs(root + "/v1/tmp"));
+  if (auto remote = remote_cache_options_from_env(); !remote) {
+    fmt::print("remote       misconfigured: {}\n", remote.error().message);
+  } else if (*remote) {
+    (*remote)->timeout_s = std::min((*remote)->timeout_s, 2.0);
+    RemoteCache tier(std::move(**remote));
+    auto& log = logger();  // the probe's own failure is the line below, not a warning
+    const auto level = log.level();
+    log.set_level(spdlog::level::err);
+    auto probe = tier.probe();
+    log.set_level(level);
+    fmt::print("remote       {} (KILN_REMOTE_CACHE): {}\n", tier.options().url(),
+               probe ? *probe : probe.error().message);
+  }
   const nlohmann::json tel = (*cache)->telemetry();
   const auto runtimes = static_cast<uint64_t>(tel.value("runtimes", 0.0));
   if (!runtimes) {
@@ -145,6 +205,9 @@ int cache_stat(const CacheOptions& o) {
   fmt::print("  evictions    {}\n", n("evictions"));
   fmt::print("  corrupt      {} (entries that failed verification on load, rebuilt)\n", n("corrupt_entries"));
   fmt::print("  disk errors  {}\n", n("disk_errors"));
+  if (n("remote_hits") || n("remote_stores") || n("remote_refused") || n("remote_errors"))
+    fmt::print("  remote       {} hits, {} stores, {} refused (not authenticated or malformed), {} errors\n",
+               n("remote_hits"), n("remote_stores"), n("remote_refused"), n("remote_errors"));
   return 0;
 }
 
@@ -152,6 +215,16 @@ int cache_ls(const CacheOptions& o) {
   auto cache = open_cache(o.dir, /*audit=*/true);
   if (!cache) return fail(cache.error());
   const auto entries = (*cache)->list(false);
+  if (o.json) {
+    nlohmann::json doc = json_document("kiln.cache.ls");
+    doc["cache"] = (*cache)->root();
+    doc["entries"] = nlohmann::json::array();
+    for (const EntryStatus& e : entries)
+      doc["entries"].push_back({{"key", e.key}, {"target", e.target}, {"kernel", e.ok ? e.summary : std::string()},
+                                {"bytes", e.bytes}, {"path", e.path}, {"readable", e.ok}, {"problem", e.problem}});
+    print_json(doc);
+    return 0;
+  }
   if (entries.empty()) {
     fmt::print("(no entries in {})\n", (*cache)->root());
     return 0;
@@ -221,6 +294,14 @@ int cache_verify(const CacheOptions& o) {
   size_t bad = 0, fixed = 0, removed = 0, failed = 0;
   std::map<std::string, std::unique_ptr<Runtime>> runtimes;  // by NVIDIA compiler
   size_t unreadable = 0;
+  // Text lines go to stdout, or with --json into the document's "corrupt" list.
+  nlohmann::json corrupt = nlohmann::json::array();
+  auto say = [&](const std::string& line) {
+    if (!o.json) fmt::print("{}\n", line);
+  };
+  auto outcome = [&](const char* result, const std::string& detail) {
+    if (o.json) corrupt.back()["fix"] = {{"result", result}, {"detail", detail}};
+  };
   for (const EntryStatus& e : entries) {
     if (e.ok) continue;
     if (e.unreadable) {  // a read error, not bad content: reported, never moved or rebuilt
@@ -229,7 +310,9 @@ int cache_verify(const CacheOptions& o) {
       continue;
     }
     ++bad;
-    fmt::print("CORRUPT  {}  {}  {}: {}\n", e.key.substr(0, 12), e.target.empty() ? "?" : e.target, e.path, e.problem);
+    say(fmt::format("CORRUPT  {}  {}  {}: {}", e.key.substr(0, 12), e.target.empty() ? "?" : e.target, e.path, e.problem));
+    if (o.json)
+      corrupt.push_back({{"key", e.key}, {"target", e.target}, {"path", e.path}, {"problem", e.problem}, {"fix", nullptr}});
     if (!o.fix) continue;
     // Rebuild from the key fields (read before the entry is moved aside).
     std::string compiler;
@@ -237,7 +320,8 @@ int cache_verify(const CacheOptions& o) {
     quarantine_quietly(**cache, e);
     if (!spec) {
       ++removed;
-      fmt::print("  removed  (moved to v1/corrupt/); cannot rebuild it: {}\n", first_line(spec.error().message));
+      say(fmt::format("  removed  (moved to v1/corrupt/); cannot rebuild it: {}", first_line(spec.error().message)));
+      outcome("removed", first_line(spec.error().message));
       continue;
     }
     const auto& [kernel, target] = *spec;
@@ -262,7 +346,8 @@ int cache_verify(const CacheOptions& o) {
     }
     if (!built) {
       ++failed;
-      fmt::print("  failed   {} for {}: {}\n", spec_summary(kernel), target, first_line(error));
+      say(fmt::format("  failed   {} for {}: {}", spec_summary(kernel), target, first_line(error)));
+      outcome("failed", first_line(error));
       continue;
     }
     ++fixed;
@@ -270,16 +355,28 @@ int cache_verify(const CacheOptions& o) {
     const std::string moved =
         key == e.key ? std::string()
                      : fmt::format(" under the new key {} (the compiler or the templates changed)", key.substr(0, 12));
-    fmt::print("  fixed    {} for {} rebuilt ({:.0f} ms){}\n", spec_summary(kernel), target, built->info().compile_ms,
-               moved);
+    say(fmt::format("  fixed    {} for {} rebuilt ({:.0f} ms){}", spec_summary(kernel), target,
+                    built->info().compile_ms, moved));
+    outcome("fixed", key);
   }
   runtimes.clear();  // their telemetry goes to the cache now
-  fmt::print("verified {} in {}: {} ok, {} corrupt", entries_word(entries.size()), root,
-             entries.size() - bad - unreadable, bad);
-  if (unreadable) fmt::print(", {} unreadable", unreadable);
-  if (o.fix && bad) fmt::print("; fixed {}, removed {}, failed {}", fixed, removed, failed);
-  fmt::print("\n");
-  std::fflush(stdout);
+  if (o.json) {
+    nlohmann::json doc = json_document("kiln.cache.verify");
+    doc["cache"] = root;
+    doc["entries"] = entries.size();
+    doc["ok"] = entries.size() - bad - unreadable;
+    doc["unreadable"] = unreadable;
+    doc["corrupt"] = std::move(corrupt);
+    doc["fix"] = o.fix ? nlohmann::json{{"fixed", fixed}, {"removed", removed}, {"failed", failed}} : nlohmann::json(nullptr);
+    print_json(doc);
+  } else {
+    fmt::print("verified {} in {}: {} ok, {} corrupt", entries_word(entries.size()), root,
+               entries.size() - bad - unreadable, bad);
+    if (unreadable) fmt::print(", {} unreadable", unreadable);
+    if (o.fix && bad) fmt::print("; fixed {}, removed {}, failed {}", fixed, removed, failed);
+    fmt::print("\n");
+    std::fflush(stdout);
+  }
   if (unreadable)
     return fail(fmt::format("{} of {} cache entries could not be read (an I/O error, not bad content: they were left "
                             "as they are); run 'kiln cache verify' again",
@@ -421,11 +518,15 @@ Command add_cache_command(CLI::App& app) {
     sub->callback([chosen, run] { *chosen = run; });
     return sub;
   };
-  add("stat", "Entries, size, budget, counts per target and compiler, quarantined and temporary entries, telemetry",
-      cache_stat);
-  add("ls", "One line per entry: key prefix, target, kernel, bytes", cache_ls);
+  auto* stat = add("stat",
+                   "Entries, size, budget, counts per target and compiler, quarantined and temporary entries, "
+                   "telemetry, the remote tier",
+                   cache_stat);
+  auto* ls = add("ls", "One line per entry: key prefix, target, kernel, bytes", cache_ls);
   auto* verify =
       add("verify", "Check every entry's checksums; exit 1 if any fails (--fix: rebuild them)", cache_verify);
+  for (CLI::App* sub : {stat, ls, verify})
+    sub->add_flag("--json", o->json, "One JSON document on stdout (schema: docs/json.md)");
   verify->add_flag("--fix", o->fix,
                    "Move each bad entry aside and rebuild it from its key (compile-only); exit 0 when all are "
                    "rebuilt or removed");

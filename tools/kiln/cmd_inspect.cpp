@@ -11,6 +11,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include <nlohmann/json.hpp>
+
 #include "cache/tuning.h"
 #include "codegen/codegen.h"
 #include "runtime/compile/compiler.h"
@@ -26,6 +28,7 @@ struct InspectOptions {
   std::string emit = "source";
   std::string cache_dir;
   std::string nvidia_compiler;
+  bool json = false;  ///< --emit meta as one JSON document (docs/json.md)
 };
 
 bool executable(const std::string& path) {
@@ -203,6 +206,65 @@ int print_meta(const KernelSpec& spec, const TargetInfo& target, const InspectOp
   return 0;
 }
 
+// --emit meta --json: the same facts as one document (docs/json.md, kiln.inspect.meta).
+int print_meta_json(const KernelSpec& spec, const TargetInfo& target, const InspectOptions& o) {
+  auto rt = compile_only_runtime(o);
+  if (!rt) return fail(rt.error());
+  auto compiled = (*rt)->compile(spec, target.name);
+  if (!compiled) return fail(compiled.error());
+  const KernelInfo& i = (*compiled)->info();
+  auto known_or_null = [](int v) { return v < 0 ? nlohmann::json(nullptr) : nlohmann::json(v); };
+  const OpTemplate* op = *find_op(spec.op);
+  const KernelSpec call = op->with_defaults(spec);
+  const TileConfig config = op->choose_config(op->baked_spec(spec), target);
+  const Plan plan = op->plan(call, config);
+  const std::vector<TensorInfo> tensors = op->tensors(call);
+  nlohmann::json maps = nlohmann::json::array();
+  nlohmann::json launches = nlohmann::json::array();
+  for (const Launch& l : plan.launches) {
+    const LaunchGeometry& g = l.geometry;
+    launches.push_back({{"kernel", l.kernel},
+                        {"persistent", g.persistent},
+                        {"grid", {g.grid.x, g.grid.y, g.grid.z}},
+                        {"block", {g.block.x, g.block.y, g.block.z}},
+                        {"dynamic_shared_bytes", g.dynamic_shared_bytes}});
+    for (const KernelArg& a : l.args)
+      if (a.kind == KernelArg::Kind::tensor_map)
+        maps.push_back({{"tensor", tensors.at(a.index).name}, {"box_inner", a.map.box_inner}, {"box_outer", a.map.box_outer}});
+  }
+  nlohmann::json tunings = nlohmann::json::array();
+  print_tunings(spec, target, (*rt)->cache_dir(), o,
+                [&](std::string_view name, const std::string& value) { tunings.push_back(fmt::format("{}: {}", name, value)); });
+  nlohmann::json doc = {{"schema", "kiln.inspect.meta"},
+                        {"schema_version", 1},
+                        {"spec", to_string(spec)},
+                        {"kernel", i.kernel},
+                        {"target", i.target},
+                        {"gpus", std::string(target.gpus)},
+                        {"compiler", i.compiler},
+                        {"format", i.code_format},
+                        {"bytes", i.code_bytes},
+                        {"registers", known_or_null(i.registers)},
+                        {"sgprs", known_or_null(i.sgprs)},
+                        {"shared_bytes", known_or_null(i.shared_bytes)},
+                        {"scratch_bytes", known_or_null(i.scratch_bytes)},
+                        {"spill_stores", known_or_null(i.spill_stores)},
+                        {"spill_loads", known_or_null(i.spill_loads)},
+                        {"wave_size", known_or_null(i.wave_size)},
+                        {"config", config},
+                        {"launches", launches},
+                        {"workspace_bytes", plan.workspace_bytes},
+                        {"tensor_maps", maps},
+                        {"tunings", tunings},
+                        {"cache_key", i.cache_key},
+                        {"compile_ms", i.compile_ms},
+                        {"origin", std::string((*compiled)->origin())},
+                        {"entry", (*rt)->cache_dir().empty() ? nlohmann::json(nullptr)
+                                                             : nlohmann::json(entry_dir((*rt)->cache_dir(), i.cache_key))}};
+  fmt::print("{}\n", doc.dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
+  return 0;
+}
+
 int run_inspect(const InspectOptions& o) {
   auto spec = make_spec(o.spec);
   if (!spec) return fail(spec.error());
@@ -212,7 +274,8 @@ int run_inspect(const InspectOptions& o) {
   if (!op) return fail(op.error());
   if (auto valid = (*op)->validate(*spec, **target); !valid) return fail(valid.error());
 
-  if (o.emit == "meta") return print_meta(*spec, **target, o);
+  if (o.json && o.emit != "meta") return fail("--json goes with --emit meta (the other outputs are code)", 2);
+  if (o.emit == "meta") return o.json ? print_meta_json(*spec, **target, o) : print_meta(*spec, **target, o);
   auto src = generate(*spec, **target);
   if (!src) return fail(src.error());
   if (o.emit == "source") {
@@ -265,6 +328,7 @@ Command add_inspect_command(CLI::App& app) {
       ->capture_default_str();
   add_cache_dir_option(*cmd, o->cache_dir);
   add_nvidia_compiler_option(*cmd, o->nvidia_compiler);
+  cmd->add_flag("--json", o->json, "With --emit meta: one JSON document on stdout (schema: docs/json.md)");
   return [o] { return run_inspect(*o); };
 }
 

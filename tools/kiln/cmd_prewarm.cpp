@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -26,6 +27,7 @@ struct PrewarmOptions {
   std::string cache_dir;
   std::string nvidia_compiler;
   bool tune = false;
+  bool json = false;  ///< The summary and the table as one JSON document (docs/json.md).
 };
 
 struct Job {
@@ -120,8 +122,8 @@ int run_prewarm(const PrewarmOptions& o) {
   const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
   const size_t workers = std::min<size_t>(o.jobs > 0 ? static_cast<size_t>(o.jobs) : hw, jobs.size());
 
-  Progress progress(jobs.size(), ::isatty(STDERR_FILENO) == 1);
-  std::atomic<size_t> next{0}, done{0}, compiled{0}, cached{0}, failed{0};
+  Progress progress(jobs.size(), !o.json && ::isatty(STDERR_FILENO) == 1);
+  std::atomic<size_t> next{0}, done{0}, compiled{0}, cached{0}, failed{0}, remote{0};
   // Two manifest kernels may share a cache entry (rmsnorm with another runtime `rows`): the
   // second finds the first's result in memory and counts as cached, not as a second compile.
   std::mutex keys_mu;
@@ -139,13 +141,14 @@ int run_prewarm(const PrewarmOptions& o) {
           std::lock_guard lock(keys_mu);
           first = keys.insert(job.compiled->info().cache_key).second;
         }
-        (job.compiled->origin() == "compiled" && first ? compiled : cached)++;
+        const std::string_view origin = job.compiled->origin();
+        (first && origin == "compiled" ? compiled : first && origin == "remote" ? remote : cached)++;
       } else {
         job.error = r.error().message;
         failed++;
       }
       const size_t d = ++done;
-      progress.update(d, compiled.load(), cached.load(), failed.load());
+      progress.update(d, compiled.load(), cached.load() + remote.load(), failed.load());
     }
   };
   std::vector<std::thread> pool;
@@ -173,16 +176,17 @@ int run_prewarm(const PrewarmOptions& o) {
       auto r = rt.tune(spec);
       if (!r) {
         ++tune_failed;
-        fmt::print("{} failed: {}\n", head, first_line(r.error().message));
+        if (!o.json) fmt::print("{} failed: {}\n", head, first_line(r.error().message));
       } else if (r->candidates.size() == 1) {
         ++untunable;
-        fmt::print("{} one configuration, nothing to tune\n", head);
+        if (!o.json) fmt::print("{} one configuration, nothing to tune\n", head);
       } else {
         ++(r->from_record ? from_records : tuned);
         const TuneCandidate& w = r->candidates[r->winner];
-        fmt::print("{} {} {} ({:.4f} ms{})\n", head, r->from_record ? "from record:" : "winner", config_string(w.config),
+        if (!o.json)
+          fmt::print("{} {} {} ({:.4f} ms{})\n", head, r->from_record ? "from record:" : "winner", config_string(w.config),
                    w.median_ms, r->from_record ? "" : fmt::format(", {} candidates", r->candidates.size()));
-        if (globals().verbose) fmt::print("{}", format_candidates(*r, spec_flops(spec), "    "));
+        if (globals().verbose && !o.json) fmt::print("{}", format_candidates(*r, spec_flops(spec), "    "));
       }
       std::fflush(stdout);
     }
@@ -204,7 +208,62 @@ int run_prewarm(const PrewarmOptions& o) {
     }
   }
 
-  // 4. Summary, then the table of what was built.
+  // 4. Summary, then the table of what was built (or both as one JSON document).
+  if (o.json) {
+    const CacheStats stats = rt.stats();
+    nlohmann::json doc = {{"schema", "kiln.prewarm"}, {"schema_version", 1}};
+    doc["manifest"] = o.manifest;
+    doc["targets"] = nlohmann::json::array();
+    for (const TargetInfo* t : *targets) doc["targets"].push_back(std::string(t->name));
+    nlohmann::json summary = {{"kernels", manifest->kernels.size()},
+                              {"builds", jobs.size()},
+                              {"repeated", manifest->duplicates},
+                              {"compiled", compiled.load()},
+                              {"already_cached", cached.load()},
+                              {"remote_hits", remote.load()},
+                              {"failed", failed.load()},
+                              {"not_kept", not_kept.size()},
+                              {"wall_s", wall_s},
+                              {"workers", workers},
+                              {"cache", rt.cache_dir().empty() ? nlohmann::json(nullptr) : nlohmann::json(rt.cache_dir())},
+                              {"disk_errors", stats.disk_errors},
+                              {"corrupt_entries", stats.corrupt_entries}};
+    if (o.tune)
+      summary["tuning"] = {{"device", rt.device()->name()}, {"tuned", tuned},           {"from_records", from_records},
+                           {"one_configuration", untunable}, {"failed", tune_failed}};
+    doc["summary"] = std::move(summary);
+    doc["kernels"] = nlohmann::json::array();
+    doc["failures"] = nlohmann::json::array();
+    for (const Job& job : jobs) {
+      nlohmann::json row = {{"index", job.kernel_index},
+                            {"label", job.kernel->label},
+                            {"line", job.kernel->line},
+                            {"target", std::string(job.target->name)},
+                            {"kernel", spec_summary(job.kernel->spec)}};
+      if (!job.compiled) {
+        row["error"] = job.error;
+        doc["failures"].push_back(std::move(row));
+        continue;
+      }
+      const KernelInfo& i = job.compiled->info();
+      auto known_or_null = [](int v) { return v < 0 ? nlohmann::json(nullptr) : nlohmann::json(v); };
+      row["format"] = i.code_format;
+      row["bytes"] = i.code_bytes;
+      row["registers"] = known_or_null(i.registers);
+      row["shared_bytes"] = known_or_null(i.shared_bytes);
+      row["spill_stores"] = known_or_null(i.spill_stores);
+      row["spill_loads"] = known_or_null(i.spill_loads);
+      row["compile_ms"] = i.compile_ms;
+      row["origin"] = std::string(job.compiled->origin());
+      row["cache_key"] = i.cache_key;
+      doc["kernels"].push_back(std::move(row));
+    }
+    fmt::print("{}\n", doc.dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
+    std::fflush(stdout);
+    if (!failed.load() && !tune_failed) return 0;
+    return fail(failed.load() ? fmt::format("{} of {} builds failed", failed.load(), jobs.size())
+                              : fmt::format("{} kernels could not be tuned", tune_failed));
+  }
   std::string names;
   for (const TargetInfo* t : *targets) names += fmt::format("{}{}", names.empty() ? "" : ",", t->name);
   const size_t nk = manifest->kernels.size(), nt = targets->size();
@@ -219,6 +278,8 @@ int run_prewarm(const PrewarmOptions& o) {
     fmt::print("  not kept        {} of {} built (not in the cache now: disk full, read-only, or a budget "
                "(KILN_CACHE_MAX_SIZE) too small for them)\n",
                not_kept.size(), asked.size());
+  if (remote.load() || std::getenv("KILN_REMOTE_CACHE"))
+    fmt::print("  remote hits     {} (compiled by another node, fetched from the remote cache)\n", remote.load());
   if (o.tune)
     fmt::print("  tuned           {} on {} ({} from records, {} with one configuration, {} failed)\n", tuned,
                rt.device()->name(), from_records, untunable, tune_failed);
@@ -274,6 +335,8 @@ Command add_prewarm_command(CLI::App& app) {
   cmd->add_option("-j,--jobs", o->jobs, "Parallel compiles (default: the number of hardware threads)");
   add_cache_dir_option(*cmd, o->cache_dir);
   add_nvidia_compiler_option(*cmd, o->nvidia_compiler);
+  cmd->add_flag("--json", o->json,
+                "Print the summary and the table as one JSON document on stdout (schema: docs/json.md); no progress bar");
   cmd->add_flag("--tune", o->tune,
                 "Also tune the kernels built for this machine's GPU (needs one): time each tuning candidate and keep "
                 "the winner in the cache, for every later process");

@@ -18,11 +18,8 @@
 #include <vector>
 
 #include "support/env.h"
+#include "kiln/version.h"
 #include "tools/kiln/cli.h"
-
-#ifndef KILN_VERSION_STRING
-#define KILN_VERSION_STRING "0.1.0"
-#endif
 
 namespace {
 

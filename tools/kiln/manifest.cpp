@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "templates/registry.h"
 #include "tools/kiln/cli.h"
@@ -19,6 +20,7 @@ struct ManifestOptions {
   std::string dtype = "bf16";
   std::string output;
   bool list = false;
+  bool json = false;  ///< --list as one JSON document (docs/json.md)
 };
 
 int list_models(const ModelTable& table) {
@@ -36,10 +38,25 @@ int list_models(const ModelTable& table) {
   return 0;
 }
 
+// --list --json (docs/json.md, kiln.manifest.list).
+int list_models_json(const ModelTable& table) {
+  nlohmann::json doc = {{"schema", "kiln.manifest.list"}, {"schema_version", 1}};
+  doc["models"] = nlohmann::json::array();
+  for (const Model& m : table.models)
+    doc["models"].push_back({{"name", m.name}, {"hidden", m.hidden}, {"intermediate", m.intermediate},
+                             {"heads", m.heads}, {"kv_heads", m.kv_heads}, {"head_dim", m.head_dim},
+                             {"vocab", m.vocab}, {"seq", m.seq}});
+  doc["gemms"] = nlohmann::json::array();
+  for (const auto& [name, formula] : table.gemms) doc["gemms"].push_back({{"name", name}, {"formula", formula}});
+  fmt::print("{}\n", doc.dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
+  return 0;
+}
+
 int run_manifest(const ManifestOptions& o) {
   auto table = load_models();
   if (!table) return fail(table.error());
-  if (o.list) return list_models(*table);
+  if (o.json && !o.list) return fail("--json goes with --list (a manifest is JSON already)", 2);
+  if (o.list) return o.json ? list_models_json(*table) : list_models(*table);
   if (o.model.empty()) return fail("give a model (see 'kiln manifest --list'), or --list", 2);
   auto model = find_model(*table, o.model);
   if (!model) return fail(model.error());
@@ -100,6 +117,7 @@ Command add_manifest_command(CLI::App& app) {
   cmd->add_option("--dtype", o->dtype, "Dtype of every kernel: bf16, fp16 or fp32")->capture_default_str();
   cmd->add_option("-o,--output", o->output, "Output file (default: stdout)");
   cmd->add_flag("--list", o->list, "List the known models and the GEMM formulas");
+  cmd->add_flag("--json", o->json, "With --list: one JSON document on stdout (schema: docs/json.md)");
   return [o] { return run_manifest(*o); };
 }
 
