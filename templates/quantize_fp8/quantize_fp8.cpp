@@ -150,7 +150,9 @@ std::string QuantizeFp8Op::specialize(const KernelSpec& spec, const TileConfig& 
 Plan QuantizeFp8Op::plan(const KernelSpec& call, const TileConfig& c) const {
   Plan p;
   const int64_t rows = call.param("rows"), cols = call.param("cols"), g = call.param("granularity");
-  if (rows == 0) return p;
+  // 0 rows: nothing to quantize; tensorwise still writes its scale (amax 0 gives scale 1), with
+  // one tile block that reduces no partials.
+  if (rows == 0 && g != kTensorwise) return p;
   const bool transpose = call.param("transpose") != 0;
   if (!c.at("TILED")) {
     LaunchGeometry geo;
@@ -162,18 +164,18 @@ Plan QuantizeFp8Op::plan(const KernelSpec& call, const TileConfig& c) const {
   // Tensors: 0 x, 1 q, 2 scale, 3 qt (with transpose).
   Launch tiles;
   tiles.kernel = "kiln_quantize_fp8_tiles";
-  tiles.geometry.grid.x = static_cast<uint32_t>(ceil_div(rows, 128));
+  tiles.geometry.grid.x = static_cast<uint32_t>(std::max<int64_t>(ceil_div(rows, 128), 1));
   tiles.geometry.grid.y = static_cast<uint32_t>(ceil_div(cols, 128));
   tiles.geometry.block.x = static_cast<uint32_t>(kTileThreads);
   for (uint32_t i = 0; i < (transpose ? 4u : 3u); ++i) tiles.args.push_back(KernelArg::tensor(i));
   if (g == kTensorwise) {
-    const int64_t partials = amax_partials(rows, cols, c.at("VEC"));
+    const int64_t partials = rows == 0 ? 0 : amax_partials(rows, cols, c.at("VEC"));
     Launch amax;
     amax.kernel = "kiln_fp8_amax";
     amax.geometry.grid.x = static_cast<uint32_t>(partials);
     amax.geometry.block.x = static_cast<uint32_t>(kAmaxThreads);
     amax.args = {KernelArg::tensor(0), KernelArg::workspace(0), KernelArg::i32(rows), KernelArg::i32(partials)};
-    p.launches.push_back(amax);
+    if (partials > 0) p.launches.push_back(amax);
     tiles.args.push_back(KernelArg::workspace(0));
     tiles.args.push_back(KernelArg::i32(rows));
     tiles.args.push_back(KernelArg::i32(partials));
