@@ -41,5 +41,10 @@ class DeviceImpl : public Device {
 Result<std::unique_ptr<DeviceImpl>> open_cuda_device(int ordinal);
 /// Opens AMD device `ordinal` through libamdhip64 (Errc::unsupported in builds without HIP headers).
 Result<std::unique_ptr<DeviceImpl>> open_hip_device(int ordinal);
+/// Opens an emulated AMD device of `target` ("gfx942", "gfx950") whose kernels run in tinygrad's
+/// CDNA emulator in a Python child process (runtime/emulator/). Errors: invalid_argument (target),
+/// driver_unavailable (no emulator, Python or clang: the message names the variable to set),
+/// unsupported (a build without LLVM), timeout.
+Result<std::unique_ptr<DeviceImpl>> open_emulator_device(std::string_view target);
 
 }  // namespace kiln

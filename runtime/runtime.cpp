@@ -578,8 +578,13 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const RuntimeOptions& options) 
     }
     if (d) device = std::move(d).value();
     else KILN_LOG_INFO("no GPU found; the runtime is compile-only");
+  } else if (backend == "emulator") {
+    auto d = open_emulator_device(options.emulator_target);
+    if (!d) return d.take_error();
+    device = std::move(d).value();
   } else if (backend != "none") {
-    return make_error(Errc::unknown, fmt::format("unknown backend '{}'; use auto, cuda, hip or none", backend));
+    return make_error(Errc::unknown,
+                      fmt::format("unknown backend '{}'; use auto, cuda, hip, emulator or none", backend));
   }
 
   std::unique_ptr<DiskCache> disk;

@@ -38,6 +38,12 @@ Env read_env() {
   e.hip_lib = get("KILN_HIP_LIB");
   e.nvrtc_lib = get("KILN_NVRTC_LIB");
   e.nvjitlink_lib = get("KILN_NVJITLINK_LIB");
+  e.amd_emulator = get("KILN_AMD_EMULATOR");
+  e.emulator_python = get("KILN_EMULATOR_PYTHON");
+  if (auto t = get("KILN_EMULATOR_TIMEOUT"); !t.empty()) {
+    const double s = std::strtod(t.c_str(), nullptr);
+    if (s > 0) e.emulator_timeout_s = s;
+  }
   return e;
 }
 

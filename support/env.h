@@ -23,6 +23,9 @@ struct Env {
   std::string hip_lib;          ///< KILN_HIP_LIB: path of libamdhip64.so to dlopen first.
   std::string nvrtc_lib;        ///< KILN_NVRTC_LIB: path of libnvrtc.so to dlopen first.
   std::string nvjitlink_lib;    ///< KILN_NVJITLINK_LIB: path of libnvJitLink.so to dlopen first.
+  std::string amd_emulator;     ///< KILN_AMD_EMULATOR: folder of tinygrad's CDNA emulator (backend "emulator").
+  std::string emulator_python;  ///< KILN_EMULATOR_PYTHON: Python with tinygrad 0.14.0 and numpy.
+  double emulator_timeout_s = 300;  ///< KILN_EMULATOR_TIMEOUT: seconds one emulator request may take.
 };
 
 /// The environment as read at first use (cached: Kiln reads it once per process).

@@ -25,9 +25,13 @@
 namespace kiln {
 
 struct RuntimeOptions {
-  /// Which GPU: "auto" (NVIDIA if libcuda finds one, else AMD), "cuda", "hip" or "none"
-  /// (compile-only: compile/prewarm/inspect work, launches return Errc::driver_unavailable).
+  /// Which GPU: "auto" (NVIDIA if libcuda finds one, else AMD), "cuda", "hip", "none"
+  /// (compile-only: compile/prewarm/inspect work, launches return Errc::driver_unavailable), or
+  /// "emulator": an AMD device of `emulator_target` whose kernels run in tinygrad's CDNA ISA
+  /// emulator (docs/emulator.md; no timing: Device::time_ms returns Errc::unsupported).
   std::string backend = "auto";
+  /// With backend "emulator": the AMD target to emulate, "gfx942" or "gfx950".
+  std::string emulator_target;
   int device = 0;            ///< Device ordinal.
   /// Cache root; empty = KILN_CACHE_DIR, else $XDG_CACHE_HOME/kiln, else ~/.cache/kiln.
   std::string cache_dir;

@@ -21,6 +21,8 @@ struct RunOptions {
   int device = 0;
   std::string cache_dir;
   std::string nvidia_compiler;
+  bool emulator = false;  // run in the AMD ISA emulator, as target `arch`
+  std::string arch;
 };
 
 void print_tuning(const TuneReport& r, double flops) {
@@ -59,6 +61,15 @@ int run_run(const RunOptions& o) {
 
   RuntimeOptions ro;
   ro.backend = "auto";
+  if (o.emulator || !o.arch.empty()) {
+    if (!o.emulator || (o.arch != "gfx942" && o.arch != "gfx950"))
+      return fail("--emulator runs AMD kernels without a GPU: give it with --arch gfx942 or --arch gfx950 (on a GPU, "
+                  "'kiln run' uses the GPU's own target)",
+                  2);
+    if (co.bench_iterations > 0) return fail("--bench/--iterations: the emulator has no timing model", 2);
+    ro.backend = "emulator";
+    ro.emulator_target = o.arch;
+  }
   ro.device = o.device;
   ro.cache_dir = cache_root(o.cache_dir);
   ro.nvidia_compiler = nvidia_compiler(o.nvidia_compiler);
@@ -112,6 +123,10 @@ Command add_run_command(CLI::App& app) {
   cmd->add_option("--device", o->device, "GPU ordinal")->capture_default_str();
   add_cache_dir_option(*cmd, o->cache_dir);
   add_nvidia_compiler_option(*cmd, o->nvidia_compiler);
+  cmd->add_flag("--emulator", o->emulator,
+                "Run in tinygrad's AMD CDNA ISA emulator instead of a GPU (with --arch gfx942|gfx950; no timing; "
+                "see docs/emulator.md)");
+  cmd->add_option("--arch", o->arch, "With --emulator: the AMD target to emulate, gfx942 or gfx950");
   return [o] { return run_run(*o); };
 }
 

@@ -1,0 +1,351 @@
+// The emulator backend: every op's AMD kernels for gfx942 and gfx950 run in tinygrad's CDNA ISA
+// emulator through Kiln's own check path (check_on_device: random inputs, NaN-poisoned outputs, the
+// op's CPU reference and its accuracy gates), on small and odd shapes; and the backend's failure
+// modes (no emulator, no Python, a hung or crashed child) give clear errors, not hangs.
+//
+// The emulator tests skip, saying why, where the emulator or its Python is missing (see
+// docs/emulator.md). One runtime (one emulator process) per target serves every case of this
+// process: the emulator compiles each distinct instruction once per process, and caches the
+// compiled code in CACHEDB (tests/CMakeLists.txt points it into the build tree).
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <set>
+
+#include "kiln/kiln.h"
+#include "runtime/device_impl.h"
+#include "templates/op_template.h"
+#include "test_util.h"
+
+#if KILN_WITH_LLVM
+#include "runtime/emulator/hsaco_image.h"
+#endif
+
+namespace kiln {
+namespace {
+using testing::gemm_spec;
+using testing::rmsnorm_spec;
+using testing::swiglu_spec;
+
+constexpr const char* kTargets[] = {"gfx942", "gfx950"};
+
+// The emulated runtime of `target`, shared by the tests of this process; nullptr with the reason
+// in `why` where the emulator cannot run here.
+Runtime* emulator(const std::string& target, std::string& why) {
+  static std::map<std::string, std::unique_ptr<Runtime>> runtimes;
+  static std::map<std::string, std::string> reasons;
+  if (auto it = runtimes.find(target); it != runtimes.end()) return it->second.get();
+  if (auto it = reasons.find(target); it != reasons.end()) {
+    why = it->second;
+    return nullptr;
+  }
+  RuntimeOptions o;
+  o.backend = "emulator";
+  o.emulator_target = target;
+  o.cache_dir = KILN_TEST_EMULATOR_CACHE;  // code objects, kept across runs of this build
+  auto rt = Runtime::create(o);
+  if (!rt) {
+    const bool absent = rt.error().code == Errc::driver_unavailable || rt.error().code == Errc::unsupported;
+    reasons[target] = why = (absent ? "" : "FAIL: ") + rt.error().message;
+    return nullptr;
+  }
+  return (runtimes[target] = std::move(rt).value()).get();
+}
+
+#define KILN_EMULATOR_OR_SKIP(rt, target)                          \
+  std::string why_;                                                \
+  Runtime* rt = emulator(target, why_);                            \
+  if (!rt && why_.rfind("FAIL: ", 0) == 0) FAIL() << why_;         \
+  if (!rt) GTEST_SKIP() << "AMD emulator unavailable: " << why_
+
+// ---- every op on both targets --------------------------------------------------------------
+
+struct Case {
+  std::string target;
+  KernelSpec spec;
+};
+
+// gemm: each of M, N, K takes every value of {1, 7, 64, 129}; every layout (NT, NN, TN) meets
+// every input dtype (bf16, fp16) and every output dtype (bf16, fp16, fp32); plus one fp32 case.
+std::vector<KernelSpec> gemm_cases() {
+  const struct {
+    int64_t M, N, K;
+  } shapes[] = {{1, 1, 1}, {7, 7, 7}, {64, 64, 64}, {129, 129, 129}, {1, 129, 64}, {129, 7, 1}, {7, 64, 129}, {64, 1, 7}};
+  const std::pair<bool, bool> layouts[] = {{false, true}, {false, false}, {true, false}};  // NT, NN, TN
+  const std::pair<DType, DType> dtypes[] = {{DType::bf16, DType::bf16}, {DType::f16, DType::f32},
+                                            {DType::bf16, DType::f16},  {DType::f16, DType::f16},
+                                            {DType::bf16, DType::f32},  {DType::f16, DType::bf16}};
+  std::vector<KernelSpec> specs;
+  // 8 shapes x 3 layouts, each with one of the 6 dtype pairs, rotating so that every layout sees
+  // every pair (shape i, layout j -> pair (i + 2j) mod 6... covers 6 pairs per layout over 8 shapes).
+  for (size_t i = 0; i < std::size(shapes); ++i)
+    for (size_t j = 0; j < std::size(layouts); ++j) {
+      const auto [in, out] = dtypes[(i + 2 * j) % std::size(dtypes)];
+      specs.push_back(gemm_spec(shapes[i].M, shapes[i].N, shapes[i].K, layouts[j].first, layouts[j].second, in, out));
+    }
+  specs.push_back(gemm_spec(7, 64, 129, false, true, DType::f32, DType::f32));
+  return specs;
+}
+
+std::vector<Case> cases() {
+  std::vector<KernelSpec> specs = gemm_cases();
+  const DType dts[] = {DType::bf16, DType::f16, DType::f32};
+  const int64_t hiddens[] = {1, 7, 1000}, intermediates[] = {1, 7, 100};
+  for (size_t i = 0; i < 3; ++i) {
+    specs.push_back(rmsnorm_spec(static_cast<int64_t>(2 * i + 1), hiddens[i], dts[i]));
+    specs.push_back(swiglu_spec(static_cast<int64_t>(2 * i + 1), intermediates[i], dts[(i + 1) % 3]));
+  }
+  std::vector<Case> out;
+  for (const char* t : kTargets)
+    for (const KernelSpec& s : specs) out.push_back({t, s});
+  return out;
+}
+
+std::string case_name(const ::testing::TestParamInfo<Case>& info) {
+  const KernelSpec& s = info.param.spec;
+  std::string name = info.param.target + "_" + s.op + "_" + std::string(dtype_name(s.dtype));
+  if (s.out_dtype != s.dtype) name += "_" + std::string(dtype_name(s.out_dtype));
+  for (const auto& [k, v] : s.params) name += "_" + k + std::to_string(v);
+  for (char& c : name)
+    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+  return name;
+}
+
+class Emulator : public ::testing::TestWithParam<Case> {};
+
+TEST_P(Emulator, MatchesTheReference) {
+  const Case& c = GetParam();
+  KILN_EMULATOR_OR_SKIP(rt, c.target);
+  CheckOptions options;
+  options.seed = 42;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto report = check_on_device(*rt, c.spec, options);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_TRUE(report.ok()) << report.error().message;
+  std::printf("[ emulator ] %s %s: %.2f s\n", c.target.c_str(), format_report(*report).c_str(), s);
+  EXPECT_TRUE(report->pass) << format_report(*report);
+}
+
+INSTANTIATE_TEST_SUITE_P(Ops, Emulator, ::testing::ValuesIn(cases()), case_name);
+
+// A new op must bring emulator cases: the check above is how its AMD kernels are proven.
+TEST(EmulatorCoverage, EveryOpHasCases) {
+  std::set<std::string> covered;
+  for (const Case& c : cases()) covered.insert(c.spec.op);
+  for (const OpTemplate* op : all_ops())
+    EXPECT_TRUE(covered.count(std::string(op->name()))) << op->name() << " has no case in tests/emulator";
+}
+
+// ---- the backend's own behaviour -----------------------------------------------------------
+
+// Sets an environment variable for one test, and restores it.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const std::string& value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    ::setenv(name, value.c_str(), 1);
+  }
+  ~ScopedEnv() {
+    if (old_) ::setenv(name_, old_->c_str(), 1);
+    else ::unsetenv(name_);
+  }
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+Result<std::unique_ptr<Runtime>> emulator_runtime(const std::string& target) {
+  RuntimeOptions o;
+  o.backend = "emulator";
+  o.emulator_target = target;
+  o.disk_cache = false;
+  return Runtime::create(o);
+}
+
+TEST(EmulatorBackend, RefusesAMissingOrNonAmdTarget) {
+  for (const char* target : {"", "sm_90a", "gfx90a"}) {
+    auto rt = emulator_runtime(target);
+    ASSERT_FALSE(rt.ok()) << target;
+    EXPECT_EQ(rt.error().code, Errc::invalid_argument) << rt.error().message;
+    EXPECT_NE(rt.error().message.find("gfx942 or gfx950"), std::string::npos) << rt.error().message;
+  }
+}
+
+TEST(EmulatorBackend, MissingEmulatorNamesTheVariable) {
+  ScopedEnv env("KILN_AMD_EMULATOR", "/nonexistent/tinygrad-cdna-emu");
+  auto rt = emulator_runtime("gfx942");
+  ASSERT_FALSE(rt.ok());
+  EXPECT_EQ(rt.error().code, Errc::driver_unavailable);
+  EXPECT_NE(rt.error().message.find("KILN_AMD_EMULATOR"), std::string::npos) << rt.error().message;
+}
+
+TEST(EmulatorBackend, MissingPythonNamesTheFix) {
+  ScopedEnv env("KILN_EMULATOR_PYTHON", "/nonexistent/bin/python3");
+  auto rt = emulator_runtime("gfx942");
+  ASSERT_FALSE(rt.ok());
+  EXPECT_EQ(rt.error().code, Errc::driver_unavailable);
+  EXPECT_NE(rt.error().message.find("scripts/setup.sh"), std::string::npos) << rt.error().message;
+}
+
+TEST(EmulatorBackend, PythonWithoutTinygradNamesTheFix) {
+  testing::TempDir dir;
+  // A "Python" whose imports all fail the way a missing tinygrad does.
+  const std::string python = dir / "python3";
+  std::ofstream(python) << "#!/bin/sh\nexec /usr/bin/python3 -S -I \"$@\"\n";
+  ::chmod(python.c_str(), 0755);
+  ScopedEnv env("KILN_EMULATOR_PYTHON", python);
+  ScopedEnv no_path("PYTHONPATH", "");
+  auto rt = emulator_runtime("gfx942");
+  ASSERT_FALSE(rt.ok());
+  EXPECT_EQ(rt.error().code, Errc::driver_unavailable) << rt.error().message;
+  EXPECT_NE(rt.error().message.find("cannot import"), std::string::npos) << rt.error().message;
+  EXPECT_NE(rt.error().message.find("scripts/setup.sh"), std::string::npos) << rt.error().message;
+}
+
+TEST(EmulatorBackend, HungChildTimesOutAndIsKilled) {
+  testing::TempDir dir;
+  const std::string python = dir / "python3";
+  const std::string pidfile = dir / "pid";
+  std::ofstream(python) << "#!/bin/sh\necho $$ > " << pidfile << "\nexec sleep 60\n";
+  ::chmod(python.c_str(), 0755);
+  ScopedEnv env("KILN_EMULATOR_PYTHON", python);
+  ScopedEnv timeout("KILN_EMULATOR_TIMEOUT", "1");
+  const auto t0 = std::chrono::steady_clock::now();
+  auto rt = emulator_runtime("gfx942");
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_FALSE(rt.ok());
+  EXPECT_EQ(rt.error().code, Errc::timeout) << rt.error().message;
+  EXPECT_NE(rt.error().message.find("KILN_EMULATOR_TIMEOUT"), std::string::npos) << rt.error().message;
+  EXPECT_LT(s, 10.0);
+  std::ifstream in(pidfile);
+  pid_t pid = 0;
+  ASSERT_TRUE(in >> pid);
+  EXPECT_NE(::kill(pid, 0), 0) << "the hung child " << pid << " is still alive";
+}
+
+TEST(EmulatorBackend, MemoryIsCheckedAndHasNoTimingModel) {
+  KILN_EMULATOR_OR_SKIP(rt, "gfx942");
+  Device& d = *rt->device();
+  EXPECT_EQ(d.target().name, "gfx942");
+  EXPECT_NE(d.name().find("emulator"), std::string::npos) << d.name();
+  auto p = d.malloc(100);
+  ASSERT_TRUE(p.ok()) << p.error().message;
+  const std::vector<uint8_t> in = {1, 2, 3, 4, 5};
+  ASSERT_TRUE(d.memset(*p, 0xab, 100).ok());
+  ASSERT_TRUE(d.copy_to_device(static_cast<char*>(*p) + 10, in.data(), in.size()).ok());
+  std::vector<uint8_t> out(100);
+  ASSERT_TRUE(d.copy_to_host(out.data(), *p, out.size()).ok());
+  EXPECT_EQ(out[9], 0xab);
+  EXPECT_EQ(out[10], 1);
+  EXPECT_EQ(out[14], 5);
+  EXPECT_EQ(out[15], 0xab);
+  // Out of the allocation, and not an allocation: refused here, never sent to the emulator.
+  auto past = d.copy_to_host(out.data(), static_cast<char*>(*p) + 1, 100);
+  EXPECT_EQ(past.error().code, Errc::invalid_argument);
+  EXPECT_EQ(d.memset(reinterpret_cast<void*>(0x1000), 0, 4).error().code, Errc::invalid_argument);
+  EXPECT_EQ(d.free(reinterpret_cast<void*>(0x1000)).error().code, Errc::invalid_argument);
+  ASSERT_TRUE(d.free(*p).ok());
+  EXPECT_EQ(d.copy_to_host(out.data(), *p, 1).error().code, Errc::invalid_argument);  // freed
+  auto t = d.time_ms(nullptr, [] { return ok(); });
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.error().code, Errc::unsupported);
+  EXPECT_NE(t.error().message.find("no timing model"), std::string::npos);
+}
+
+TEST(EmulatorBackend, KernelThatCrashesTheEmulatorGivesAnError) {
+  // Its own runtime: the crash takes its emulator process down.
+  auto created = emulator_runtime("gfx942");
+  if (!created && (created.error().code == Errc::driver_unavailable || created.error().code == Errc::unsupported))
+    GTEST_SKIP() << "AMD emulator unavailable: " << created.error().message;
+  ASSERT_TRUE(created.ok()) << created.error().message;
+  Runtime& rt = **created;
+  Device& d = *rt.device();
+  const KernelSpec spec = rmsnorm_spec(1, 7, DType::f32);
+  auto x = d.malloc(7 * 4), gamma = d.malloc(7 * 4);
+  ASSERT_TRUE(x.ok() && gamma.ok());
+  ASSERT_TRUE(d.memset(*x, 0, 7 * 4).ok());
+  ASSERT_TRUE(d.memset(*gamma, 0, 7 * 4).ok());
+  // y points at an unmapped page: the emulator, which checks nothing, dies of it.
+  void* const buffers[] = {*x, *gamma, reinterpret_cast<void*>(0x1000)};
+  auto launched = rt.launch(spec, buffers);
+  ASSERT_FALSE(launched.ok());
+  EXPECT_EQ(launched.error().code, Errc::driver_error) << launched.error().message;
+  std::printf("the error: %s\n", launched.error().message.c_str());
+  EXPECT_NE(launched.error().message.find("signal"), std::string::npos) << launched.error().message;
+  EXPECT_NE(launched.error().message.find("kiln_rmsnorm"), std::string::npos) << launched.error().message;
+  // Every later call fails at once with the same story.
+  auto after = d.malloc(16);
+  ASSERT_FALSE(after.ok());
+  EXPECT_EQ(after.error().code, Errc::driver_error);
+  EXPECT_NE(after.error().message.find("gone"), std::string::npos) << after.error().message;
+}
+
+// ---- the code-object reader and dispatch setup (no emulator needed) ------------------------
+
+#if KILN_WITH_LLVM
+TEST(HsacoImage, ReadsTheKernelArgumentsAndPreparesTheDispatch) {
+  testing::TempDir dir;
+  auto rt = testing::compile_only_runtime(dir.path());
+  auto compiled = rt->compile(rmsnorm_spec(3, 1000), "gfx942");
+  ASSERT_TRUE(compiled.ok()) << compiled.error().message;
+  auto k = read_hsaco_kernel((*compiled)->code_object(), "kiln_rmsnorm");
+  ASSERT_TRUE(k.ok()) << k.error().message;
+  EXPECT_EQ(k->target, "gfx942");
+  ASSERT_EQ(k->explicit_args, 5u);  // x, gamma, y, rows, eps
+  EXPECT_EQ(k->args[2].offset, 16u);
+  EXPECT_EQ(k->args[2].size, 8u);
+  EXPECT_EQ(k->args[4].offset, 28u);
+  EXPECT_EQ(k->args[4].size, 4u);
+  EXPECT_GE(k->kernarg_bytes, 32u);
+  EXPECT_LT(k->entry, k->image.size());
+
+  uint64_t x = 0x1111'2222'3333'4444, g = 0x10, y = 0x20;
+  int rows = 3;
+  float eps = 0.5f;
+  void* args[] = {&x, &g, &y, &rows, &eps};
+  DispatchShape shape;
+  shape.grid[0] = 3;
+  shape.block[0] = 128;
+  auto d = prepare_dispatch(*k, args, shape, /*kernarg=*/0xabcd'0000'1000, /*packet=*/0x2000, /*queue=*/0x3000);
+  ASSERT_TRUE(d.ok()) << d.error().message;
+  uint64_t got_x;
+  float got_eps;
+  std::memcpy(&got_x, d->kernarg.data(), 8);
+  std::memcpy(&got_eps, d->kernarg.data() + 28, 4);
+  EXPECT_EQ(got_x, x);
+  EXPECT_EQ(got_eps, eps);
+  // The kernarg pointer is the only user SGPR pair this kernel enables: s[0:1].
+  ASSERT_GE(d->user_sgprs.size(), 2u);
+  EXPECT_EQ(d->user_sgprs[0], 0x0000'1000u);
+  EXPECT_EQ(d->user_sgprs[1], 0xabcdu);
+  // LDS in rsrc2 (granules of 512 bytes): the descriptor has 0 there, the dispatch does not.
+  const uint32_t granules = (d->rsrc2 >> 15) & 0x1ff;
+  EXPECT_EQ(granules, (k->group_segment_bytes + 511) / 512);
+  EXPECT_GT(granules, 0u);
+
+  shape.block[0] = 2048;
+  EXPECT_EQ(prepare_dispatch(*k, args, shape, 0, 0, 0).error().code, Errc::invalid_argument);
+}
+
+TEST(HsacoImage, RefusesCorruptCodeObjects) {
+  testing::TempDir dir;
+  auto rt = testing::compile_only_runtime(dir.path());
+  auto compiled = rt->compile(rmsnorm_spec(3, 7), "gfx942");
+  ASSERT_TRUE(compiled.ok()) << compiled.error().message;
+  const std::span<const uint8_t> code = (*compiled)->code_object();
+  EXPECT_EQ(read_hsaco_kernel(code, "no_such_kernel").error().code, Errc::corrupt);
+  EXPECT_EQ(read_hsaco_kernel(code.first(100), "kiln_rmsnorm").error().code, Errc::corrupt);
+  std::vector<uint8_t> junk(4096, 0x5a);
+  EXPECT_EQ(read_hsaco_kernel(junk, "kiln_rmsnorm").error().code, Errc::corrupt);
+}
+#endif
+
+}  // namespace
+}  // namespace kiln
