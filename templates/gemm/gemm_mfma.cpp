@@ -35,7 +35,14 @@ int64_t mfma_lds_bytes(const TileConfig& c) { return 2 * (c.at("BM") + c.at("BN"
 TileConfig mfma_choose_config(const KernelSpec& spec, const TargetInfo& target) {
   // The least modelled time; within 0.1%, the least padded work (tiles x BM x BN), then the
   // larger tile (the earlier configuration).
-  const std::vector<TileConfig> configs = mfma_configs(target);
+  std::vector<TileConfig> configs = mfma_configs(target);
+  // Leading dimensions that are not multiples of 8 elements rule out 16-byte loads: the kernel
+  // stages element by element, which needs more registers than the tiles above 128 x 128 have
+  // (the compiler moves values into AGPRs). Those shapes get 128 x 128 or smaller.
+  const int64_t lda = spec.param("trans_a") ? spec.param("M") : spec.param("K");
+  const int64_t ldb = spec.param("trans_b") ? spec.param("K") : spec.param("N");
+  if (lda % 8 != 0 || ldb % 8 != 0)
+    std::erase_if(configs, [](const TileConfig& c) { return c.at("BM") * c.at("BN") > 128 * 128; });
   size_t best = 0;
   MfmaModel best_m = mfma_model(spec, configs[0], target);
   auto padded = [](const MfmaModel& m, const TileConfig& c) { return m.tiles * c.at("BM") * c.at("BN"); };

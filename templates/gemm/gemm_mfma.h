@@ -20,7 +20,9 @@ bool mfma_applies(const KernelSpec& spec, const TargetInfo& target);
 /// THREADS), largest tile first; each fits the target's LDS (64 KiB gfx942, 160 KiB gfx950).
 std::vector<TileConfig> mfma_configs(const TargetInfo& target);
 
-/// The configuration with the least modelled time for the exact shape (ties: the larger tile).
+/// The configuration with the least modelled time for the exact shape (ties: the less padded
+/// work, then the larger tile). Leading dimensions that are not multiples of 8 elements (no
+/// 16-byte loads) limit the tile to 128 x 128.
 TileConfig mfma_choose_config(const KernelSpec& spec, const TargetInfo& target);
 
 /// The heuristic's configuration first, then the other configurations of the target.

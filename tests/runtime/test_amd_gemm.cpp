@@ -46,6 +46,19 @@ TEST(AmdGemm, SmallShapesGetSmallTiles) {
   }
 }
 
+TEST(AmdGemm, MisalignedLeadingDimensionsGetAtMost128x128) {
+  const OpTemplate* gemm = *find_op("gemm");
+  for (const char* arch : {"gfx942", "gfx950"}) {
+    const TargetInfo& target = **find_target(arch);
+    // K = 4095: rows of A and B (NT) are not 16-byte aligned.
+    const TileConfig c = gemm->choose_config(gemm_spec(8192, 8192, 4095, false, true), target);
+    EXPECT_LE(c.at("BM") * c.at("BN"), 128 * 128) << arch;
+    // Aligned, gfx942's model prefers a larger tile (gfx950's prefers 128 x 128 at 2 blocks per CU).
+    const TileConfig aligned = gemm->choose_config(gemm_spec(8192, 8192, 4096, false, true), target);
+    if (std::string(arch) == "gfx942") EXPECT_GT(aligned.at("BM") * aligned.at("BN"), 128 * 128);
+  }
+}
+
 TEST(AmdGemm, OccupancyFromRegistersAndLds) {
   std::string limit;
   // 128 VGPRs + 128 AGPRs: 256 of 512 registers per lane, 2 waves per SIMD.
