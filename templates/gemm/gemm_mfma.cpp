@@ -32,17 +32,29 @@ std::vector<TileConfig> mfma_configs(const TargetInfo& target) {
 
 int64_t mfma_lds_bytes(const TileConfig& c) { return 2 * (c.at("BM") + c.at("BN")) * (c.at("BK") + 8) * 2; }
 
+std::vector<TileConfig> mfma_usable_configs(const KernelSpec& spec, const TargetInfo& target) {
+  std::vector<TileConfig> configs = mfma_configs(target);
+  // Leading dimensions that are not multiples of 8 elements rule out 16-byte loads: the kernel
+  // stages element by element, which needs more registers than the tiles above 128 x 128 have.
+  const int64_t lda = spec.param("trans_a") ? spec.param("M") : spec.param("K");
+  const int64_t ldb = spec.param("trans_b") ? spec.param("K") : spec.param("N");
+  const bool misaligned = lda % 8 != 0 || ldb % 8 != 0;
+  // An M- or N-contiguous operand (NN's B, TN's A) is staged as 8 x 8 blocks (32 registers per
+  // block): gfx942's 256 x 128 x 32 tile on 4 waves then needs more than 256 registers, and the
+  // compiler puts values in AGPRs (which the emulator cannot run, so it would go unproven).
+  const bool transposing = spec.param("trans_a") != 0 || spec.param("trans_b") == 0;
+  std::erase_if(configs, [&](const TileConfig& c) {
+    const int64_t area = c.at("BM") * c.at("BN");
+    if (misaligned && area > 128 * 128) return true;
+    return transposing && c.at("MFMA_K") == 8 && area == 256 * 128 && c.at("THREADS") == 256;
+  });
+  return configs;
+}
+
 TileConfig mfma_choose_config(const KernelSpec& spec, const TargetInfo& target) {
   // The least modelled time; within 0.1%, the least padded work (tiles x BM x BN), then the
   // larger tile (the earlier configuration).
-  std::vector<TileConfig> configs = mfma_configs(target);
-  // Leading dimensions that are not multiples of 8 elements rule out 16-byte loads: the kernel
-  // stages element by element, which needs more registers than the tiles above 128 x 128 have
-  // (the compiler moves values into AGPRs). Those shapes get 128 x 128 or smaller.
-  const int64_t lda = spec.param("trans_a") ? spec.param("M") : spec.param("K");
-  const int64_t ldb = spec.param("trans_b") ? spec.param("K") : spec.param("N");
-  if (lda % 8 != 0 || ldb % 8 != 0)
-    std::erase_if(configs, [](const TileConfig& c) { return c.at("BM") * c.at("BN") > 128 * 128; });
+  const std::vector<TileConfig> configs = mfma_usable_configs(spec, target);
   size_t best = 0;
   MfmaModel best_m = mfma_model(spec, configs[0], target);
   auto padded = [](const MfmaModel& m, const TileConfig& c) { return m.tiles * c.at("BM") * c.at("BN"); };
@@ -57,7 +69,7 @@ TileConfig mfma_choose_config(const KernelSpec& spec, const TargetInfo& target) 
 
 std::vector<TileConfig> mfma_candidates(const KernelSpec& spec, const TargetInfo& target) {
   std::vector<TileConfig> out = {mfma_choose_config(spec, target)};
-  for (const TileConfig& c : mfma_configs(target))
+  for (const TileConfig& c : mfma_usable_configs(spec, target))
     if (c != out.front()) out.push_back(c);
   return out;
 }

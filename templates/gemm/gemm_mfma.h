@@ -20,12 +20,17 @@ bool mfma_applies(const KernelSpec& spec, const TargetInfo& target);
 /// THREADS), largest tile first; each fits the target's LDS (64 KiB gfx942, 160 KiB gfx950).
 std::vector<TileConfig> mfma_configs(const TargetInfo& target);
 
+/// The configurations of `target` that serve `spec`: leading dimensions that are not multiples of
+/// 8 elements allow at most 128 x 128; an M- or N-contiguous operand (NN, TN) rules out gfx942's
+/// 256 x 128 x 32 on 4 waves (more than 256 registers).
+std::vector<TileConfig> mfma_usable_configs(const KernelSpec& spec, const TargetInfo& target);
+
 /// The configuration with the least modelled time for the exact shape (ties: the less padded
 /// work, then the larger tile). Leading dimensions that are not multiples of 8 elements (no
 /// 16-byte loads) limit the tile to 128 x 128.
 TileConfig mfma_choose_config(const KernelSpec& spec, const TargetInfo& target);
 
-/// The heuristic's configuration first, then the other configurations of the target.
+/// The heuristic's configuration first, then the other usable configurations.
 std::vector<TileConfig> mfma_candidates(const KernelSpec& spec, const TargetInfo& target);
 
 /// LDS bytes of a configuration: two stages of [BM + BN][BK + 8] 16-bit elements.

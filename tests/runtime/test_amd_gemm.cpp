@@ -59,6 +59,15 @@ TEST(AmdGemm, MisalignedLeadingDimensionsGetAtMost128x128) {
   }
 }
 
+TEST(AmdGemm, TransposingLayoutsSkipGfx942s256x128) {
+  const OpTemplate* gemm = *find_op("gemm");
+  const TargetInfo& target = **find_target("gfx942");
+  for (auto [ta, tb] : {std::pair{false, false}, std::pair{true, false}})
+    for (const TileConfig& c : gemm->tuning_candidates(gemm_spec(8192, 8192, 8192, ta, tb), target))
+      EXPECT_FALSE(c.at("BM") == 256 && c.at("BN") == 128) << config_string(c);
+  EXPECT_EQ(gemm->tuning_candidates(gemm_spec(8192, 8192, 8192, false, true), target).size(), 4u);
+}
+
 TEST(AmdGemm, OccupancyFromRegistersAndLds) {
   std::string limit;
   // 128 VGPRs + 128 AGPRs: 256 of 512 registers per lane, 2 waves per SIMD.
