@@ -172,8 +172,9 @@ Result<AmdgpuCodeReport> amdgpu_code_report(std::span<const uint8_t> hsaco, cons
     for (const Decoded& d : insts)
       if (d.at >= head && d.at <= back) count(mix, d.op);
     const InstructionMix& best = r.hot_loop.mix;
-    const bool better = !r.hot_loop.found || mix.mfma > best.mfma ||
-                        (mix.mfma == best.mfma && (best.mfma > 0 ? mix.total < best.total : mix.total > best.total));
+    // A loop whose body has a conditional block (the k-loop's "stage the next tile" part) has
+    // two back branches to one head: the larger range is the whole body.
+    const bool better = !r.hot_loop.found || mix.mfma > best.mfma || (mix.mfma == best.mfma && mix.total > best.total);
     if (better) r.hot_loop = {true, head, back, mix};
   }
   return r;

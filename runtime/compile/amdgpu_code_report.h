@@ -25,8 +25,8 @@ struct InstructionMix {
 };
 
 /// The hot loop: of the code's loops (a branch back to an earlier address, and the code between),
-/// the one with the most MFMAs, or with none, the one with the most instructions. `found` is false
-/// for straight-line code.
+/// the one with the most MFMAs, and of those the longest (a body with conditional blocks has
+/// several back branches to its head). `found` is false for straight-line code.
 struct HotLoop {
   bool found = false;
   uint64_t begin = 0, end = 0;  ///< byte offsets in the kernel's code: the loop head, the back branch

@@ -131,7 +131,16 @@ TEST(AmdGemm, ManifestGemmsHaveMfmaHotLoopsAndNoScratch) {
       const InstructionMix& loop = r->hot_loop.mix;
       // The k-loop: exactly the tile's MFMAs per wave per k-tile, its LDS traffic, one barrier.
       EXPECT_EQ(loop.mfma, mfma_model(e.spec, src->config, target).mfma_per_k_tile);
-      EXPECT_GT(loop.lds, 0);
+      // Fragment reads (a 16-byte read per 32-row block per 16 k) and the staging writes.
+      const TileConfig& c = src->config;
+      const int64_t threads = c.at("THREADS"), bk = c.at("BK");
+      const int64_t reads = (c.at("BM") / c.at("WAVES_M") / 32 + c.at("BN") / c.at("WAVES_N") / 32) * (bk / 16);
+      auto writes = [&](int64_t rows, bool kmajor) {
+        const int64_t units = kmajor ? rows * bk / 8 : rows / 8 * (bk / 8);
+        return (units + threads - 1) / threads * (kmajor ? 1 : 8);
+      };
+      const bool ta = e.spec.param("trans_a") != 0, tb = e.spec.param("trans_b") != 0;
+      EXPECT_EQ(loop.lds, reads + writes(c.at("BM"), !ta) + writes(c.at("BN"), tb));
       EXPECT_GT(loop.global, 0);
       EXPECT_EQ(loop.barrier, 1);
       EXPECT_EQ(r->scratch_bytes, 0);
