@@ -13,10 +13,10 @@ mkdir -p "$OUT/obj" "$OUT/crashes"
 command -v "$CXX" >/dev/null || { echo "fuzz: $CXX not found (apt-get install clang-22 libclang-rt-22-dev)"; exit 1; }
 
 cmake -DOUT="$OUT/embedded.cpp" -DROOT="$PWD" \
-  "-DFILES=codegen/preludes/amdgpu.prelude;codegen/preludes/nvptx.prelude;codegen/preludes/common.prelude;templates/gemm/gemm.kernel;templates/gemm/gemm_sm90.kernel;templates/rmsnorm/rmsnorm.kernel;templates/swiglu/swiglu.kernel;models/models.json" \
+  "-DFILES=codegen/preludes/amdgpu.prelude;codegen/preludes/nvptx.prelude;codegen/preludes/common.prelude;templates/gemm/gemm.kernel;templates/gemm/gemm_common.kernel;templates/gemm/gemm_mfma.kernel;templates/gemm/gemm_sm90.kernel;templates/rmsnorm/rmsnorm.kernel;templates/swiglu/swiglu.kernel;models/models.json" \
   -P cmake/embed.cmake
 SOURCES=(support/dtype.cpp support/dynlib.cpp support/env.cpp support/fs.cpp support/log.cpp support/sha256.cpp
-  templates/op_template.cpp templates/gemm/gemm.cpp templates/rmsnorm/rmsnorm.cpp templates/swiglu/swiglu.cpp
+  templates/op_template.cpp templates/gemm/gemm.cpp templates/gemm/gemm_mfma.cpp templates/rmsnorm/rmsnorm.cpp templates/swiglu/swiglu.cpp
   codegen/targets.cpp codegen/codegen.cpp runtime/manifest.cpp cache/disk_cache.cpp cache/cache_key.cpp
   runtime/compile/compiler.cpp runtime/compile/nvrtc_compiler.cpp runtime/compile/clang_options.cpp
   runtime/driver/nvrtc_api.cpp "$OUT/embedded.cpp")

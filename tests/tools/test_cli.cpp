@@ -417,7 +417,7 @@ TEST_F(CliTest, InspectMetaReportsTheMfmaHotLoopOnAmd) {
   KILN_REQUIRE_LLVM();
   for (const char* arch : {"gfx942", "gfx950"}) {
     SCOPED_TRACE(arch);
-    Output o = kiln_cached({"inspect", "gemm", "-p", "M=512,N=512,K=256,trans_a=0,trans_b=1", "--dtype", "bf16",
+    Output o = kiln_cached({"inspect", "gemm", "-p", "M=512,N=512,K=4096,trans_a=0,trans_b=1", "--dtype", "bf16",
                             "--arch", arch, "--emit", "meta"});
     ASSERT_EQ(o.code, 0) << o.err;
     EXPECT_TRUE(std::regex_search(o.out, std::regex(R"(tile config .*MFMA=1)"))) << o.out;
