@@ -8,6 +8,7 @@
 #include <string>
 
 #include "support/embedded.h"
+#include "templates/gemm/gemm_mfma.h"
 
 namespace kiln {
 namespace {
@@ -53,9 +54,16 @@ std::string_view GemmOp::device_template(const TileConfig& c) const {
                                  std::string(embedded_file("templates/gemm/gemm_sm90_tma.kernel"));
   static const std::string cp_async = std::string(embedded_file("templates/gemm/wgmma.kernel")) + "\n" +
                                       std::string(embedded_file("templates/gemm/gemm_sm90.kernel"));
+  // The AMD matrix-core kernel shares the portable kernel's tile, tail and epilogue pieces.
+  static const std::string mfma = std::string(embedded_file("templates/gemm/gemm_common.kernel")) + "\n" +
+                                  std::string(embedded_file("templates/gemm/gemm_mfma.kernel"));
+  // The portable kernel uses the shared tile, tail and epilogue pieces (gemm_common.kernel).
+  static const std::string portable = std::string(embedded_file("templates/gemm/gemm_common.kernel")) + "\n" +
+                                      std::string(embedded_file("templates/gemm/gemm.kernel"));
+  if (flag(c, "MFMA")) return mfma;
   if (flag(c, "TMA")) return tma;
   if (flag(c, "WGMMA")) return cp_async;
-  return embedded_file("templates/gemm/gemm.kernel");
+  return portable;
 }
 
 namespace {
@@ -105,6 +113,8 @@ TileConfig GemmOp::choose_config(const KernelSpec& spec, const TargetInfo& targe
     if (tma) c["TMA"] = 1;
     return c;
   }
+  // AMD matrix cores (gemm_mfma.kernel) for 16-bit inputs on gfx942 and gfx950.
+  if (mfma_applies(spec, target)) return mfma_choose_config(spec, target);
   // Large tiles (128x128, an 8x8 register tile per thread) reuse each staged element 128 times;
   // use them when they still give every compute unit a block, else 64x64 with 4x4 per thread.
   const int64_t big_tiles = ceil_div(M, 128) * ceil_div(N, 128);
@@ -116,6 +126,7 @@ TileConfig GemmOp::choose_config(const KernelSpec& spec, const TargetInfo& targe
 
 std::vector<TileConfig> GemmOp::tuning_candidates(const KernelSpec& spec, const TargetInfo& target) const {
   const TileConfig heuristic = choose_config(spec, target);
+  if (flag(heuristic, "MFMA")) return mfma_candidates(spec, target);
   if (!flag(heuristic, "TMA")) return {heuristic};
   TileConfig other = heuristic;
   const bool wide = heuristic.at("BN") == 256;
@@ -137,7 +148,12 @@ std::string GemmOp::specialize(const KernelSpec& spec, const TileConfig& c) cons
                                 "constexpr bool TRANS_A = {}, TRANS_B = {}",
                                 spec.param("M"), spec.param("N"), spec.param("K"),
                                 spec.param("trans_a") ? "true" : "false", spec.param("trans_b") ? "true" : "false");
-  if (wgmma) {
+  if (flag(c, "MFMA")) {
+    out += fmt::format(", IN_BF16 = {};\n"
+                       "constexpr int BM = {}, BN = {}, BK = {}, WAVES_M = {}, WAVES_N = {}, THREADS = {}, MFMA_K = {};\n",
+                       spec.dtype == DType::bf16 ? "true" : "false", c.at("BM"), c.at("BN"), c.at("BK"),
+                       c.at("WAVES_M"), c.at("WAVES_N"), c.at("THREADS"), c.at("MFMA_K"));
+  } else if (wgmma) {
     // GROUP_M: row tiles per group of the tile order (8 unless a tuned configuration says).
     out += fmt::format(", IN_BF16 = {};\n"
                        "constexpr int BM = {}, BN = {}, BK = {}, STAGES = {}, THREADS = {}, GROUP_M = {};\n",
@@ -163,6 +179,7 @@ LaunchGeometry GemmOp::geometry(const KernelSpec& spec, const TileConfig& c) con
     g.persistent = true;
     return g;
   }
+  // The LDS-tiled and MFMA kernels: one block per BM x BN tile (their LDS is static).
   g.grid.x = static_cast<uint32_t>(ceil_div(spec.param("N"), c.at("BN")));
   g.grid.y = static_cast<uint32_t>(ceil_div(spec.param("M"), c.at("BM")));
   g.block.x = static_cast<uint32_t>(c.at("THREADS"));

@@ -11,7 +11,9 @@ namespace kiln {
 /// On sm_90a, bf16/fp16 inputs use the tensor-core kernels: gemm_sm90_tma.kernel (WGMMA, TMA
 /// tensor maps for A and B, producer/consumer warpgroups, persistent grid) when the leading
 /// dimensions are multiples of 8 elements, else gemm_sm90.kernel (WGMMA, cp.async pipeline).
-/// fp32 inputs and AMD targets use the LDS-tiled gemm.kernel.
+/// On gfx942 and gfx950, bf16/fp16 inputs use the matrix-core kernel gemm_mfma.kernel (MFMA=1;
+/// configurations and model in gemm_mfma.h). fp32 inputs and other AMD targets use the LDS-tiled
+/// gemm.kernel.
 /// The TMA kernel needs A, B and C 16-byte aligned (every device allocation is); a call with an
 /// unaligned view is served by the cp.async kernel instead (a second variant, compiled on demand).
 class GemmOp final : public OpTemplate {
@@ -32,7 +34,8 @@ class GemmOp final : public OpTemplate {
   /// 128 x 128 (6 stages), each with tile-order groups of 8 row tiles (the kernel's default, no
   /// key) and of 16 (GROUP_M=16). Every other path: the heuristic's configuration only.
   std::vector<TileConfig> tuning_candidates(const KernelSpec& spec, const TargetInfo& target) const override;
-  /// gemm_sm90_tma.kernel (TMA=1), gemm_sm90.kernel (WGMMA=1), else the portable gemm.kernel.
+  /// gemm_sm90_tma.kernel (TMA=1), gemm_sm90.kernel (WGMMA=1), gemm_mfma.kernel (MFMA=1), else the
+  /// portable gemm.kernel; the last two after the shared gemm_common.kernel.
   std::string_view device_template(const TileConfig& config) const override;
   std::string specialize(const KernelSpec& spec, const TileConfig& config) const override;
   uint32_t dynamic_shared_bytes(const KernelSpec& spec, const TileConfig& config) const override;

@@ -40,7 +40,9 @@ TEST(Codegen, SourceHoldsPreludeConstantsAndTemplate) {
   auto amd = generate(gemm_spec(100, 70, 33, false, true), target("gfx942"));
   ASSERT_TRUE(amd.ok());
   EXPECT_NE(amd->text.find("constexpr long long M = 100, N = 70, K = 33;"), std::string::npos);
-  EXPECT_NE(amd->text.find("constexpr bool TRANS_A = false, TRANS_B = true;"), std::string::npos);
+  // bf16 on gfx942: the MFMA kernel, whose constants add the input type.
+  EXPECT_NE(amd->text.find("constexpr bool TRANS_A = false, TRANS_B = true, IN_BF16 = true;"), std::string::npos);
+  EXPECT_NE(amd->text.find("__builtin_amdgcn_mfma_f32_32x32x8bf16_1k"), std::string::npos);
   EXPECT_NE(amd->text.find("kWaveSize = 64"), std::string::npos);
   EXPECT_NE(amd->text.find("__builtin_amdgcn_s_barrier"), std::string::npos);
   EXPECT_NE(amd->text.find("void kiln_gemm("), std::string::npos);

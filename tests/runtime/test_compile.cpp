@@ -14,6 +14,7 @@
 #include <llvm/Object/ELFObjectFile.h>
 
 #include "runtime/compile/amdgpu_metadata.h"
+#include "templates/gemm/gemm_mfma.h"
 #endif
 
 namespace kiln {
@@ -91,6 +92,9 @@ TEST_P(CompileEveryTarget, ProducesAValidCodeObject) {
     if (spec.op == "gemm" && src->config.count("WGMMA")) {
       // The WGMMA kernel's stages are dynamic shared memory: nothing static.
       EXPECT_EQ(info.shared_bytes, 0);
+    } else if (spec.op == "gemm" && src->config.count("MFMA")) {
+      // The MFMA kernel's two LDS stages of [BM + BN][BK + 8] 16-bit elements.
+      EXPECT_EQ(info.shared_bytes, mfma_lds_bytes(src->config));
     } else if (spec.op == "gemm") {
       // The LDS tiles: (BK x (BM + 1) + BK x (BN + 1)) fp32.
       const int64_t expect = 4 * src->config.at("BK") * (src->config.at("BM") + 1 + src->config.at("BN") + 1);

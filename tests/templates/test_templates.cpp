@@ -122,9 +122,13 @@ TEST(Templates, TuningCandidatesStartWithTheHeuristicAndAreDistinct) {
     }
     EXPECT_EQ(tiles, (std::set<std::pair<int64_t, int64_t>>{{128, 6}, {256, 4}}));
   }
-  // Everything else has the heuristic's configuration only: AMD, fp32, the cp.async WGMMA kernel
-  // (K = 33 rules out TMA), and the other ops.
-  EXPECT_EQ(gemm->tuning_candidates(gemm_spec(1024, 1024, 1024, false, true), target("gfx942")).size(), 1u);
+  // AMD's MFMA kernel: the heuristic's tile first, then its other usable tiles.
+  const auto amd = gemm->tuning_candidates(gemm_spec(1024, 1024, 1024, false, true), target("gfx942"));
+  EXPECT_EQ(amd.size(), 4u);
+  EXPECT_EQ(amd.front(), gemm->choose_config(gemm_spec(1024, 1024, 1024, false, true), target("gfx942")));
+  // Everything else has the heuristic's configuration only: fp32 (AMD and NVIDIA), the cp.async
+  // WGMMA kernel (K = 33 rules out TMA), and the other ops.
+  EXPECT_EQ(gemm->tuning_candidates(gemm_spec(64, 64, 64, false, true, DType::f32, DType::f32), target("gfx942")).size(), 1u);
   EXPECT_EQ(gemm->tuning_candidates(gemm_spec(1024, 1024, 1024, false, true, DType::f32, DType::f32), sm90).size(), 1u);
   const KernelSpec cp_async = gemm_spec(100, 70, 33, false, true);
   EXPECT_EQ(gemm->tuning_candidates(cp_async, sm90), std::vector<TileConfig>{gemm->choose_config(cp_async, sm90)});

@@ -441,6 +441,23 @@ TEST_F(CliTest, InspectMetaShowsResourcesAndTheCacheEntry) {
   }
 }
 
+TEST_F(CliTest, InspectMetaReportsTheMfmaHotLoopOnAmd) {
+  KILN_REQUIRE_LLVM();
+  for (const char* arch : {"gfx942", "gfx950"}) {
+    SCOPED_TRACE(arch);
+    Output o = kiln_cached({"inspect", "gemm", "-p", "M=512,N=512,K=4096,trans_a=0,trans_b=1", "--dtype", "bf16",
+                            "--arch", arch, "--emit", "meta"});
+    ASSERT_EQ(o.code, 0) << o.err;
+    EXPECT_TRUE(std::regex_search(o.out, std::regex(R"(tile config .*MFMA=1)"))) << o.out;
+    EXPECT_TRUE(std::regex_search(o.out, std::regex(R"(AGPRs\s+\d+)"))) << o.out;
+    EXPECT_TRUE(std::regex_search(o.out, std::regex(R"(hot loop\s+bytes 0x[0-9a-f]+\.\.0x[0-9a-f]+, \d+ instructions: [1-9]\d* MFMA, \d+ LDS, \d+ global, \d+ s_waitcnt)")))
+        << o.out;
+    EXPECT_TRUE(std::regex_search(o.out, std::regex(R"(occupancy\s+[1-8] waves per SIMD)"))) << o.out;
+    EXPECT_TRUE(std::regex_search(o.out, std::regex(R"(model\s+modelled, not measured: [0-9.]+ TFLOP/s on MI3)"))) << o.out;
+    EXPECT_TRUE(std::regex_search(o.out, std::regex(R"(scratch\s+0 bytes)"))) << o.out;
+  }
+}
+
 TEST_F(CliTest, InspectLlvmIr) {
   std::vector<std::string> args = {"inspect", "rmsnorm", "--param", "rows=4,hidden=128", "--arch", "gfx942",
                                    "--emit", "llvm"};

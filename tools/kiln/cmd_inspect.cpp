@@ -15,7 +15,9 @@
 
 #include "cache/tuning.h"
 #include "codegen/codegen.h"
+#include "runtime/compile/amdgpu_code_report.h"
 #include "runtime/compile/compiler.h"
+#include "templates/gemm/gemm_mfma.h"
 #include "templates/registry.h"
 #include "tools/kiln/cli.h"
 
@@ -149,6 +151,49 @@ void print_tunings(const KernelSpec& spec, const TargetInfo& target, const std::
   }
 }
 
+// AMD targets: AGPRs, the hot loop's instruction mix (the code object disassembled), occupancy,
+// and for the MFMA GEMM the throughput model (modelled, not measured).
+template <class Line>
+void print_amd_report(const KernelSpec& spec, const TargetInfo& target, const TileConfig& config,
+                      const LaunchGeometry& g, std::span<const uint8_t> code, const std::string& kernel,
+                      const Line& line) {
+  auto report = amdgpu_code_report(code, kernel, target, static_cast<int>(g.block.x));
+  if (!report) {
+    line("hot loop", "not shown: " + first_line(report.error().message));
+    return;
+  }
+  const AmdgpuCodeReport& r = *report;
+  line("AGPRs", known(r.agprs));
+  auto mix = [](const InstructionMix& m) {
+    return fmt::format("{} instructions: {} MFMA, {} LDS, {} global, {} s_waitcnt, {} s_barrier, {} other VALU, "
+                       "{} other SALU",
+                       m.total, m.mfma, m.lds, m.global, m.waitcnt, m.barrier, m.valu, m.salu);
+  };
+  if (r.hot_loop.found)
+    line("hot loop", fmt::format("bytes {:#x}..{:#x}, {}", r.hot_loop.begin, r.hot_loop.end, mix(r.hot_loop.mix)));
+  else
+    line("hot loop", "none (no backward branch)");
+  line("kernel mix", mix(r.kernel));
+  line("occupancy", fmt::format("{} waves per SIMD (limited by {}; {} threads per workgroup, {} KiB LDS per CU)",
+                                r.waves_per_simd, r.occupancy_limit, g.block.x, amd_lds_bytes_per_cu(target) / 1024));
+  if (config.count("MFMA") && config.at("MFMA")) {
+    const int regs = std::max(r.vgprs, 0) + std::max(r.agprs, 0);
+    const MfmaModel m = mfma_model(spec, config, target, regs);
+    line("model", fmt::format("modelled, not measured: {:.4g} TFLOP/s on {} ({:.0f} peak; {}-bound; {} tiles in {} "
+                              "rounds of {} per CU; per k-tile {:.0f} MFMA / {:.0f} LDS / {:.0f} L2 cycles; "
+                              "{} MFMA per wave per k-tile); see docs/amd-gemm-model.md",
+                              m.tflops, m.device, m.peak_tflops, m.bound, m.tiles, m.rounds, m.blocks_per_cu,
+                              m.mfma_cycles, m.lds_cycles, m.global_cycles, m.mfma_per_k_tile));
+    std::string all;
+    for (const TileConfig& c : mfma_configs(target)) {
+      const MfmaModel o = mfma_model(spec, c, target);  // registers estimated
+      all += fmt::format("{}{}x{}x{} {} waves {:.4g}", all.empty() ? "" : ", ", c.at("BM"), c.at("BN"), c.at("BK"),
+                         c.at("THREADS") / 64, o.tflops);
+    }
+    line("model, all", "modelled, not measured, TFLOP/s: " + all);
+  }
+}
+
 int print_meta(const KernelSpec& spec, const TargetInfo& target, const InspectOptions& o) {
   auto rt = compile_only_runtime(o);
   if (!rt) return fail(rt.error());
@@ -163,7 +208,7 @@ int print_meta(const KernelSpec& spec, const TargetInfo& target, const InspectOp
   line("compiler", i.compiler);
   line("code", fmt::format("{}, {} bytes", i.code_format, i.code_bytes));
   if (amd) {
-    line("registers", fmt::format("{} VGPRs, {} SGPRs", known(i.registers), known(i.sgprs)));
+    line("registers", fmt::format("{} VGPRs, {} SGPRs (AGPRs below)", known(i.registers), known(i.sgprs)));
     line("LDS", fmt::format("{} bytes", known(i.shared_bytes)));
     line("scratch", fmt::format("{} bytes per lane", known(i.scratch_bytes)));
     line("spills", fmt::format("{} (VGPR+SGPR spill count)", known(i.spill_stores)));
@@ -202,6 +247,12 @@ int print_meta(const KernelSpec& spec, const TargetInfo& target, const InspectOp
   line("compile ms", fmt::format("{:.1f}", i.compile_ms));
   line("origin", std::string((*compiled)->origin()));
   line("entry", entry_dir((*rt)->cache_dir(), i.cache_key));
+  if (amd && !plan.launches.empty()) {
+    // The launch of the compiled kernel (the first where none is named so).
+    auto it = std::find_if(plan.launches.begin(), plan.launches.end(), [&](const Launch& l) { return l.kernel == i.kernel; });
+    const Launch& l = it != plan.launches.end() ? *it : plan.launches.front();
+    print_amd_report(spec, target, variants.front(), l.geometry, (*compiled)->code_object(), i.kernel, line);
+  }
   if (!i.assembler_report.empty() && globals().verbose) fmt::print("assembler report:\n{}\n", i.assembler_report);
   return 0;
 }
