@@ -331,7 +331,7 @@ TEST(EmulatorBackend, KernelThatCrashesTheEmulatorGivesAnError) {
 TEST(HsacoImage, ReadsTheKernelArgumentsAndPreparesTheDispatch) {
   testing::TempDir dir;
   auto rt = testing::compile_only_runtime(dir.path());
-  auto compiled = rt->compile(rmsnorm_spec(3, 1000), "gfx942");
+  auto compiled = rt->compile(rmsnorm_spec(3, 8192), "gfx942");
   ASSERT_TRUE(compiled.ok()) << compiled.error().message;
   auto k = read_hsaco_kernel((*compiled)->code_object(), "kiln_rmsnorm");
   ASSERT_TRUE(k.ok()) << k.error().message;
