@@ -503,6 +503,26 @@ TEST_F(CliTest, RunInTheEmulatorPrintsTheCheckReport) {
   EXPECT_NE(o.out.find("PASS swiglu fp32 intermediate=7 rows=2: compared 14 elements"), std::string::npos) << o.out;
 }
 
+// kiln run --json and kiln ops --json: one document each (docs/json.md), parsed here.
+TEST_F(CliTest, JsonOfOpsAndRunParse) {
+  Output ops = kiln({"ops", "--json"});
+  ASSERT_EQ(ops.code, 0) << ops.err;
+  const auto doc = nlohmann::json::parse(ops.out);
+  EXPECT_EQ(doc["schema"], "kiln.ops");
+  EXPECT_EQ(doc["ops"].size(), kiln::all_ops().size());
+  for (const auto& op : doc["ops"]) EXPECT_FALSE(op["tensors"].empty()) << op["name"];
+  Output run = kiln_env({"run", "rmsnorm_bwd", "-p", "hidden=7,rows=3", "--dtype", "fp32", "--arch", "gfx950",
+                         "--emulator", "--json", "--cache-dir", cache_},
+                        {"CACHEDB=" KILN_TEST_EMULATOR_CACHEDB});
+  if (run.code != 0 && run.err.find("the AMD emulator is unavailable") != std::string::npos) GTEST_SKIP() << run.err;
+  ASSERT_EQ(run.code, 0) << run.out << run.err;
+  const auto r = nlohmann::json::parse(run.out);
+  EXPECT_EQ(r["schema"], "kiln.run");
+  EXPECT_TRUE(r["pass"].get<bool>());
+  ASSERT_EQ(r["outputs"].size(), 2u);
+  EXPECT_EQ(r["outputs"][1]["name"], "dgamma");
+}
+
 TEST_F(CliTest, RunEmulatorUsageErrors) {
   for (const std::vector<std::string>& extra :
        {std::vector<std::string>{"--emulator"}, {"--arch", "gfx942"}, {"--emulator", "--arch", "sm_90a"}}) {

@@ -1,5 +1,6 @@
 // kiln ops: every op with its parameters, scalars, tensors and dtypes, then the targets.
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include <array>
 
@@ -77,11 +78,59 @@ void print_op(const OpTemplate& op) {
 
 }  // namespace
 
+// One op as JSON (docs/json.md, kiln.ops).
+nlohmann::json op_json(const OpTemplate& op) {
+  nlohmann::json params = nlohmann::json::array();
+  for (const ParamInfo& p : op.params()) {
+    nlohmann::json j = {{"name", p.name}, {"doc", p.doc}, {"baked", p.baked}, {"bool", p.is_bool},
+                        {"min", p.min_value}, {"max", p.max_value}};
+    if (!p.choices.empty()) j["choices"] = std::vector<std::string>(p.choices.begin(), p.choices.end());
+    if (p.default_value) j["default"] = *p.default_value;
+    params.push_back(std::move(j));
+  }
+  nlohmann::json scalars = nlohmann::json::array();
+  for (const ScalarInfo& s : op.scalars()) scalars.push_back({{"name", s.name}, {"default", s.default_value}, {"doc", s.doc}});
+  nlohmann::json tensors = nlohmann::json::array();
+  for (const TensorDecl& d : op.signature())
+    tensors.push_back({{"name", d.name},
+                       {"role", d.role == Role::input ? "input" : "output"},
+                       {"dtype", d.dtype_rule == DTypeRule::in    ? std::string("dtype")
+                                 : d.dtype_rule == DTypeRule::out ? std::string("out_dtype")
+                                                                  : std::string(dtype_name(d.fixed))},
+                       {"shape", d.shape_doc},
+                       {"optional", d.present != nullptr}});
+  nlohmann::json dtypes = nlohmann::json::object();
+  for (DType in : op.dtypes()) {
+    std::vector<std::string> outs;
+    for (DType out : kAllDTypes)
+      if (op.supports_out_dtype(in, out)) outs.emplace_back(dtype_name(out));
+    dtypes[std::string(dtype_name(in))] = outs;
+  }
+  return {{"name", op.name()}, {"summary", op.summary()}, {"parameters", params}, {"scalars", scalars},
+          {"tensors", tensors}, {"dtypes", dtypes}};
+}
+
 Command add_ops_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("ops", "List the ops (parameters, scalars, tensors, dtypes) and the targets");
   auto op_name = std::make_shared<std::string>();
+  auto json = std::make_shared<bool>(false);
   cmd->add_option("op", *op_name, "Show only this op");
-  return [op_name]() -> int {
+  cmd->add_flag("--json", *json, "Print one JSON document (docs/json.md: kiln.ops)");
+  return [op_name, json]() -> int {
+    if (*json) {
+      nlohmann::json doc = {{"schema", "kiln.ops"}, {"schema_version", 1}};
+      doc["ops"] = nlohmann::json::array();
+      for (const OpTemplate* op : all_ops())
+        if (op_name->empty() || op->name() == *op_name) doc["ops"].push_back(op_json(*op));
+      if (!op_name->empty() && doc["ops"].empty()) return fail(find_op(*op_name).error());
+      doc["targets"] = nlohmann::json::array();
+      for (const TargetInfo& t : all_targets())
+        doc["targets"].push_back({{"name", t.name}, {"vendor", t.vendor == Vendor::amd ? "amd" : "nvidia"},
+                                  {"gpus", t.gpus}, {"wave_size", t.wave_size}, {"compute_units", t.compute_units},
+                                  {"code_object", t.code_object}});
+      fmt::print("{}\n", doc.dump(2));
+      return 0;
+    }
     if (!op_name->empty()) {
       auto op = find_op(*op_name);
       if (!op) return fail(op.error());

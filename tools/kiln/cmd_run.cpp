@@ -1,6 +1,7 @@
 // kiln run: build one kernel for this machine's GPU, check it against the CPU reference and
 // optionally tune and time it.
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "kiln/check.h"
 #include "templates/registry.h"
@@ -23,6 +24,7 @@ struct RunOptions {
   std::string nvidia_compiler;
   bool emulator = false;  // run in the AMD ISA emulator, as target `arch`
   std::string arch;
+  bool json = false;  // one JSON document (docs/json.md, kiln.run)
 };
 
 void print_tuning(const TuneReport& r, double flops) {
@@ -81,15 +83,39 @@ int run_run(const RunOptions& o) {
                 "AMD kernels also run in an emulator: --emulator --arch gfx942|gfx950)");
   if (auto valid = (*op)->validate(*spec, device->target()); !valid) return fail(valid.error());
 
-  fmt::print("device       {} ({}, {} compute units)\n", device->name(), device->target().name, device->compute_units());
+  if (!o.json)
+    fmt::print("device       {} ({}, {} compute units)\n", device->name(), device->target().name, device->compute_units());
   if (co.bench_iterations > 0 && !o.no_tune) {
     // The benchmark times the tuned kernel: tune() installs its winner for the check below.
     auto tuned = (*rt)->tune(*spec);
     if (!tuned) return fail(tuned.error());
-    print_tuning(*tuned, spec_flops(*spec));
+    if (!o.json) print_tuning(*tuned, spec_flops(*spec));
   }
   auto report = check_on_device(**rt, *spec, co);
   if (!report) return fail(report.error());
+  if (o.json) {
+    nlohmann::json outputs = nlohmann::json::array();
+    for (const OutputCheck& c : report->outputs)
+      outputs.push_back({{"name", c.name}, {"pass", c.pass}, {"compared", c.compared}, {"nonfinite", c.nonfinite},
+                         {"outside_gate", c.gate_failures}, {"max_abs_err", c.max_abs_err}, {"max_rel_err", c.max_rel_err},
+                         {"rel_frobenius", c.rel_frobenius}, {"snr_db", c.snr_db}, {"gate", c.gate}});
+    nlohmann::json doc = {{"schema", "kiln.run"},
+                          {"schema_version", 1},
+                          {"spec", report->spec},
+                          {"device", device->name()},
+                          {"target", std::string(device->target().name)},
+                          {"pass", report->pass},
+                          {"outputs", outputs},
+                          {"first_call_ms", report->first_call_ms},
+                          {"cached_call_ms", report->cached_call_ms},
+                          {"origin", report->origin},
+                          {"kernel_ms", report->kernel_ms > 0 ? nlohmann::json(report->kernel_ms) : nlohmann::json(nullptr)},
+                          {"bytes", report->bytes},
+                          {"flops", report->flops}};
+    fmt::print("{}\n", doc.dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
+    std::fflush(stdout);
+    return report->pass ? 0 : fail("check failed: " + format_report(*report));
+  }
   fmt::print("{}\n", format_report(*report));
   fmt::print("compared     {} elements{}\n", report->compared,
              co.sample_rows > 0 ? fmt::format(" ({} sampled rows; --check compares every row)", co.sample_rows) : "");
@@ -128,6 +154,7 @@ Command add_run_command(CLI::App& app) {
                 "Run in tinygrad's AMD CDNA ISA emulator instead of a GPU (with --arch gfx942|gfx950; no timing; "
                 "see docs/emulator.md)");
   cmd->add_option("--arch", o->arch, "With --emulator: the AMD target to emulate, gfx942 or gfx950");
+  cmd->add_flag("--json", o->json, "Print the report as one JSON document (docs/json.md: kiln.run)");
   return [o] { return run_run(*o); };
 }
 
