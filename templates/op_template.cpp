@@ -123,7 +123,7 @@ int64_t OpTemplate::sample_dimension(const KernelSpec& spec) const {
   return 0;
 }
 
-void OpTemplate::init_inputs(const KernelSpec& spec, std::span<const TensorInfo> inputs,
+void OpTemplate::init_inputs(const KernelSpec& /*spec*/, std::span<const TensorInfo> inputs,
                              std::vector<std::vector<float>>& values, std::mt19937_64& rng) const {
   std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
   values.resize(inputs.size());

@@ -251,7 +251,7 @@ class OpTemplate {
   virtual std::string specialize(const KernelSpec& spec, const TileConfig& config) const = 0;
   /// Dynamic shared memory of the configuration's kernels (the largest), emitted as
   /// KILN_DYNAMIC_SHARED_BYTES for the template's static_assert. Default 0.
-  virtual uint32_t dynamic_shared_bytes(const KernelSpec& spec, const TileConfig& config) const { return 0; }
+  virtual uint32_t dynamic_shared_bytes(const KernelSpec& /*spec*/, const TileConfig& /*config*/) const { return 0; }
   /// The kernel that `kiln inspect` reports and names the code object after.
   virtual std::string_view kernel_name(const TileConfig& config) const = 0;
 
@@ -261,7 +261,7 @@ class OpTemplate {
   virtual Plan plan(const KernelSpec& call, const TileConfig& config) const = 0;
   /// Whether a variant can serve a call with these buffers (signature order). Default: yes.
   /// gemm's TMA variant refuses a base that is not 16-byte aligned; the next variant serves it.
-  virtual bool serves(const TileConfig& config, std::span<void* const> buffers, std::string* why) const {
+  virtual bool serves(const TileConfig& /*config*/, std::span<void* const> /*buffers*/, std::string* /*why*/) const {
     return true;
   }
 
@@ -277,16 +277,16 @@ class OpTemplate {
   virtual void reference(const KernelSpec& spec, const Scalars& scalars, std::span<const std::vector<float>> inputs,
                          std::span<const int64_t> rows, std::vector<RefOutput>& outputs) const = 0;
   /// The accuracy gate of an output. Default: Gate::for_dtype.
-  virtual Gate gate(const KernelSpec& spec, const TensorInfo& output) const { return Gate::for_dtype(output.dtype); }
+  virtual Gate gate(const KernelSpec& /*spec*/, const TensorInfo& output) const { return Gate::for_dtype(output.dtype); }
   /// Floating-point operations of a call (GEMM: 2MNK); 0 for memory-bound ops.
-  virtual double flops(const KernelSpec& spec) const { return 0; }
+  virtual double flops(const KernelSpec& /*spec*/) const { return 0; }
   /// Bytes a call must move: every input read once and every output written once.
   virtual double bytes(const KernelSpec& spec) const;
   /// Small specs that cover the op's paths and tails, for the CPU, emulator and GPU tests.
   virtual std::vector<TestSpec> test_specs(const TargetInfo& target) const = 0;
   /// A short form of the spec's parameters for tables ("4096x4096x4096 NT"); "" (the default):
   /// the parameters as NAME=VALUE in the op's order.
-  virtual std::string short_form(const KernelSpec& spec) const { return ""; }
+  virtual std::string short_form(const KernelSpec& /*spec*/) const { return ""; }
   /// The row count of the first dimension of the call's row-shaped outputs (for sampling).
   int64_t sample_dimension(const KernelSpec& spec) const;
 
@@ -302,7 +302,7 @@ class OpTemplate {
   float scalar(const Scalars& scalars, std::string_view name) const;
 
  protected:
-  virtual Result<void> check(const KernelSpec& spec, const TargetInfo& target) const { return ok(); }
+  virtual Result<void> check(const KernelSpec& /*spec*/, const TargetInfo& /*target*/) const { return ok(); }
   /// One launch over all tensors, the runtime parameters as int32 and the scalars: the plan of a
   /// single-kernel op.
   Launch single_launch(const KernelSpec& call, const TileConfig& config, LaunchGeometry geometry) const;

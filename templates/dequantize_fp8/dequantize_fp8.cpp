@@ -67,7 +67,7 @@ Plan DequantizeFp8Op::plan(const KernelSpec& call, const TileConfig& c) const {
   return p;
 }
 
-void DequantizeFp8Op::init_inputs(const KernelSpec& spec, std::span<const TensorInfo> inputs,
+void DequantizeFp8Op::init_inputs(const KernelSpec& /*spec*/, std::span<const TensorInfo> inputs,
                                   std::vector<std::vector<float>>& values, std::mt19937_64& rng) const {
   // q: random finite non-zero codes of the format (subnormals included); scale: positive,
   // 2^[-8, 0] * [1, 2).

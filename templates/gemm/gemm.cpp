@@ -244,7 +244,7 @@ std::string GemmOp::short_form(const KernelSpec& spec) const {
                      spec.param("trans_b") ? 'T' : 'N');
 }
 
-std::vector<TestSpec> GemmOp::test_specs(const TargetInfo& target) const {
+std::vector<TestSpec> GemmOp::test_specs(const TargetInfo& /*target*/) const {
   std::vector<TestSpec> out;
   auto add = [&](int64_t M, int64_t N, int64_t K, int ta, int tb, DType in, DType o, std::string_view why) {
     out.push_back({{"gemm", in, o, {{"M", M}, {"N", N}, {"K", K}, {"trans_a", ta}, {"trans_b", tb}}}, why});

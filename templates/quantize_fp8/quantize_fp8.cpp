@@ -249,7 +249,7 @@ void QuantizeFp8Op::reference(const KernelSpec& spec, const Scalars&, std::span<
       for (int64_t r = 0; r < rows; ++r) outputs[2].values.push_back(quantize(r, c));
 }
 
-Gate QuantizeFp8Op::gate(const KernelSpec& spec, const TensorInfo& output) const {
+Gate QuantizeFp8Op::gate(const KernelSpec& /*spec*/, const TensorInfo& output) const {
   if (output.name != "scale") return Gate::for_dtype(output.dtype);
   // The scales are defined in fp32 with IEEE divisions: bitwise equal.
   Gate g;

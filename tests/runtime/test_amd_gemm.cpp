@@ -56,7 +56,9 @@ TEST(AmdGemm, MisalignedLeadingDimensionsGetAtMost128x128) {
     EXPECT_LE(c.at("BM") * c.at("BN"), 128 * 128) << arch;
     // Aligned, gfx942's model prefers a larger tile (gfx950's prefers 128 x 128 at 2 blocks per CU).
     const TileConfig aligned = gemm->choose_config(gemm_spec(8192, 8192, 4096, false, true), target);
-    if (std::string(arch) == "gfx942") EXPECT_GT(aligned.at("BM") * aligned.at("BN"), 128 * 128);
+    if (std::string(arch) == "gfx942") {
+      EXPECT_GT(aligned.at("BM") * aligned.at("BN"), 128 * 128);
+    }
   }
 }
 

@@ -68,9 +68,15 @@ TEST(OpContract, TestSpecsValidateAndPlansMatchTheSignature) {
         EXPECT_LE(l.geometry.block.x * l.geometry.block.y * l.geometry.block.z, uint32_t(t.max_threads_per_block));
         EXPECT_GE(uint64_t(l.geometry.grid.x) * l.geometry.grid.y * l.geometry.grid.z, 1u);
         for (const KernelArg& a : l.args) {
-          if (a.kind == KernelArg::Kind::tensor || a.kind == KernelArg::Kind::tensor_map) EXPECT_LT(a.index, tensors.size());
-          if (a.kind == KernelArg::Kind::scalar) EXPECT_LT(a.index, op.scalars().size());
-          if (a.kind == KernelArg::Kind::workspace) EXPECT_LT(uint64_t(a.value), std::max<uint64_t>(plan.workspace_bytes, 1));
+          if (a.kind == KernelArg::Kind::tensor || a.kind == KernelArg::Kind::tensor_map) {
+            EXPECT_LT(a.index, tensors.size());
+          }
+          if (a.kind == KernelArg::Kind::scalar) {
+            EXPECT_LT(a.index, op.scalars().size());
+          }
+          if (a.kind == KernelArg::Kind::workspace) {
+            EXPECT_LT(uint64_t(a.value), std::max<uint64_t>(plan.workspace_bytes, 1));
+          }
         }
       }
     }

@@ -948,7 +948,7 @@ TEST_F(CliTest, InvalidEnvironmentVariablesAreErrorsNamingVariableAndValue) {
     expect_one_error_line(o, {name + "='" + value + "'"});
   }
   // The accepted forms still work.
-  for (const std::string& ok : {"KILN_LOCK_TIMEOUT=2.5", "KILN_CACHE_MAX_SIZE=2GiB", "KILN_CACHE_MAX_SIZE=512M", "KILN_LOG=info"}) {
+  for (const char* ok : {"KILN_LOCK_TIMEOUT=2.5", "KILN_CACHE_MAX_SIZE=2GiB", "KILN_CACHE_MAX_SIZE=512M", "KILN_LOG=info"}) {
     const Output o = kiln_env({"cache", "stat", "--cache-dir", cache_}, {ok});
     EXPECT_EQ(o.code, 0) << ok << ": " << o.err;
   }
