@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "support/embedded.h"
+#include "templates/swiglu/swiglu.h"
 
 namespace kiln {
 namespace {
@@ -43,16 +44,14 @@ std::string_view RmsNormOp::device_template(const TileConfig&) const {
   return embedded_file("templates/rmsnorm/rmsnorm.kernel");
 }
 
-namespace {
 // Each thread loads ITEMS vectors of VEC elements (16 bytes when VEC > 1) and keeps them in
 // registers between the sum-of-squares pass and the scaling pass. About 4 vectors per thread give
 // the memory system enough loads in flight; whole wavefronts, at most 1024 threads.
-TileConfig row_config(int64_t hidden, int64_t vec, const TargetInfo& target) {
+TileConfig norm_row_config(int64_t hidden, int64_t vec, const TargetInfo& target) {
   const int64_t nvec = ceil_div(hidden, vec);
   const int64_t threads = std::clamp<int64_t>(round_up(ceil_div(nvec, 4), target.wave_size), target.wave_size, 1024);
   return {{"THREADS", threads}, {"VEC", vec}, {"ITEMS", ceil_div(nvec, threads)}};
 }
-}  // namespace
 
 TileConfig RmsNormOp::choose_config(const KernelSpec& spec, const TargetInfo& target) const {
   return variants(spec, target).front();
@@ -62,19 +61,13 @@ std::vector<TileConfig> RmsNormOp::variants(const KernelSpec& spec, const Target
   const int64_t hidden = spec.param("hidden");
   const int64_t vec = 16 / static_cast<int64_t>(dtype_size(spec.dtype));
   std::vector<TileConfig> out;
-  if (hidden % vec == 0 && hidden >= vec) out.push_back(row_config(hidden, vec, target));
-  out.push_back(row_config(hidden, 1, target));
+  if (hidden % vec == 0 && hidden >= vec) out.push_back(norm_row_config(hidden, vec, target));
+  out.push_back(norm_row_config(hidden, 1, target));
   return out;
 }
 
 bool RmsNormOp::serves(const TileConfig& config, std::span<void* const> buffers, std::string* why) const {
-  if (config.at("VEC") == 1) return true;
-  for (void* p : buffers)
-    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) {
-      if (why) *why = "a tensor base is not 16-byte aligned";
-      return false;
-    }
-  return true;
+  return aligned_for(config, buffers, why);
 }
 
 std::string RmsNormOp::specialize(const KernelSpec& spec, const TileConfig& c) const {

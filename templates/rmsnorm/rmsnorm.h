@@ -17,6 +17,10 @@ namespace kiln {
 /// bf16/fp16/fp32 with fp32 accumulation. Scalars: eps (default 1e-5).
 /// Kernel variants: 16-byte vector loads when hidden is a multiple of 16 bytes of elements and
 /// every base is 16-byte aligned; else scalar loads (the fallback, any alignment).
+/// The row configuration of the norms (rmsnorm, rmsnorm_bwd): one block per row, about 4 accesses
+/// of VEC elements per thread (VEC: 16 bytes, or 1), whole wavefronts, at most 1024 threads.
+TileConfig norm_row_config(int64_t hidden, int64_t vec, const TargetInfo& target);
+
 class RmsNormOp final : public OpTemplate {
  public:
   std::string_view name() const override { return "rmsnorm"; }

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "support/embedded.h"
+#include "templates/rmsnorm/rmsnorm.h"
 #include "templates/swiglu/swiglu.h"
 
 namespace kiln {
@@ -51,11 +52,10 @@ std::vector<TileConfig> RmsNormBwdOp::variants(const KernelSpec& spec, const Tar
   std::vector<TileConfig> out;
   for (int64_t v : {vec, int64_t{1}}) {
     if (v > 1 && H % v != 0) continue;
-    const int64_t nvec = ceil_div(H, v);
-    // About 4 vectors per thread, as the forward; two blocks per compute unit own the rows.
-    const int64_t threads = std::clamp<int64_t>(round_up(ceil_div(nvec, 4), target.wave_size), target.wave_size, 1024);
-    out.push_back({{"THREADS", threads}, {"VEC", v}, {"ITEMS", ceil_div(nvec, threads)},
-                   {"BLOCKS", 2 * target.compute_units}});
+    // The forward's row configuration; two blocks per compute unit own the rows.
+    TileConfig c = norm_row_config(H, v, target);
+    c["BLOCKS"] = 2 * target.compute_units;
+    out.push_back(std::move(c));
   }
   return out;
 }
