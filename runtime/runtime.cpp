@@ -73,6 +73,56 @@ class CompiledKernelImpl final : public CompiledKernel {
   KernelInfo info_;
 };
 
+// What identifies a loaded Kernel within a runtime, whose target and compiler are fixed: the op,
+// the dtypes and the baked parameters (defaults filled). It is built on the stack, so that a
+// memory hit (kernel(), Runtime::launch, the typed ops) formats no string and allocates nothing.
+struct MemoKey {
+  static constexpr size_t kMaxBaked = 32;
+  const OpTemplate* op = nullptr;
+  DType dtype{}, out_dtype{};
+  bool extra = false;   // parameters the op does not know: the miss path's validation names them
+  uint32_t count = 0;   // baked parameters
+  uint64_t absent = 0;  // bit i: baked parameter i has no value and no default
+  int64_t baked[kMaxBaked] = {};
+
+  static Result<MemoKey> of(const KernelSpec& spec) {
+    MemoKey k;
+    KILN_ASSIGN_OR_RETURN(k.op, find_op(spec.op));
+    k.dtype = spec.dtype;
+    k.out_dtype = spec.out_dtype;
+    for (const ParamInfo& p : k.op->params()) {
+      if (!p.baked) continue;
+      if (k.count == kMaxBaked)
+        return make_error(Errc::unsupported, fmt::format("{} declares more than {} baked parameters; raise "
+                                                         "MemoKey::kMaxBaked in runtime/runtime.cpp",
+                                                         k.op->name(), kMaxBaked));
+      auto it = spec.params.find(std::string(p.name));  // names fit the small-string buffer
+      if (it != spec.params.end()) k.baked[k.count] = it->second;
+      else if (p.default_value) k.baked[k.count] = *p.default_value;
+      else k.absent |= uint64_t{1} << k.count;
+      ++k.count;
+    }
+    k.extra = spec.params.size() > k.op->params().size();
+    return k;
+  }
+  bool operator==(const MemoKey& o) const {
+    return op == o.op && dtype == o.dtype && out_dtype == o.out_dtype && extra == o.extra && count == o.count &&
+           absent == o.absent && std::equal(baked, baked + count, o.baked);
+  }
+};
+struct MemoKeyHash {
+  size_t operator()(const MemoKey& k) const {
+    // FNV-1a over the fields.
+    uint64_t h = 1469598103934665603ull;
+    auto mix = [&h](uint64_t v) { h = (h ^ v) * 1099511628211ull; };
+    mix(reinterpret_cast<uintptr_t>(k.op));
+    mix(static_cast<uint64_t>(k.dtype) << 8 | static_cast<uint64_t>(k.out_dtype) << 1 | k.extra);
+    mix(k.absent);
+    for (uint32_t i = 0; i < k.count; ++i) mix(static_cast<uint64_t>(k.baked[i]));
+    return static_cast<size_t>(h);
+  }
+};
+
 // One variant of a Kernel, loaded: its code object and a module per entry point its plans use
 // (the preferred entry point at once, any other the first time a plan launches it).
 class LoadedVariant {
@@ -119,7 +169,11 @@ class KernelImpl final : public Kernel {
     loaded_[0] = std::move(first);
     const std::vector<TensorInfo> tensors = op_->tensors(spec_);
     tensor_count_ = tensors.size();
-    for (const TensorInfo& t : tensors) tensor_names_ += (tensor_names_.empty() ? "" : ", ") + t.name;
+    for (const TensorInfo& t : tensors) {
+      tensor_names_ += (tensor_names_.empty() ? "" : ", ") + t.name;
+      tensor_dtypes_.push_back(t.dtype);
+      tensor_name_list_.push_back(t.name);
+    }
     for (const ParamInfo& p : op_->params())
       if (!p.baked) {
         runtime_params_.push_back(&p);
@@ -313,8 +367,8 @@ class KernelImpl final : public Kernel {
     if (g.persistent && compute_units_ > 0) g.grid.x = std::min<uint32_t>(g.grid.x, static_cast<uint32_t>(compute_units_));
     return g;
   }
-  std::string tensor_name(size_t i) const { return op_->tensors(spec_).at(i).name; }
-  DType tensor_dtype(size_t i) const { return op_->tensors(spec_).at(i).dtype; }
+  std::string_view tensor_name(size_t i) const { return i < tensor_name_list_.size() ? tensor_name_list_[i] : "?"; }
+  DType tensor_dtype(size_t i) const { return i < tensor_dtypes_.size() ? tensor_dtypes_[i] : DType::f32; }
 
   const OpTemplate* op_;
   KernelSpec spec_;  // baked, defaults filled
@@ -325,6 +379,8 @@ class KernelImpl final : public Kernel {
   int compute_units_ = 0;
   size_t tensor_count_ = 0;
   std::string tensor_names_;
+  std::vector<DType> tensor_dtypes_;  // of the op's tensors for the baked spec, in buffer order
+  std::vector<std::string> tensor_name_list_;
   std::vector<const ParamInfo*> runtime_params_;
   std::vector<const ScalarInfo*> scalars_;
   mutable std::atomic<const CachedPlans*> last_plans_{nullptr};
@@ -376,7 +432,7 @@ class RuntimeImpl final : public Runtime {
       return make_error(Errc::driver_unavailable,
                         "no GPU: this runtime is compile-only (no driver or no device was found; "
                         "compile, prewarm and inspect still work)");
-    KILN_ASSIGN_OR_RETURN(const std::string memo, memo_key(spec, device_->target()));
+    KILN_ASSIGN_OR_RETURN(const MemoKey memo, MemoKey::of(spec));
     {
       std::shared_lock lock(mu_);
       auto it = kernels_.find(memo);
@@ -416,7 +472,7 @@ class RuntimeImpl final : public Runtime {
     KILN_ASSIGN_OR_RETURN(const OpTemplate* op, find_op(spec.op));
     const TargetInfo& target = device_->target();
     KILN_TRY(op->validate(spec, target));
-    KILN_ASSIGN_OR_RETURN(const std::string memo, memo_key(spec, target));
+    KILN_ASSIGN_OR_RETURN(const MemoKey memo, MemoKey::of(spec));
     const std::vector<TileConfig> candidates = op->tuning_candidates(op->baked_spec(spec), target);
     TuneReport report;
     report.spec = to_string(op->baked_spec(spec));
@@ -522,8 +578,9 @@ class RuntimeImpl final : public Runtime {
   }
 
  private:
-  // The in-memory key: the baked spec, the target and the compiler. Computing it costs an op
-  // lookup and a short string; no codegen, no SHA-256.
+  // The key of the in-memory compile cache (compiled_): the baked spec, the target and the
+  // compiler. Computing it costs an op lookup and a short string; no codegen, no SHA-256. Loaded
+  // kernels (kernels_) are found by MemoKey instead, without a string.
   Result<std::string> memo_key(const KernelSpec& spec, const TargetInfo& target) const {
     KILN_ASSIGN_OR_RETURN(const OpTemplate* op, find_op(spec.op));
     std::string key = fmt::format("{}|{}|{}|{}|{}", target.name, compiler_name(target), spec.op, dtype_name(spec.dtype),
@@ -595,7 +652,7 @@ class RuntimeImpl final : public Runtime {
   }
 
   // Makes `k` the kernel that kernel() returns for its spec from now on.
-  void install(const std::string& memo, std::shared_ptr<KernelImpl> k) {
+  void install(const MemoKey& memo, std::shared_ptr<KernelImpl> k) {
     std::unique_lock lock(mu_);
     kernels_[memo] = std::move(k);
   }
@@ -773,7 +830,7 @@ class RuntimeImpl final : public Runtime {
   std::mutex load_mu_;
   std::unordered_map<std::string, std::shared_ptr<CompiledKernelImpl>> compiled_;
   std::unordered_map<std::string, std::shared_ptr<std::mutex>> inflight_;
-  std::unordered_map<std::string, std::shared_ptr<KernelImpl>> kernels_;
+  std::unordered_map<MemoKey, std::shared_ptr<KernelImpl>, MemoKeyHash> kernels_;
   mutable Counters stats_;
 };
 
