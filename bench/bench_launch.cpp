@@ -1,5 +1,6 @@
 // Launch overhead on the GPU, host time per launch, against the raw driver call in the same run:
 //   RawCuLaunchKernel  cuLaunchKernel on the kernel's own CUfunction (the floor);
+//   RawKilnGeometry    the same with the block size Kiln's plan picks (device work, not host work);
 //   KernelLaunch       kiln::Kernel::launch on a kernel handle held by the application;
 //   RuntimeLaunch      kiln::Runtime::launch(spec, ...) (spec -> in-memory cache -> launch);
 //   TypedOp            kiln::ops::swiglu(...) (builds the spec, then as RuntimeLaunch).
@@ -57,6 +58,19 @@ void RawCuLaunchKernel(benchmark::State& state) {
   int64_t i = 0;
   for (auto _ : state) {
     g->api->cuLaunchKernel(g->raw, 1, 1, 1, 256, 1, 1, 0, nullptr, args, nullptr);
+    sync_every(i++);
+  }
+  (void)g->rt->device()->synchronize();
+}
+
+// The raw call with the geometry Kiln's plan chooses for this spec (16-byte variant: 32 threads),
+// to tell a difference in device work from one in host work.
+void RawKilnGeometry(benchmark::State& state) {
+  int rows = 1;
+  void* args[] = {&g->x, &g->y, &rows};
+  int64_t i = 0;
+  for (auto _ : state) {
+    g->api->cuLaunchKernel(g->raw, 1, 1, 1, 32, 1, 1, 0, nullptr, args, nullptr);
     sync_every(i++);
   }
   (void)g->rt->device()->synchronize();
@@ -140,6 +154,7 @@ void GemmKernelLaunch(benchmark::State& state) {
 }
 
 BENCHMARK(RawCuLaunchKernel)->Unit(benchmark::kMicrosecond)->MinTime(0.5);
+BENCHMARK(RawKilnGeometry)->Unit(benchmark::kMicrosecond)->MinTime(0.5);
 BENCHMARK(KernelLaunch)->Unit(benchmark::kMicrosecond)->MinTime(0.5);
 BENCHMARK(RuntimeLaunch)->Unit(benchmark::kMicrosecond)->MinTime(0.5);
 BENCHMARK(TypedOp)->Unit(benchmark::kMicrosecond)->MinTime(0.5);
