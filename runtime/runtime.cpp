@@ -77,19 +77,21 @@ class CompiledKernelImpl final : public CompiledKernel {
 // the dtypes and the baked parameters (defaults filled). It is built on the stack, so that a
 // memory hit (kernel(), Runtime::launch, the typed ops) formats no string and allocates nothing.
 struct MemoKey {
-  static constexpr size_t kMaxBaked = 32;
+  static constexpr uint32_t kMaxBaked = 16;
   const OpTemplate* op = nullptr;
   DType dtype{}, out_dtype{};
   bool extra = false;   // parameters the op does not know: the miss path's validation names them
   uint32_t count = 0;   // baked parameters
-  uint64_t absent = 0;  // bit i: baked parameter i has no value and no default
-  int64_t baked[kMaxBaked] = {};
+  uint32_t absent = 0;  // bit i: baked parameter i has no value and no default
+  int64_t baked[kMaxBaked];  // the first `count` are set
 
-  static Result<MemoKey> of(const KernelSpec& spec) {
-    MemoKey k;
+  // Fills `k` in place (a Result<MemoKey> would copy it once more on every launch).
+  static Result<void> of(const KernelSpec& spec, MemoKey& k) {
     KILN_ASSIGN_OR_RETURN(k.op, find_op(spec.op));
     k.dtype = spec.dtype;
     k.out_dtype = spec.out_dtype;
+    k.count = 0;
+    k.absent = 0;
     for (const ParamInfo& p : k.op->params()) {
       if (!p.baked) continue;
       if (k.count == kMaxBaked)
@@ -99,11 +101,14 @@ struct MemoKey {
       auto it = spec.params.find(std::string(p.name));  // names fit the small-string buffer
       if (it != spec.params.end()) k.baked[k.count] = it->second;
       else if (p.default_value) k.baked[k.count] = *p.default_value;
-      else k.absent |= uint64_t{1} << k.count;
+      else {
+        k.baked[k.count] = 0;
+        k.absent |= uint32_t{1} << k.count;
+      }
       ++k.count;
     }
     k.extra = spec.params.size() > k.op->params().size();
-    return k;
+    return ok();
   }
   bool operator==(const MemoKey& o) const {
     return op == o.op && dtype == o.dtype && out_dtype == o.out_dtype && extra == o.extra && count == o.count &&
@@ -406,6 +411,7 @@ class RuntimeImpl final : public Runtime {
     {
       std::unique_lock lock(mu_);
       kernels_.clear();
+      retired_.clear();
     }
     if (record_fd_ >= 0) ::close(record_fd_);
     const CacheStats s = stats();
@@ -432,7 +438,8 @@ class RuntimeImpl final : public Runtime {
       return make_error(Errc::driver_unavailable,
                         "no GPU: this runtime is compile-only (no driver or no device was found; "
                         "compile, prewarm and inspect still work)");
-    KILN_ASSIGN_OR_RETURN(const MemoKey memo, MemoKey::of(spec));
+    MemoKey memo;
+    KILN_TRY(MemoKey::of(spec, memo));
     {
       std::shared_lock lock(mu_);
       auto it = kernels_.find(memo);
@@ -456,10 +463,29 @@ class RuntimeImpl final : public Runtime {
     return std::shared_ptr<const Kernel>(k);
   }
 
+  // The one-call form. A thread that launches the kernel it launched last (the common loop) skips
+  // the lock, the hash lookup and the reference count: its last hit is kept per thread, valid
+  // while this runtime and its generation (bumped when tune() replaces a kernel) are unchanged.
+  // Kernels are never freed before the runtime, so a raw pointer is safe.
   Result<void> launch(const KernelSpec& spec, std::span<void* const> buffers,
                       const std::map<std::string, float>& scalars, Stream stream) override {
+    struct LastHit {
+      uint64_t runtime = 0, generation = 0;
+      MemoKey key;
+      const KernelImpl* kernel = nullptr;
+    };
+    thread_local LastHit last;
+    MemoKey memo;
+    KILN_TRY(MemoKey::of(spec, memo));
+    const uint64_t generation = generation_.load(std::memory_order_acquire);
+    if (last.kernel && last.runtime == id_ && last.generation == generation && last.key == memo) {
+      stats_.memory_hits.fetch_add(1, std::memory_order_relaxed);
+      return last.kernel->launch(spec, buffers, scalars, stream);
+    }
     KILN_ASSIGN_OR_RETURN(auto k, kernel(spec));
-    return k->launch(spec, buffers, scalars, stream);
+    const auto* impl = static_cast<const KernelImpl*>(k.get());
+    last = {id_, generation, memo, impl};
+    return impl->launch(spec, buffers, scalars, stream);
   }
 
   Result<TuneReport> tune(const KernelSpec& spec, const TuneOptions& options) override {
@@ -472,7 +498,8 @@ class RuntimeImpl final : public Runtime {
     KILN_ASSIGN_OR_RETURN(const OpTemplate* op, find_op(spec.op));
     const TargetInfo& target = device_->target();
     KILN_TRY(op->validate(spec, target));
-    KILN_ASSIGN_OR_RETURN(const MemoKey memo, MemoKey::of(spec));
+    MemoKey memo;
+    KILN_TRY(MemoKey::of(spec, memo));
     const std::vector<TileConfig> candidates = op->tuning_candidates(op->baked_spec(spec), target);
     TuneReport report;
     report.spec = to_string(op->baked_spec(spec));
@@ -654,7 +681,10 @@ class RuntimeImpl final : public Runtime {
   // Makes `k` the kernel that kernel() returns for its spec from now on.
   void install(const MemoKey& memo, std::shared_ptr<KernelImpl> k) {
     std::unique_lock lock(mu_);
-    kernels_[memo] = std::move(k);
+    std::shared_ptr<KernelImpl>& slot = kernels_[memo];
+    if (slot) retired_.push_back(std::move(slot));  // a thread's last hit may still point at it
+    slot = std::move(k);
+    generation_.fetch_add(1, std::memory_order_release);
   }
 
   // Compiles, loads and times one tuning candidate: one launch to warm up (and to surface launch
@@ -831,6 +861,10 @@ class RuntimeImpl final : public Runtime {
   std::unordered_map<std::string, std::shared_ptr<CompiledKernelImpl>> compiled_;
   std::unordered_map<std::string, std::shared_ptr<std::mutex>> inflight_;
   std::unordered_map<MemoKey, std::shared_ptr<KernelImpl>, MemoKeyHash> kernels_;
+  std::vector<std::shared_ptr<KernelImpl>> retired_;  // replaced by install(); freed with the runtime
+  static inline std::atomic<uint64_t> next_id_{1};
+  const uint64_t id_ = next_id_.fetch_add(1);         // never reused, unlike the address
+  std::atomic<uint64_t> generation_{0};
   mutable Counters stats_;
 };
 
