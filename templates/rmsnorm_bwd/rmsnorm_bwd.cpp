@@ -62,8 +62,8 @@ std::vector<TileConfig> RmsNormBwdOp::variants(const KernelSpec& spec, const Tar
 TileConfig RmsNormBwdOp::choose_config(const KernelSpec& spec, const TargetInfo& target) const {
   return variants(spec, target).front();
 }
-bool RmsNormBwdOp::serves(const TileConfig& config, std::span<void* const> buffers, std::string* why) const {
-  return aligned_for(config, buffers, why);
+std::vector<uint32_t> RmsNormBwdOp::base_alignment(const KernelSpec& spec, const TileConfig& config) const {
+  return vector_variant_alignment(config, tensors(spec).size());
 }
 
 std::string RmsNormBwdOp::specialize(const KernelSpec& spec, const TileConfig& c) const {
