@@ -18,7 +18,7 @@ namespace kiln {
 #define KILN_HIP_SYMBOLS(REQUIRED, OPTIONAL)                                                              \
   REQUIRED(hipInit) REQUIRED(hipDriverGetVersion) REQUIRED(hipGetErrorName) REQUIRED(hipGetErrorString)    \
   REQUIRED(hipGetDeviceCount) REQUIRED(hipSetDevice) REQUIRED(hipGetDeviceProperties)                      \
-  REQUIRED(hipModuleLoadData) REQUIRED(hipModuleUnload) REQUIRED(hipModuleGetFunction)                   \
+  REQUIRED(hipModuleLoadDataEx) REQUIRED(hipModuleUnload) REQUIRED(hipModuleGetFunction)                   \
   REQUIRED(hipModuleLaunchKernel) REQUIRED(hipExtMallocWithFlags) REQUIRED(hipFree) REQUIRED(hipMemcpyHtoD) \
   REQUIRED(hipMemcpyDtoH) REQUIRED(hipMemset) REQUIRED(hipStreamSynchronize) REQUIRED(hipDeviceSynchronize) \
   REQUIRED(hipEventCreate) REQUIRED(hipEventDestroy) REQUIRED(hipEventRecord) REQUIRED(hipEventSynchronize) \

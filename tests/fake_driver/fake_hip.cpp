@@ -49,7 +49,12 @@ FAKE_EXPORT hipError_t hipDriverGetVersion(int* version) {
   return hipSuccess;
 }
 FAKE_EXPORT const char* hipGetErrorName(hipError_t error) {
-  return error == hipSuccess ? "hipSuccess" : error == hipErrorInvalidValue ? "hipErrorInvalidValue" : "hipErrorUnknown";
+  switch (error) {
+    case hipSuccess: return "hipSuccess";
+    case hipErrorInvalidValue: return "hipErrorInvalidValue";
+    case hipErrorInvalidImage: return "hipErrorInvalidImage";
+    default: return "hipErrorUnknown";
+  }
 }
 FAKE_EXPORT const char* hipGetErrorString(hipError_t error) { return error == hipSuccess ? "no error" : "fake error"; }
 FAKE_EXPORT hipError_t hipGetDeviceCount(int* count) {
@@ -92,6 +97,9 @@ FAKE_EXPORT hipError_t hipModuleLoadDataEx(hipModule_t* module, const void* imag
   *module = m;
   ++g_modules;
   return hipSuccess;
+}
+FAKE_EXPORT hipError_t hipModuleLoadData(hipModule_t* module, const void* image) {
+  return hipModuleLoadDataEx(module, image, 0, nullptr, nullptr);
 }
 FAKE_EXPORT hipError_t hipModuleUnload(hipModule_t module) {
   delete module;
