@@ -111,6 +111,14 @@ struct LaunchGeometry {
   /// A persistent kernel: grid.x is the number of work tiles and blocks stride over them by
   /// gridDim.x, so the launch may shrink grid.x to the device's compute units (one block each).
   bool persistent = false;
+  /// Thread-block cluster dimensions in blocks (sm_90a; each grid dimension a multiple of the
+  /// cluster's, at most 8 blocks per cluster without opt-in). 1x1x1 = no cluster. Needs
+  /// cuLaunchKernelEx (CUDA 12.0+); refused elsewhere (older drivers, AMD).
+  Dim3 cluster;
+  /// Programmatic dependent launch (sm_90a): the kernel may start while the previous kernel of
+  /// the stream finishes, and waits for it with griddepcontrol.wait (cudaGridDependencySynchronize)
+  /// before reading its outputs. Needs cuLaunchKernelEx; ignored on AMD (launches stay serialized).
+  bool programmatic_dependent_launch = false;
 };
 
 /// A TMA tensor map (CUtensorMap, 128 bytes) that the kernel takes by value, in place of one
