@@ -32,8 +32,9 @@ const TensorDecl kSignature[] = {
     {"dgamma", Role::output, DTypeRule::out, DType::f32, "[hidden]", hidden},
 };
 
-// The second launch: one block of kReduceCols x kReduceLanes threads per kReduceCols columns.
-constexpr int64_t kReduceCols = 32, kReduceLanes = 32;
+// The second launch: one block of kReduceCols x kReduceLanes threads per kReduceCols columns
+// (256 threads: 1024-thread blocks crashed the AMD emulator at hidden 4100-4132, grid 129-130).
+constexpr int64_t kReduceCols = 16, kReduceLanes = 16;
 
 // Blocks of the first launch for `rows` rows: at most BLOCKS, and no more than needed for the
 // same number of row slots per block (fewer partial sums, the same time).
