@@ -72,7 +72,8 @@ Result<Compiler*> nvrtc_compiler();
 /// object before a driver sees it.
 Result<void> check_code_object(const CodeObject& code, const TargetInfo& target);
 
-/// Parses a ptxas -v report ("Used 64 registers, ... 8320 bytes smem", "0 bytes stack frame, ...").
+/// Parses a ptxas -v report ("Used 64 registers, ... 8320 bytes smem", "0 bytes stack frame, ...")
+/// into `info`: the largest figures over the module's entry functions (a plan may launch several).
 void parse_ptxas_report(const std::string& log, CodeObjectInfo& info);
 
 }  // namespace kiln
