@@ -1,7 +1,10 @@
 // Memory-bound ops on the GPU: Kiln's kernels on the shapes of issue 8 (tokens 8192 and 32768;
-// hidden 4096, 8192, 16384; intermediate 14336, 29568, 53248), checked against the CPU reference
+// hidden 4096, 8192, 16384; intermediate 14336, 29568, 53248; fp8 quantization of [tokens, 4096]
+// and [tokens, 14336] in each granularity), checked against the CPU reference
 // (sampled rows) and timed with device events: median and standard deviation of the per-launch
-// time over 30 launches after 5 warm-ups, inputs far larger than L2.
+// time over 30 launches after 5 warm-ups. As triton.testing.do_bench times the peers: before each
+// timed launch a 256 MiB memset evicts L2 and keeps the GPU busy while the host enqueues the
+// start event and the launch, so the time is the kernel's, not the host's launch latency.
 // GB/s counts the bytes that must move: every input read once and every output written once
 // (OpTemplate::bytes). Writes one CSV row per case (BENCHMARKS.md columns for memory-bound ops):
 //   label,rows,cols,bytes,Check,GB/s,GB/s_stddev,Time (ms)
@@ -46,6 +49,13 @@ std::vector<Case> cases(bool quick) {
       out.push_back({"swiglu", {"swiglu", bf16, bf16, {{"rows", t}, {"intermediate", i}}}, t, i});
       out.push_back({"swiglu_bwd", {"swiglu_bwd", bf16, bf16, {{"rows", t}, {"intermediate", i}}}, t, i});
     }
+    // fp8 quantization (bf16 -> e4m3) of an activation [t, 4096] and of an MLP activation [t, 14336].
+    const char* const granularities[] = {"tensorwise", "rowwise", "block1x128", "block128x128"};
+    for (int64_t cols : {int64_t{4096}, int64_t{14336}})
+      for (int64_t g = 0; g < 4; ++g)
+        out.push_back({std::string("quantize_fp8_") + granularities[g],
+                       {"quantize_fp8", bf16, kiln::DType::e4m3, {{"rows", t}, {"cols", cols}, {"granularity", g}}},
+                       t, cols});
   }
   return out;
 }
@@ -77,6 +87,12 @@ int main(int argc, char** argv) {
   std::fprintf(csv, "label,rows,cols,bytes,Check,GB/s,GB/s_stddev,Time (ms)\n");
   std::printf("%-18s %6s %6s %6s %9s %8s %9s\n", "label", "rows", "cols", "Check", "GB/s", "stddev", "ms");
   std::mt19937_64 rng(std::random_device{}());
+  constexpr size_t kFlushBytes = size_t{256} << 20;
+  auto flush = dev->malloc(kFlushBytes);
+  if (!flush) {
+    std::fprintf(stderr, "bench_membound: %s\n", flush.error().message.c_str());
+    return 1;
+  }
   for (const Case& c : cases(quick)) {
     const kiln::OpTemplate* op = *kiln::find_op(c.spec.op);
     kiln::CheckOptions co;
@@ -95,6 +111,7 @@ int main(int argc, char** argv) {
     for (int i = 0; i < 5; ++i) (void)launch();
     std::vector<double> ms;
     for (int i = 0; i < 30; ++i) {
+      (void)dev->memset(*flush, static_cast<uint8_t>(i), kFlushBytes);  // asynchronous: device memory
       auto t = dev->time_ms(nullptr, launch);
       if (t) ms.push_back(*t);
     }
@@ -112,6 +129,7 @@ int main(int argc, char** argv) {
                 pass ? "PASS" : "FAIL", gbs, std::sqrt(var), median);
     std::fflush(stdout);
   }
+  (void)dev->free(*flush);
   std::fclose(csv);
   return 0;
 }

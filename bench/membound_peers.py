@@ -52,6 +52,37 @@ def swiglu_bwd(x, dy):
     return torch.autograd.grad(y, (x,), dy)
 
 
+E4M3_MAX = 448.0
+
+
+def q_tensorwise(x):
+    amax = x.abs().amax().float()
+    scale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
+    return (x.float() / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn), scale
+
+
+def q_rowwise(x):
+    amax = x.abs().amax(dim=1, keepdim=True).float()
+    scale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
+    return (x.float() / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn), scale
+
+
+def q_block1x128(x):
+    r, c = x.shape
+    xb = x.view(r, c // 128, 128).float()
+    amax = xb.abs().amax(dim=2, keepdim=True)
+    scale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
+    return (xb / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).view(r, c), scale
+
+
+def q_block128x128(x):
+    r, c = x.shape
+    xb = x.view(r // 128, 128, c // 128, 128).float()
+    amax = xb.abs().amax(dim=(1, 3), keepdim=True)
+    scale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
+    return (xb / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).view(r, c), scale
+
+
 def inputs(label, rows, cols):
     t = lambda *s: torch.randn(*s, device=dev, dtype=bf16)
     if label == "rmsnorm":
@@ -64,6 +95,10 @@ def inputs(label, rows, cols):
         return swiglu_fwd, (t(rows, 2 * cols),)
     if label == "swiglu_bwd":
         return swiglu_bwd, (t(rows, 2 * cols), t(rows, cols))
+    if label.startswith("quantize_fp8_"):
+        fn = {"tensorwise": q_tensorwise, "rowwise": q_rowwise, "block1x128": q_block1x128,
+              "block128x128": q_block128x128}[label[len("quantize_fp8_"):]]
+        return fn, (t(rows, cols),)
     raise ValueError(label)
 
 
