@@ -262,6 +262,61 @@ TEST(Manifest, ParseWriteRoundTrip) {
       << valid.error().message;
 }
 
+// fp8 in manifests: formats mapped to each target's encoding (fp8_for_target), enumerated
+// parameters by name.
+TEST(Manifest, Fp8FormatsTakeEachTargetsEncoding) {
+  const kiln::TargetInfo* gfx942 = kiln::find_target("gfx942").value();
+  const kiln::TargetInfo* gfx950 = kiln::find_target("gfx950").value();
+  const kiln::TargetInfo* sm90 = kiln::find_target("sm_90a").value();
+  using kiln::DType;
+  for (DType t : {DType::e4m3, DType::e4m3fnuz}) {
+    EXPECT_EQ(kiln::fp8_for_target(t, *gfx942), DType::e4m3fnuz);
+    EXPECT_EQ(kiln::fp8_for_target(t, *gfx950), DType::e4m3);
+    EXPECT_EQ(kiln::fp8_for_target(t, *sm90), DType::e4m3);
+  }
+  for (DType t : {DType::e5m2, DType::e5m2fnuz}) {
+    EXPECT_EQ(kiln::fp8_for_target(t, *gfx942), DType::e5m2fnuz);
+    EXPECT_EQ(kiln::fp8_for_target(t, *sm90), DType::e5m2);
+  }
+  for (DType t : {DType::bf16, DType::f16, DType::f32, DType::i32, DType::i64})
+    EXPECT_EQ(kiln::fp8_for_target(t, *gfx942), t);
+
+  auto m = kiln::parse_manifest(R"({"kernels": [
+      {"op": "quantize_fp8", "dtype": "bf16", "out_dtype": "fp8_e4m3",
+       "params": {"rows": 256, "cols": 512, "granularity": "block128x128", "transpose": true}},
+      {"op": "dequantize_fp8", "dtype": "fp8_e5m2fnuz", "out_dtype": "bf16",
+       "params": {"rows": 256, "cols": 512, "granularity": 1}}]})",
+                                "inline");
+  ASSERT_TRUE(m.ok()) << m.error().message;
+  EXPECT_EQ(m->kernels[0].spec.params.at("granularity"), 3);
+  const kiln::KernelSpec q942 = kiln::manifest_spec_for_target(m->kernels[0].spec, *gfx942);
+  EXPECT_EQ(q942.dtype, DType::bf16);
+  EXPECT_EQ(q942.out_dtype, DType::e4m3fnuz);
+  EXPECT_EQ(q942.params, m->kernels[0].spec.params);
+  const kiln::KernelSpec d90 = kiln::manifest_spec_for_target(m->kernels[1].spec, *sm90);
+  EXPECT_EQ(d90.dtype, DType::e5m2);
+  EXPECT_EQ(d90.out_dtype, DType::bf16);
+  const kiln::TargetInfo* all[] = {gfx942, gfx950, sm90};
+  auto valid = kiln::validate_manifest(*m, all, "inline");
+  EXPECT_TRUE(valid.ok()) << valid.error().message;
+  // Written by name, read back the same.
+  const std::string text = kiln::write_manifest(*m);
+  EXPECT_NE(text.find(R"("granularity": "block128x128")"), std::string::npos) << text;
+  EXPECT_NE(text.find(R"("granularity": "rowwise")"), std::string::npos) << text;
+  auto again = kiln::parse_manifest(text, "written");
+  ASSERT_TRUE(again.ok()) << again.error().message;
+  EXPECT_EQ(again->kernels[1].spec.params, m->kernels[1].spec.params);
+  // An unknown name lists the names.
+  auto bad = kiln::parse_manifest(R"({"kernels": [{"op": "quantize_fp8", "dtype": "bf16", "out_dtype": "fp8_e4m3",
+      "params": {"rows": 1, "cols": 8, "granularity": "block"}}]})",
+                                  "bad");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message.find("'bad': kernel 0: params.granularity = \"block\" is not one of: tensorwise, "
+                                     "rowwise, block1x128, block128x128"),
+            std::string::npos)
+      << bad.error().message;
+}
+
 TEST_F(CliTest, ManifestWithSeveralMicroBatches) {
   Output o = kiln({"manifest", "llama2-7b", "--micro-batch", "1,2", "--seq", "128"});
   ASSERT_EQ(o.code, 0) << o.err;
