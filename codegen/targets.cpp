@@ -10,11 +10,11 @@ namespace {
 // still addresses 64 KiB); static shared memory on NVIDIA is limited to 48 KiB per block.
 constexpr TargetInfo kTargets[] = {
     {"gfx942", Vendor::amd, "amdgcn-amd-amdhsa", "gfx942", 64, 304, 1024, 65536, "hsaco",
-     "MI300X / MI325X"},
+     "MI300X / MI325X", Fp8Encoding::fnuz},
     {"gfx950", Vendor::amd, "amdgcn-amd-amdhsa", "gfx950", 64, 256, 1024, 65536, "hsaco",
-     "MI350X / MI355X"},
+     "MI350X / MI355X", Fp8Encoding::ocp},
     {"sm_90a", Vendor::nvidia, "nvptx64-nvidia-cuda", "sm_90a", 32, 132, 1024, 49152, "cubin",
-     "H100 / H200"},
+     "H100 / H200", Fp8Encoding::ocp},
 };
 }  // namespace
 

@@ -76,6 +76,13 @@ Error kernel_error(Errc code, std::string_view source, std::string_view where, s
 
 Result<int64_t> param_value(const json& v, const ParamInfo& p, std::string_view source, std::string_view where) {
   if (v.is_boolean()) return v.get<bool>() ? int64_t{1} : int64_t{0};
+  if (v.is_string() && !p.choices.empty()) {  // an enumerated parameter by name ("block1x128")
+    const std::string name = v.get<std::string>();
+    for (size_t i = 0; i < p.choices.size(); ++i)
+      if (p.choices[i] == name) return static_cast<int64_t>(i);
+    return kernel_error(Errc::invalid_argument, source, where,
+                        fmt::format("params.{} = {} is not one of: {}", p.name, shown(v), join(p.choices)));
+  }
   if (v.is_number_integer() && !v.is_number_unsigned()) return v.get<int64_t>();
   if (v.is_number_unsigned()) {
     const uint64_t u = v.get<uint64_t>();
@@ -86,8 +93,10 @@ Result<int64_t> param_value(const json& v, const ParamInfo& p, std::string_view 
     return static_cast<int64_t>(u);
   }
   return kernel_error(Errc::corrupt, source, where,
-                      p.is_bool ? fmt::format("params.{} must be true or false (got {})", p.name, shown(v))
-                                : fmt::format("params.{} must be an integer (got {})", p.name, shown(v)));
+                      p.is_bool             ? fmt::format("params.{} must be true or false (got {})", p.name, shown(v))
+                      : !p.choices.empty() ? fmt::format("params.{} must be one of: {}, or an integer (got {})", p.name,
+                                                         join(p.choices), shown(v))
+                                           : fmt::format("params.{} must be an integer (got {})", p.name, shown(v)));
 }
 
 Result<ManifestEntry> parse_kernel(const json& k, std::string_view source, std::string_view where) {
@@ -331,6 +340,13 @@ Result<Manifest> read_manifest(const std::string& path) {
   return parse_manifest(*text, path);
 }
 
+KernelSpec manifest_spec_for_target(const KernelSpec& spec, const TargetInfo& target) {
+  KernelSpec out = spec;
+  out.dtype = fp8_for_target(spec.dtype, target);
+  out.out_dtype = fp8_for_target(spec.out_dtype, target);
+  return out;
+}
+
 Result<void> validate_manifest(const Manifest& manifest, std::span<const TargetInfo* const> targets,
                                std::string_view source) {
   for (size_t i = 0; i < manifest.kernels.size(); ++i) {
@@ -342,7 +358,7 @@ Result<void> validate_manifest(const Manifest& manifest, std::span<const TargetI
     std::optional<Error> first;
     std::vector<std::string> failing;
     for (const TargetInfo* t : targets) {
-      auto r = (*op)->validate(e.spec, *t);
+      auto r = (*op)->validate(manifest_spec_for_target(e.spec, *t), *t);
       if (r) continue;
       if (!first) first = r.error();
       failing.emplace_back(t->name);
@@ -381,9 +397,11 @@ std::string write_manifest(const Manifest& m) {
       for (const ParamInfo& p : (*op)->params()) {
         auto it = rest.find(std::string(p.name));
         if (it == rest.end()) continue;
+        const bool named = it->second >= 0 && static_cast<size_t>(it->second) < p.choices.size();
         params.push_back(p.is_bool && (it->second == 0 || it->second == 1)
                              ? fmt::format("\"{}\": {}", p.name, it->second ? "true" : "false")
-                             : fmt::format("\"{}\": {}", p.name, it->second));
+                         : named ? fmt::format("\"{}\": {}", p.name, json(std::string(p.choices[it->second])).dump())
+                                 : fmt::format("\"{}\": {}", p.name, it->second));
         rest.erase(it);
       }
     }

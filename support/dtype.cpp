@@ -6,6 +6,7 @@
 
 #include "kiln/dtype.h"
 #include "kiln/spec.h"
+#include "kiln/target.h"
 
 namespace kiln {
 
@@ -137,6 +138,19 @@ float fp8_bits_to_float(uint8_t b, DType t) {
                       : std::ldexp(static_cast<double>(mant + (1u << fmt.mant_bits)), static_cast<int>(exp) - fmt.bias - fmt.mant_bits);
   return static_cast<float>(neg ? -v : v);
 }
+
+std::string_view fp8_encoding_name(Fp8Encoding e) { return e == Fp8Encoding::fnuz ? "FNUZ" : "OCP"; }
+
+DType fp8_in_encoding(DType t, Fp8Encoding encoding) {
+  const bool fnuz = encoding == Fp8Encoding::fnuz;
+  switch (t) {
+    case DType::e4m3: case DType::e4m3fnuz: return fnuz ? DType::e4m3fnuz : DType::e4m3;
+    case DType::e5m2: case DType::e5m2fnuz: return fnuz ? DType::e5m2fnuz : DType::e5m2;
+    default: return t;
+  }
+}
+
+DType fp8_for_target(DType t, const TargetInfo& target) { return fp8_in_encoding(t, target.fp8_encoding); }
 
 uint16_t float_to_bf16_bits(float f) {
   uint32_t u;

@@ -13,13 +13,6 @@ std::string dtype_list(std::span<const DType> ts) {
   return names;
 }
 
-// The fp8 encodings a target's hardware converts: FNUZ on gfx942 (MI300), OCP elsewhere.
-bool fp8_native(DType t, const TargetInfo& target) {
-  const bool fnuz_target = target.vendor == Vendor::amd && target.name == "gfx942";
-  const bool fnuz = t == DType::e4m3fnuz || t == DType::e5m2fnuz;
-  return fnuz == fnuz_target;
-}
-
 }  // namespace
 
 Result<void> OpTemplate::validate(const KernelSpec& spec, const TargetInfo& target) const {
@@ -66,14 +59,15 @@ Result<void> OpTemplate::validate(const KernelSpec& spec, const TargetInfo& targ
       return make_error(Errc::invalid_argument, fmt::format("{}: parameter '{}' = {} {}", name(), p.name, it->second, what));
     }
   }
-  for (const TensorInfo& t : tensors(spec))  // fp8 encodings of the target
-    if (is_fp8(t.dtype) && !fp8_native(t.dtype, target))
+  for (const TensorInfo& t : tensors(spec))  // fp8 encodings of the target (dtype.h: fp8_for_target)
+    if (is_fp8(t.dtype) && fp8_for_target(t.dtype, target) != t.dtype)
       return make_error(Errc::invalid_argument,
                         fmt::format("{}: tensor '{}' is {}, which {} does not convert natively; use the {} encodings "
-                                    "there (fp8_e4m3{} / fp8_e5m2{})",
+                                    "there ({} / {})",
                                     name(), t.name, dtype_name(t.dtype), target.name,
-                                    target.name == "gfx942" ? "FNUZ" : "OCP", target.name == "gfx942" ? "fnuz" : "",
-                                    target.name == "gfx942" ? "fnuz" : ""));
+                                    fp8_encoding_name(target.fp8_encoding),
+                                    dtype_name(fp8_for_target(DType::e4m3, target)),
+                                    dtype_name(fp8_for_target(DType::e5m2, target))));
   return check(spec, target);
 }
 

@@ -9,6 +9,8 @@
 
 namespace kiln {
 
+struct TargetInfo;
+
 /// Tensor element types. bf16 and fp16 are stored as 16-bit patterns (IEEE binary16 and
 /// bfloat16); arithmetic inside kernels is fp32.
 /// fp8 (one byte per element):
@@ -47,6 +49,25 @@ double fp8_max(DType t);
 uint8_t float_to_fp8_bits(float f, DType t);
 /// The value of an fp8 code byte (NaN for the NaN codes, +-inf for e5m2's infinities).
 float fp8_bits_to_float(uint8_t b, DType t);
+
+/// The two encodings of the fp8 formats: OCP (fp8_e4m3, fp8_e5m2; sm_90a and gfx950) and FNUZ
+/// (fp8_e4m3fnuz, fp8_e5m2fnuz; gfx942). A target converts one of them natively
+/// (TargetInfo::fp8_encoding) and OpTemplate::validate refuses fp8 tensors in the other.
+enum class Fp8Encoding : uint8_t { ocp, fnuz };
+/// "OCP" or "FNUZ".
+std::string_view fp8_encoding_name(Fp8Encoding e);
+/// The dtype of fp8 format `t` in `encoding`: e4m3 and e4m3fnuz give e4m3 (OCP) or e4m3fnuz
+/// (FNUZ); e5m2 and e5m2fnuz give e5m2 or e5m2fnuz. Any other dtype is returned unchanged.
+/// Only the format (exponent and mantissa widths) carries over: the encodings differ in bias,
+/// largest value (e4m3 448 vs. 240), infinities and negative zero, so fp8 bits are not
+/// interchangeable between them.
+DType fp8_in_encoding(DType t, Fp8Encoding encoding);
+/// The one mapping from an fp8 format to a target's fp8 dtype:
+/// fp8_in_encoding(t, target.fp8_encoding). gfx942: e4m3 -> fp8_e4m3fnuz, e5m2 -> fp8_e5m2fnuz;
+/// gfx950 and sm_90a: e4m3fnuz -> fp8_e4m3, e5m2fnuz -> fp8_e5m2; other dtypes unchanged. Used to
+/// decide what validate accepts, and to compile a target-neutral manifest for a target
+/// (manifest_spec_for_target, docs/manifest.md).
+DType fp8_for_target(DType t, const TargetInfo& target);
 
 /// Host conversions used by tests, `kiln run` and references (round to nearest even).
 uint16_t float_to_bf16_bits(float f);

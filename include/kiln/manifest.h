@@ -12,7 +12,8 @@
 //
 // Kernel fields: op and params (required), dtype (required), out_dtype (optional, defaults to
 // dtype), label (optional, a human name). Params take JSON integers and booleans (true/false are
-// 1/0). Top-level fields: kernels (required), model (optional). Fields whose name starts with '_'
+// 1/0); an enumerated parameter (quantize_fp8's granularity) also takes the name of its value
+// ("block1x128" is 2), and is written so. Top-level fields: kernels (required), model (optional). Fields whose name starts with '_'
 // are comments and are ignored, at the top level and in kernels.
 //
 // The JSON-lines form (what a Runtime appends with KILN_RECORD=FILE): one kernel object per line,
@@ -29,6 +30,12 @@
 // a last line that is not valid JSON (a process killed while appending it) is skipped with a
 // warning in Manifest::warnings instead of failing the whole file. Invalid JSON on any other line
 // is an error.
+//
+// fp8 dtypes name a format, not an encoding: a manifest is target-neutral, and a kernel whose
+// dtype or out_dtype is fp8_e4m3 (or fp8_e4m3fnuz) is compiled for each target in that target's
+// encoding of e4m3: fp8_e4m3fnuz for gfx942, fp8_e4m3 for gfx950 and sm_90a (likewise e5m2).
+// manifest_spec_for_target gives the spec a target compiles; validate_manifest and
+// `kiln prewarm` use it. `kiln manifest` writes the OCP names. See docs/manifest.md.
 #pragma once
 
 #include <cstddef>
@@ -70,7 +77,13 @@ Result<Manifest> parse_manifest(std::string_view text, std::string_view source_n
 /// Reads and parses a manifest file. Errors: Errc::io_error (unreadable), as parse_manifest.
 Result<Manifest> read_manifest(const std::string& path);
 
-/// Checks every kernel against its op for each target (OpTemplate::validate): parameter ranges,
+/// The spec that manifest kernel `spec` compiles to for `target`: its fp8 dtypes (dtype,
+/// out_dtype) in the target's encoding (fp8_for_target, dtype.h); everything else unchanged.
+/// The identity for a spec without fp8 dtypes.
+KernelSpec manifest_spec_for_target(const KernelSpec& spec, const TargetInfo& target);
+
+/// Checks every kernel, as manifest_spec_for_target gives it for each target, against its op
+/// for that target (OpTemplate::validate): parameter ranges,
 /// booleans, dtype support and the op's own rules. The first failure is reported with the kernel's
 /// index (JSON lines: its line) and label, and with the targets it fails on when it does not fail
 /// on all of them.
@@ -78,7 +91,7 @@ Result<void> validate_manifest(const Manifest& manifest, std::span<const TargetI
                                std::string_view source_name);
 
 /// The manifest as JSON text, one kernel per line, parameters in the op's order, boolean
-/// parameters as true/false. parse_manifest(write_manifest(m)) gives m back.
+/// parameters as true/false, enumerated ones by name. parse_manifest(write_manifest(m)) gives m back.
 std::string write_manifest(const Manifest& manifest);
 
 }  // namespace kiln

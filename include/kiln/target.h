@@ -4,6 +4,7 @@
 #include <span>
 #include <string_view>
 
+#include "kiln/dtype.h"
 #include "kiln/result.h"
 
 namespace kiln {
@@ -23,6 +24,9 @@ struct TargetInfo {
   int shared_bytes_per_block;     ///< Static LDS / shared memory available to one block.
   std::string_view code_object;   ///< "hsaco" or "cubin": the file suffix of the code object.
   std::string_view gpus;          ///< Human description ("MI300X / MI325X").
+  /// The fp8 encoding the hardware converts: FNUZ on gfx942, OCP on gfx950 and sm_90a
+  /// (fp8_for_target in dtype.h maps a format to it).
+  Fp8Encoding fp8_encoding = Fp8Encoding::ocp;
 };
 
 /// Every target, in the order of the table.

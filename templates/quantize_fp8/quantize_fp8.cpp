@@ -67,8 +67,7 @@ int64_t fp8_scale_index(int64_t granularity, int64_t cols, int64_t r, int64_t c)
 }
 
 std::pair<DType, DType> fp8_test_formats(const TargetInfo& target) {
-  if (target.name == "gfx942") return {DType::e4m3fnuz, DType::e5m2fnuz};
-  return {DType::e4m3, DType::e5m2};
+  return {fp8_for_target(DType::e4m3, target), fp8_for_target(DType::e5m2, target)};
 }
 
 std::span<const ParamInfo> QuantizeFp8Op::params() const { return kParams; }

@@ -262,6 +262,61 @@ TEST(Manifest, ParseWriteRoundTrip) {
       << valid.error().message;
 }
 
+// fp8 in manifests: formats mapped to each target's encoding (fp8_for_target), enumerated
+// parameters by name.
+TEST(Manifest, Fp8FormatsTakeEachTargetsEncoding) {
+  const kiln::TargetInfo* gfx942 = kiln::find_target("gfx942").value();
+  const kiln::TargetInfo* gfx950 = kiln::find_target("gfx950").value();
+  const kiln::TargetInfo* sm90 = kiln::find_target("sm_90a").value();
+  using kiln::DType;
+  for (DType t : {DType::e4m3, DType::e4m3fnuz}) {
+    EXPECT_EQ(kiln::fp8_for_target(t, *gfx942), DType::e4m3fnuz);
+    EXPECT_EQ(kiln::fp8_for_target(t, *gfx950), DType::e4m3);
+    EXPECT_EQ(kiln::fp8_for_target(t, *sm90), DType::e4m3);
+  }
+  for (DType t : {DType::e5m2, DType::e5m2fnuz}) {
+    EXPECT_EQ(kiln::fp8_for_target(t, *gfx942), DType::e5m2fnuz);
+    EXPECT_EQ(kiln::fp8_for_target(t, *sm90), DType::e5m2);
+  }
+  for (DType t : {DType::bf16, DType::f16, DType::f32, DType::i32, DType::i64})
+    EXPECT_EQ(kiln::fp8_for_target(t, *gfx942), t);
+
+  auto m = kiln::parse_manifest(R"({"kernels": [
+      {"op": "quantize_fp8", "dtype": "bf16", "out_dtype": "fp8_e4m3",
+       "params": {"rows": 256, "cols": 512, "granularity": "block128x128", "transpose": true}},
+      {"op": "dequantize_fp8", "dtype": "fp8_e5m2fnuz", "out_dtype": "bf16",
+       "params": {"rows": 256, "cols": 512, "granularity": 1}}]})",
+                                "inline");
+  ASSERT_TRUE(m.ok()) << m.error().message;
+  EXPECT_EQ(m->kernels[0].spec.params.at("granularity"), 3);
+  const kiln::KernelSpec q942 = kiln::manifest_spec_for_target(m->kernels[0].spec, *gfx942);
+  EXPECT_EQ(q942.dtype, DType::bf16);
+  EXPECT_EQ(q942.out_dtype, DType::e4m3fnuz);
+  EXPECT_EQ(q942.params, m->kernels[0].spec.params);
+  const kiln::KernelSpec d90 = kiln::manifest_spec_for_target(m->kernels[1].spec, *sm90);
+  EXPECT_EQ(d90.dtype, DType::e5m2);
+  EXPECT_EQ(d90.out_dtype, DType::bf16);
+  const kiln::TargetInfo* all[] = {gfx942, gfx950, sm90};
+  auto valid = kiln::validate_manifest(*m, all, "inline");
+  EXPECT_TRUE(valid.ok()) << valid.error().message;
+  // Written by name, read back the same.
+  const std::string text = kiln::write_manifest(*m);
+  EXPECT_NE(text.find(R"("granularity": "block128x128")"), std::string::npos) << text;
+  EXPECT_NE(text.find(R"("granularity": "rowwise")"), std::string::npos) << text;
+  auto again = kiln::parse_manifest(text, "written");
+  ASSERT_TRUE(again.ok()) << again.error().message;
+  EXPECT_EQ(again->kernels[1].spec.params, m->kernels[1].spec.params);
+  // An unknown name lists the names.
+  auto bad = kiln::parse_manifest(R"({"kernels": [{"op": "quantize_fp8", "dtype": "bf16", "out_dtype": "fp8_e4m3",
+      "params": {"rows": 1, "cols": 8, "granularity": "block"}}]})",
+                                  "bad");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message.find("'bad': kernel 0: params.granularity = \"block\" is not one of: tensorwise, "
+                                     "rowwise, block1x128, block128x128"),
+            std::string::npos)
+      << bad.error().message;
+}
+
 TEST_F(CliTest, ManifestWithSeveralMicroBatches) {
   Output o = kiln({"manifest", "llama2-7b", "--micro-batch", "1,2", "--seq", "128"});
   ASSERT_EQ(o.code, 0) << o.err;
@@ -279,6 +334,129 @@ TEST_F(CliTest, UnknownModel) {
   EXPECT_EQ(list.code, 0);
   for (const char* s : {"llama2-7b", "llama2-70b", "llama3.1-405b", "qwen2.5-7b", "(heads + 2*kv_heads) * head_dim"})
     EXPECT_NE(list.out.find(s), std::string::npos) << s;
+}
+
+// kiln manifest --fp8: the quantize_fp8 kernels of an fp8 step next to the unchanged GEMMs, norms
+// and SwiGLU (docs/manifest.md).
+TEST_F(CliTest, ManifestFp8ListsTheQuantizeKernelsWithTheirTransposes) {
+  const std::string plain_file = path("plain.json"), block_file = path("block.json");
+  ASSERT_EQ(kiln({"manifest", "llama3.1-8b", "-o", plain_file}).code, 0);
+  const Output o = kiln({"manifest", "llama3.1-8b", "--fp8", "block", "-o", block_file});
+  ASSERT_EQ(o.code, 0) << o.err;
+  EXPECT_NE(o.out.find("14 quantize_fp8"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("fp8 block"), std::string::npos) << o.out;
+  auto plain = kiln::read_manifest(plain_file);
+  auto block = kiln::read_manifest(block_file);
+  ASSERT_TRUE(plain.ok()) << plain.error().message;
+  ASSERT_TRUE(block.ok()) << block.error().message;
+  // Enumerated parameters are written by name.
+  EXPECT_NE(slurp(block_file).find(R"("granularity": "block1x128")"), std::string::npos);
+  // Every kernel of the bf16 step is still there, unchanged (the GEMMs are not fp8 yet).
+  for (const auto& e : plain->kernels) {
+    bool found = false;
+    for (const auto& f : block->kernels)
+      found |= f.spec.op == e.spec.op && f.spec.dtype == e.spec.dtype && f.spec.out_dtype == e.spec.out_dtype &&
+               f.spec.params == e.spec.params && f.label == e.label;
+    EXPECT_TRUE(found) << e.label;
+  }
+  std::vector<const kiln::ManifestEntry*> quant;
+  for (const auto& e : block->kernels)
+    if (e.spec.op == "quantize_fp8") quant.push_back(&e);
+  EXPECT_EQ(quant.size() + plain->kernels.size(), block->kernels.size());
+  auto find = [&](int64_t rows, int64_t cols, int64_t gran, int64_t transpose) -> const kiln::ManifestEntry* {
+    for (const auto* e : quant)
+      if (e->spec.params == std::map<std::string, int64_t>{{"rows", rows}, {"cols", cols}, {"granularity", gran},
+                                                           {"transpose", transpose}})
+        return e;
+    return nullptr;
+  };
+  // qkv of Llama-3.1-8B (M 8192, K 4096, N 6144): x 1x128 and, for the wgrad, x^T; W 128x128 with
+  // its transpose (qt) for the dgrad; dy and dy^T 1x128 in e5m2.
+  const auto* x = find(8192, 4096, 2, 0);
+  const auto* xt = find(4096, 8192, 2, 0);
+  const auto* w = find(6144, 4096, 3, 1);
+  const auto* dy = find(8192, 6144, 2, 0);
+  const auto* dyt = find(6144, 8192, 2, 0);
+  for (const auto* e : {x, xt, w, dy, dyt}) ASSERT_NE(e, nullptr);
+  EXPECT_EQ(x->label, "qkv.fp8_x+attn_out.fp8_x+gate_up.fp8_x");
+  EXPECT_EQ(xt->label, "qkv.fp8_xT+attn_out.fp8_xT+gate_up.fp8_xT");
+  EXPECT_EQ(w->label, "qkv.fp8_w");
+  EXPECT_EQ(dyt->label, "qkv.fp8_dyT");
+  for (const auto* e : {x, xt, w}) EXPECT_EQ(e->spec.out_dtype, kiln::DType::e4m3) << e->label;
+  for (const auto* e : {dy, dyt}) EXPECT_EQ(e->spec.out_dtype, kiln::DType::e5m2) << e->label;
+  for (const auto* e : quant) {
+    EXPECT_EQ(e->spec.dtype, kiln::DType::bf16) << e->label;
+    EXPECT_EQ(e->label.find("lm_head"), std::string::npos) << e->label;  // lm_head stays bf16
+    // Weights are 128x128 with qt; activations and gradients 1x128 without.
+    EXPECT_EQ(e->spec.params.at("transpose"), e->spec.params.at("granularity") == 3) << e->label;
+  }
+
+  // tensorwise: every quantization writes qt itself, no separate transposed call.
+  const Output t = kiln({"manifest", "llama3.1-8b", "--fp8", "tensorwise"});
+  ASSERT_EQ(t.code, 0) << t.err;
+  auto tw = kiln::parse_manifest(t.out, "stdout");
+  ASSERT_TRUE(tw.ok()) << tw.error().message;
+  size_t n = 0;
+  for (const auto& e : tw->kernels) {
+    if (e.spec.op != "quantize_fp8") continue;
+    ++n;
+    EXPECT_EQ(e.spec.params.at("granularity"), 0) << e.label;
+    EXPECT_EQ(e.spec.params.at("transpose"), 1) << e.label;
+    EXPECT_EQ(e.label.find("T"), std::string::npos) << e.label;
+  }
+  EXPECT_EQ(n, 9u);  // x [M,4096], x [M,14336]; W of 4 GEMMs; dy [M,6144], [M,4096], [M,28672]
+}
+
+TEST_F(CliTest, ManifestFp8RefusesAnUnknownGranularity) {
+  const Output o = kiln({"manifest", "llama3.1-8b", "--fp8", "block64", "-o", path("m.json")});
+  expect_one_error_line(o, {"--fp8 'block64'", "tensorwise, rowwise, block (", "block1x128, block128x128"});
+  EXPECT_EQ(o.code, 2);
+  EXPECT_FALSE(fs::exists(path("m.json")));
+  for (const char* g : {"rowwise", "block1x128", "block128x128"})
+    EXPECT_EQ(kiln({"manifest", "llama2-7b", "--seq", "128", "--fp8", g}).code, 0) << g;
+}
+
+// A manifest names fp8 formats: prewarm compiles FNUZ kernels for gfx942 and OCP ones for gfx950
+// and sm_90a from the same kernels (before, validation refused fp8_e4m3 for gfx942).
+TEST_F(CliTest, PrewarmOfAnFp8ManifestCompilesEachTargetsEncoding) {
+  KILN_REQUIRE_LLVM();
+  const Output m = kiln({"manifest", "llama3.1-8b", "--seq", "256", "--fp8", "block"});
+  ASSERT_EQ(m.code, 0) << m.err;
+  // The first quantize kernels (x, x^T, W with qt, dy: e4m3 and e5m2), to keep the test short.
+  auto doc = nlohmann::json::parse(m.out);
+  nlohmann::json kernels = nlohmann::json::array();
+  for (const auto& k : doc["kernels"])
+    if (k["op"] == "quantize_fp8" && kernels.size() < 4) kernels.push_back(k);
+  ASSERT_EQ(kernels.size(), 4u);
+  doc["kernels"] = kernels;
+  const std::string file = path("fp8.json");
+  write(file, doc.dump());
+  const Output o = kiln_cached({"prewarm", file, "--arch", "gfx942,gfx950,sm_90a", "-j", "2", "--json"});
+  ASSERT_EQ(o.code, 0) << o.out << o.err;
+  const auto report = nlohmann::json::parse(o.out);
+  EXPECT_EQ(report["summary"]["failed"], 0);
+  ASSERT_EQ(report["kernels"].size(), 12u);
+  std::set<std::string> seen;
+  for (const auto& row : report["kernels"]) {
+    const std::string target = row["target"], out = row["out_dtype"];
+    EXPECT_EQ(row["op"], "quantize_fp8");
+    EXPECT_EQ(row["dtype"], "bf16");
+    if (target == "gfx942") {
+      EXPECT_TRUE(out == "fp8_e4m3fnuz" || out == "fp8_e5m2fnuz") << row.dump();
+      EXPECT_EQ(row["format"], "hsaco");
+    } else {
+      EXPECT_TRUE(out == "fp8_e4m3" || out == "fp8_e5m2") << row.dump();
+    }
+    EXPECT_NE(row["kernel"].get<std::string>().find(out), std::string::npos) << row.dump();
+    seen.insert(target + " " + out);
+  }
+  EXPECT_EQ(seen, (std::set<std::string>{"gfx942 fp8_e4m3fnuz", "gfx942 fp8_e5m2fnuz", "gfx950 fp8_e4m3",
+                                         "gfx950 fp8_e5m2", "sm_90a fp8_e4m3", "sm_90a fp8_e5m2"}));
+  // The cache holds the target's encoding too.
+  const Output ls = kiln_cached({"cache", "ls"});
+  ASSERT_EQ(ls.code, 0) << ls.err;
+  EXPECT_NE(ls.out.find("fp8_e4m3fnuz"), std::string::npos) << ls.out;
+  EXPECT_NE(ls.out.find("fp8_e5m2fnuz"), std::string::npos) << ls.out;
 }
 
 TEST_F(CliTest, PrewarmThenCachedThenCacheCommands) {
@@ -1161,6 +1339,7 @@ TEST_F(CliTest, JsonOfManifestListAndInspectMetaParse) {
   for (const auto& m : doc["models"]) llama |= m["name"] == "llama3.1-8b" && m["hidden"] == 4096;
   EXPECT_TRUE(llama) << list.out;
   EXPECT_FALSE(doc["gemms"].empty());
+  EXPECT_EQ(doc["fp8"], nlohmann::json({"tensorwise", "rowwise", "block", "block1x128", "block128x128"}));
   expect_one_error_line(kiln({"manifest", "llama3.1-8b", "--json"}), {"--json goes with --list"});
 
   const std::string target = kiln::testing::compilable_target();

@@ -34,6 +34,9 @@ struct Job {
   const ManifestEntry* kernel = nullptr;
   size_t kernel_index = 0;
   const TargetInfo* target = nullptr;
+  /// What is built: the manifest's kernel for this target (fp8 in the target's encoding,
+  /// manifest_spec_for_target).
+  KernelSpec spec;
   // Result
   std::shared_ptr<const CompiledKernel> compiled;
   std::string error;
@@ -117,6 +120,7 @@ int run_prewarm(const PrewarmOptions& o) {
       job.kernel = &manifest->kernels[k];
       job.kernel_index = k;
       job.target = t;
+      job.spec = manifest_spec_for_target(job.kernel->spec, *t);
       jobs.push_back(std::move(job));
     }
   const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
@@ -133,7 +137,7 @@ int run_prewarm(const PrewarmOptions& o) {
   auto work = [&] {
     for (size_t i = next.fetch_add(1); i < jobs.size(); i = next.fetch_add(1)) {
       Job& job = jobs[i];
-      auto r = rt.compile(job.kernel->spec, job.target->name);
+      auto r = rt.compile(job.spec, job.target->name);
       if (r) {
         job.compiled = std::move(r).value();
         bool first = true;
@@ -171,7 +175,7 @@ int run_prewarm(const PrewarmOptions& o) {
       warn(fmt::format("--tune: nothing to tune: no kernel was built for this GPU's target {} (add it to --arch)",
                        local.name));
     for (size_t i = 0; i < to_tune.size(); ++i) {
-      const KernelSpec& spec = to_tune[i]->kernel->spec;
+      const KernelSpec& spec = to_tune[i]->spec;
       const std::string head = fmt::format("tune [{}/{}] {}:", i + 1, to_tune.size(), spec_summary(spec));
       auto r = rt.tune(spec);
       if (!r) {
@@ -239,7 +243,10 @@ int run_prewarm(const PrewarmOptions& o) {
                             {"label", job.kernel->label},
                             {"line", job.kernel->line},
                             {"target", std::string(job.target->name)},
-                            {"kernel", spec_summary(job.kernel->spec)}};
+                            {"kernel", spec_summary(job.spec)},
+                            {"op", job.spec.op},
+                            {"dtype", std::string(dtype_name(job.spec.dtype))},
+                            {"out_dtype", std::string(dtype_name(job.spec.out_dtype))}};
       if (!job.compiled) {
         row["error"] = job.error;
         doc["failures"].push_back(std::move(row));
@@ -285,7 +292,7 @@ int run_prewarm(const PrewarmOptions& o) {
                rt.device()->name(), from_records, untunable, tune_failed);
   for (const Job& job : jobs) {
     if (job.error.empty()) continue;
-    const std::string label = job.kernel->label.empty() ? spec_summary(job.kernel->spec) : printable(job.kernel->label, 80);
+    const std::string label = job.kernel->label.empty() ? spec_summary(job.spec) : printable(job.kernel->label, 80);
     const std::string where =
         job.kernel->line ? fmt::format("line {}", job.kernel->line) : fmt::format("kernel {}", job.kernel_index);
     fmt::print("    {} ({}) for {}: {}\n", where, label, job.target->name, first_line(job.error));
@@ -301,7 +308,7 @@ int run_prewarm(const PrewarmOptions& o) {
     if (!job.compiled) continue;
     const KernelInfo& i = job.compiled->info();
     table.add({job.kernel->label.empty() ? fmt::format("#{}", job.kernel_index) : printable(job.kernel->label, 80),
-               std::string(job.target->name), spec_summary(job.kernel->spec), i.code_format,
+               std::string(job.target->name), spec_summary(job.spec), i.code_format,
                std::to_string(i.code_bytes), known(i.registers), known(i.shared_bytes), spills(i),
                fmt::format("{:.0f}", i.compile_ms), std::string(job.compiled->origin())});
   }

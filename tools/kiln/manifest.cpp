@@ -18,6 +18,7 @@ struct ManifestOptions {
   std::vector<int64_t> micro_batches;
   int64_t seq = 0;
   std::string dtype = "bf16";
+  std::string fp8;  ///< --fp8 GRAN: also the quantization kernels of an fp8 step
   std::string output;
   bool list = false;
   bool json = false;  ///< --list as one JSON document (docs/json.md)
@@ -34,7 +35,10 @@ int list_models(const ModelTable& table) {
   for (const auto& [name, formula] : table.gemms) fmt::print("  {:<9} {}\n", name, formula);
   fmt::print(
       "Each also as dgrad dx[M,K] = dy[M,N] @ W[N,K] (gemm M=M N=K K=N, NN) and wgrad dW[N,K] = dy[M,N]^T @ x[M,K] "
-      "(gemm M=N N=K K=M, trans_a);\nplus rmsnorm {{rows=M, hidden}} and swiglu {{rows=M, intermediate}}.\n");
+      "(gemm M=N N=K K=M, trans_a);\nplus rmsnorm {{rows=M, hidden}} and swiglu {{rows=M, intermediate}}, forward and "
+      "backward.\nWith --fp8 GRAN ({}): quantize_fp8 of each GEMM's x [M,K] and W [N,K] to e4m3 and dy [M,N] to e5m2,\n"
+      "with x^T, W^T and dy^T for the dgrad and wgrad GEMMs (not lm_head; docs/manifest.md).\n",
+      fmt::join(fp8_recipe_names(), ", "));
   return 0;
 }
 
@@ -48,6 +52,8 @@ int list_models_json(const ModelTable& table) {
                              {"vocab", m.vocab}, {"seq", m.seq}});
   doc["gemms"] = nlohmann::json::array();
   for (const auto& [name, formula] : table.gemms) doc["gemms"].push_back({{"name", name}, {"formula", formula}});
+  doc["fp8"] = nlohmann::json::array();  // the --fp8 values
+  for (std::string_view name : fp8_recipe_names()) doc["fp8"].push_back(std::string(name));
   fmt::print("{}\n", doc.dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
   return 0;
 }
@@ -62,6 +68,12 @@ int run_manifest(const ManifestOptions& o) {
   if (!model) return fail(model.error());
   auto dtype = parse_dtype(o.dtype);
   if (!dtype) return fail("--dtype: " + dtype.error().message);
+  std::optional<Fp8Recipe> fp8;
+  if (!o.fp8.empty()) {
+    auto recipe = parse_fp8_recipe(o.fp8);
+    if (!recipe) return fail(recipe.error(), 2);
+    fp8 = std::move(recipe).value();
+  }
   std::vector<int64_t> mbs = o.micro_batches.empty() ? std::vector<int64_t>{1} : o.micro_batches;
   std::vector<int64_t> unique;
   for (int64_t mb : mbs) {
@@ -71,13 +83,14 @@ int run_manifest(const ManifestOptions& o) {
   if (o.seq < 0) return fail(fmt::format("--seq {}: the sequence length is at least 1", o.seq));
   const int64_t seq = o.seq ? o.seq : model->seq;
 
-  Manifest manifest = training_manifest(*model, unique, seq, *dtype);
-  // Every kernel must be buildable for every target, or prewarm would fail later.
+  Manifest manifest = training_manifest(*model, unique, seq, *dtype, fp8);
+  // Every kernel must be buildable for every target (fp8 in the target's encoding), or prewarm
+  // would fail later.
   for (const ManifestEntry& e : manifest.kernels) {
     auto op = find_op(e.spec.op);
     if (!op) return fail(op.error());
     for (const TargetInfo& t : all_targets())
-      if (auto valid = (*op)->validate(e.spec, t); !valid)
+      if (auto valid = (*op)->validate(manifest_spec_for_target(e.spec, t), t); !valid)
         return fail(fmt::format("{} (seq {}, micro batch {}): {}: {}", o.model, seq, fmt::join(unique, ","), e.label,
                                 valid.error().message));
   }
@@ -99,8 +112,9 @@ int run_manifest(const ManifestOptions& o) {
   std::vector<std::string> counts;
   for (const OpTemplate* op : all_ops())
     if (auto it = per_op.find(std::string(op->name())); it != per_op.end()) counts.push_back(fmt::format("{} {}", it->second, it->first));
-  fmt::print("wrote {}: {} kernels ({}) for {} (seq {}, micro batch {}, {})\n", o.output, manifest.kernels.size(),
-             fmt::join(counts, ", "), o.model, seq, fmt::join(unique, ","), dtype_name(*dtype));
+  fmt::print("wrote {}: {} kernels ({}) for {} (seq {}, micro batch {}, {}{})\n", o.output, manifest.kernels.size(),
+             fmt::join(counts, ", "), o.model, seq, fmt::join(unique, ","), dtype_name(*dtype),
+             fp8 ? ", fp8 " + fp8->name : "");
   return 0;
 }
 
@@ -115,6 +129,11 @@ Command add_manifest_command(CLI::App& app) {
       ->delimiter(',');
   cmd->add_option("--seq", o->seq, "Sequence length (default: the model's)");
   cmd->add_option("--dtype", o->dtype, "Dtype of every kernel: bf16, fp16 or fp32")->capture_default_str();
+  cmd->add_option("--fp8", o->fp8,
+                  "Also the fp8 quantization kernels of the step (quantize_fp8 of every GEMM's x, W: e4m3, dy: e5m2, "
+                  "with the transposes): tensorwise, rowwise, block (1x128 activations, 128x128 weights), "
+                  "block1x128 or block128x128")
+      ->option_text("GRAN");
   cmd->add_option("-o,--output", o->output, "Output file (default: stdout)");
   cmd->add_flag("--list", o->list, "List the known models and the GEMM formulas");
   cmd->add_flag("--json", o->json, "With --list: one JSON document on stdout (schema: docs/json.md)");

@@ -3,7 +3,10 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kiln/dtype.h"
@@ -29,9 +32,29 @@ Result<ModelTable> load_models();
 /// Finds a model by name; the error lists the known models.
 Result<Model> find_model(const ModelTable& table, const std::string& name);
 
+/// The fp8 recipe of `kiln manifest --fp8 GRAN` (docs/manifest.md): which quantize_fp8
+/// granularity (Fp8Granularity, templates/quantize_fp8) the activations x, the weights W and the
+/// output gradients dy of each GEMM are quantized with. The formats are the "hybrid" recipe's:
+/// e4m3 for x and W (forward operands), e5m2 for dy.
+struct Fp8Recipe {
+  std::string name;  ///< The --fp8 value, canonical: "tensorwise", "rowwise", "block", ...
+  int64_t activations = 0, weights = 0, gradients = 0;
+};
+
+/// The --fp8 values, in order: tensorwise, rowwise, block (1x128 activations and gradients,
+/// 128x128 weights, as DeepGEMM and Primus-Turbo), block1x128, block128x128 (every tensor).
+std::span<const std::string_view> fp8_recipe_names();
+/// Parses an --fp8 value (one of fp8_recipe_names()). Errors: Errc::invalid_argument, naming
+/// the value and the choices.
+Result<Fp8Recipe> parse_fp8_recipe(std::string_view name);
+
 /// The kernels of a training step: per layer, for qkv, attn_out, gate_up, down and lm_head the
 /// forward (NT), dgrad (NN) and wgrad (TN) GEMMs, plus rmsnorm and swiglu; for each micro batch
-/// (M = seq * micro_batch); identical kernels once, labels joined with '+'.
-Manifest training_manifest(const Model& model, const std::vector<int64_t>& micro_batches, int64_t seq, DType dtype);
+/// (M = seq * micro_batch); identical kernels once, labels joined with '+'. With an fp8 recipe,
+/// also the quantize_fp8 kernels of every GEMM's x, W and dy (not lm_head's, which stays in
+/// `dtype`), with the transposed forms the dgrad and wgrad GEMMs read (docs/manifest.md); the
+/// GEMMs themselves stay in `dtype`.
+Manifest training_manifest(const Model& model, const std::vector<int64_t>& micro_batches, int64_t seq, DType dtype,
+                           const std::optional<Fp8Recipe>& fp8 = std::nullopt);
 
 }  // namespace kiln::cli
