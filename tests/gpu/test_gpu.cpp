@@ -81,6 +81,9 @@ std::vector<KernelSpec> gpu_specs() {
 }
 
 const char* clang_cache() { return std::getenv("KILN_GPU_CLANG_CACHE"); }
+// NVRTC-built kernels may come prewarmed too (NVRTC runs without a GPU): the GPU machine then
+// spends its time on the checks, not on ~200 compiles. Same NVRTC version, same keys.
+const char* nvrtc_cache() { return std::getenv("KILN_GPU_NVRTC_CACHE"); }
 
 TEST(GpuPrewarm, ClangKernelsForTheGpuTests) {
 #if !KILN_WITH_LLVM
@@ -99,6 +102,19 @@ TEST(GpuPrewarm, ClangKernelsForTheGpuTests) {
 #endif
 }
 
+TEST(GpuPrewarm, NvrtcKernelsForTheGpuTests) {
+  if (!nvrtc_cache()) GTEST_SKIP() << "set KILN_GPU_NVRTC_CACHE=DIR to prewarm NVRTC-built sm_90a kernels into DIR";
+  RuntimeOptions o;
+  o.backend = "none";
+  o.cache_dir = nvrtc_cache();
+  o.nvidia_compiler = "nvrtc";
+  auto rt = std::move(Runtime::create(o)).value();
+  for (const KernelSpec& spec : gpu_specs()) {
+    auto c = rt->compile(spec, "sm_90a");
+    EXPECT_TRUE(c.ok()) << to_string(spec) << ": " << c.error().message;
+  }
+}
+
 class Gpu : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(Gpu, EveryOpMatchesItsReference) {
@@ -111,6 +127,7 @@ TEST_P(Gpu, EveryOpMatchesItsReference) {
     if (!clang_cache()) GTEST_SKIP() << "built without LLVM and KILN_GPU_CLANG_CACHE is unset: no clang-built kernels";
     o.cache_dir = clang_cache();
   }
+  if (compiler == "nvrtc" && nvrtc_cache()) o.cache_dir = nvrtc_cache();
   auto rt = Runtime::create(o);
   ASSERT_TRUE(rt.ok()) << rt.error().message;
   if (!(*rt)->device()) GTEST_SKIP() << "no GPU: no NVIDIA or AMD device found (these tests run on the GPU machine)";

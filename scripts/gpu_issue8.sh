@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Issue 8's figures on the GPU machine, in steps that fit the device tool's 10-minute calls (the
+# build directory stays on a warm machine between calls). Logs and CSVs go under $OUT.
+#   scripts/gpu_issue8.sh build launch membound   # then, in the next call:
+#   scripts/gpu_issue8.sh peers tests
+# The build is without LLVM; hiredis comes from .gpu-carry/hiredis (headers and library), and
+# prewarmed kernel caches from .gpu-carry/{nvrtc,clang}-cache (see tests/gpu/test_gpu.cpp).
+set -uo pipefail
+OUT=${OUT:-$PWD/out}
+mkdir -p "$OUT"
+B=build-gpu
+H=$PWD/.gpu-carry/hiredis
+export LD_LIBRARY_PATH=$H/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+for step in "$@"; do
+  t0=$(date +%s)
+  case $step in
+    build)
+      nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv > "$OUT/env.txt" 2>&1
+      date -u +%FT%TZ >> "$OUT/env.txt"
+      cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_WITH_LLVM=OFF -DHIREDIS_INCLUDE_DIR=$H/include \
+        -DHIREDIS_LIBRARY=$H/lib/libhiredis.so > "$OUT/cmake.log" 2>&1 &&
+        ninja -C $B kiln bench_launch bench_membound test_gpu > "$OUT/build.log" 2>&1 ||
+        { tail -40 "$OUT/build.log"; exit 1; } ;;
+    launch)
+      KILN_CACHE_DIR=$(mktemp -d) $B/bench/bench_launch 2>&1 | sed 's/\x1b\[[0-9;]*m//g' > "$OUT/bench_launch.log"
+      tail -8 "$OUT/bench_launch.log" ;;
+    membound)  # Kiln's side; a fresh cache, so the heuristic's kernels (no tuning records)
+      KILN_CACHE_DIR=$(mktemp -d) $B/bench/bench_membound $B/kiln_membound.csv --quick > "$OUT/kiln_membound.log" 2>&1
+      cp $B/kiln_membound.csv "$OUT/"; cat "$OUT/kiln_membound.log" ;;
+    membound32k)  # 32768 tokens (slow host-side input generation)
+      KILN_CACHE_DIR=$(mktemp -d) $B/bench/bench_membound $B/kiln_membound_32k.csv > "$OUT/kiln_membound_32k.log" 2>&1
+      cp $B/kiln_membound_32k.csv "$OUT/"; tail -30 "$OUT/kiln_membound_32k.log" ;;
+    peers)
+      python3 bench/membound_peers.py $B/kiln_membound.csv "$OUT" > "$OUT/membound_peers.log" 2>&1
+      cat "$OUT/membound_peers.log" | tail -40 ;;
+    tests)
+      export KILN_GPU_NVRTC_CACHE=$(mktemp -d) KILN_GPU_CLANG_CACHE=$(mktemp -d)
+      cp -r .gpu-carry/nvrtc-cache/. "$KILN_GPU_NVRTC_CACHE/" 2>/dev/null
+      cp -r .gpu-carry/clang-cache/. "$KILN_GPU_CLANG_CACHE/" 2>/dev/null
+      KILN_CACHE_DIR=$(mktemp -d) $B/tests/test_gpu > "$OUT/test_gpu.log" 2>&1
+      grep -E "^device:|specs pass|^\[  (PASSED|FAILED)|FAILED  \]|Failure" "$OUT/test_gpu.log" | head -40 ;;
+    *) echo "unknown step $step"; exit 2 ;;
+  esac
+  echo "== $step: $(( $(date +%s) - t0 )) s"
+done
