@@ -1,5 +1,6 @@
 // Launch overhead on the GPU, host time per launch, against the raw driver call in the same run:
-//   RawCuLaunchKernel  cuLaunchKernel on the kernel's own CUfunction (the floor);
+//   RawCuLaunchKernel  cuLaunchKernel on the kernel's own CUfunction, with the geometry of Kiln's
+//                      plan (the floor);
 //   KernelLaunch       kiln::Kernel::launch on a kernel handle held by the application;
 //   RuntimeLaunch      kiln::Runtime::launch(spec, ...) (spec -> in-memory cache -> launch);
 //   TypedOp            kiln::ops::swiglu(...) (builds the spec, then as RuntimeLaunch).
@@ -16,12 +17,16 @@
 #include <benchmark/benchmark.h>
 #include <cuda.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <functional>
 #include <map>
 
 #include "kiln/kiln.h"
 #include "runtime/driver/cuda_api.h"
 #include "templates/gemm/gemm.h"
+#include "templates/registry.h"
 
 namespace {
 
@@ -40,6 +45,7 @@ struct Fixture {
   void* abc[3] = {};
   std::vector<kiln::TensorMapInfo> maps;
   kiln::LaunchGeometry geometry;
+  kiln::LaunchGeometry swiglu_geometry;  // of Kiln's plan for kSpec (its preferred variant)
 };
 Fixture* g = nullptr;
 const kiln::KernelSpec kSpec{"swiglu", kiln::DType::bf16, kiln::DType::bf16, {{"rows", 1}, {"intermediate", 256}}};
@@ -51,12 +57,20 @@ void sync_every(int64_t i) {
   if (i % 1000 == 999) (void)g->rt->device()->synchronize();
 }
 
+// The raw call on the kernel's own CUfunction with the geometry of Kiln's plan (a launch that
+// fails, e.g. with a block larger than the kernel's bound, would return at once: checked).
+bool launch_raw() {
+  static int rows = 1;
+  static void* args[] = {&g->x, &g->y, &rows};
+  const kiln::LaunchGeometry& geo = g->swiglu_geometry;
+  return g->api->cuLaunchKernel(g->raw, geo.grid.x, geo.grid.y, geo.grid.z, geo.block.x, geo.block.y, geo.block.z,
+                                0, nullptr, args, nullptr) == CUDA_SUCCESS;
+}
+
 void RawCuLaunchKernel(benchmark::State& state) {
-  int rows = 1;
-  void* args[] = {&g->x, &g->y, &rows};
   int64_t i = 0;
   for (auto _ : state) {
-    g->api->cuLaunchKernel(g->raw, 1, 1, 1, 256, 1, 1, 0, nullptr, args, nullptr);
+    if (!launch_raw()) state.SkipWithError("cuLaunchKernel failed");
     sync_every(i++);
   }
   (void)g->rt->device()->synchronize();
@@ -100,11 +114,11 @@ bool encode(const kiln::TensorMapInfo& m, void* address, CUtensorMap* out) {
                                         CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-void launch_raw_gemm(CUtensorMap* maps) {
+bool launch_raw_gemm(CUtensorMap* maps) {
   void* args[] = {&maps[0], &maps[1], &maps[2]};
   const kiln::LaunchGeometry& geo = g->geometry;
-  g->api->cuLaunchKernel(g->gemm_raw, geo.grid.x, 1, 1, geo.block.x, 1, 1, geo.dynamic_shared_bytes, nullptr, args,
-                         nullptr);
+  return g->api->cuLaunchKernel(g->gemm_raw, geo.grid.x, 1, 1, geo.block.x, 1, 1, geo.dynamic_shared_bytes, nullptr,
+                                args, nullptr) == CUDA_SUCCESS;
 }
 
 void GemmRawPreEncoded(benchmark::State& state) {
@@ -113,7 +127,7 @@ void GemmRawPreEncoded(benchmark::State& state) {
     if (!encode(g->maps[t], g->abc[g->maps[t].tensor], &maps[t])) state.SkipWithError("encode failed");
   int64_t i = 0;
   for (auto _ : state) {
-    launch_raw_gemm(maps);
+    if (!launch_raw_gemm(maps)) state.SkipWithError("cuLaunchKernel failed");
     sync_every(i++);
   }
   (void)g->rt->device()->synchronize();
@@ -124,7 +138,7 @@ void GemmRawEncodeEach(benchmark::State& state) {
   for (auto _ : state) {
     CUtensorMap maps[3];
     for (int t = 0; t < 3; ++t) encode(g->maps[t], g->abc[g->maps[t].tensor], &maps[t]);
-    launch_raw_gemm(maps);
+    if (!launch_raw_gemm(maps)) state.SkipWithError("cuLaunchKernel failed");
     sync_every(i++);
   }
   (void)g->rt->device()->synchronize();
@@ -146,6 +160,49 @@ BENCHMARK(TypedOp)->Unit(benchmark::kMicrosecond)->MinTime(0.5);
 BENCHMARK(GemmRawPreEncoded)->Unit(benchmark::kMicrosecond)->MinTime(0.5);
 BENCHMARK(GemmRawEncodeEach)->Unit(benchmark::kMicrosecond)->MinTime(0.5);
 BENCHMARK(GemmKernelLaunch)->Unit(benchmark::kMicrosecond)->MinTime(0.5);
+
+// The gate's figure: each form against its raw call, interleaved in rounds so that clock and
+// queue drift hit both alike. A round times kBatch launches of the raw call, then kBatch of the
+// form (each batch ends with a synchronize); the ratio of a round is form / raw; the median over
+// kRounds rounds is printed, with both median times per launch.
+struct Paired {
+  const char* name;
+  std::function<bool()> raw, form;
+};
+
+void run_paired(const std::vector<Paired>& pairs) {
+  constexpr int kRounds = 31, kBatch = 2000;
+  auto batch = [](const std::function<bool()>& f) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < kBatch; ++i) {
+      if (!f()) return -1.0;
+      sync_every(i);
+    }
+    (void)g->rt->device()->synchronize();
+    return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / kBatch;
+  };
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  std::printf("\npaired, interleaved (%d rounds of %d launches each; median per launch):\n", kRounds, kBatch);
+  std::printf("  %-18s %9s %9s %7s\n", "form", "raw us", "form us", "ratio");
+  for (const Paired& p : pairs) {
+    std::vector<double> raw, form, ratio;
+    for (int r = 0; r < kRounds; ++r) {
+      const double a = batch(p.raw), b = batch(p.form);
+      if (a <= 0 || b <= 0) {
+        std::printf("  %-18s failed\n", p.name);
+        break;
+      }
+      raw.push_back(a);
+      form.push_back(b);
+      ratio.push_back(b / a);
+    }
+    if (ratio.size() == kRounds)
+      std::printf("  %-18s %9.3f %9.3f %6.3fx\n", p.name, median(raw), median(form), median(ratio));
+  }
+}
 
 // Prints the table as usual, then each benchmark's ratio to the raw driver call.
 class RatioReporter : public benchmark::ConsoleReporter {
@@ -193,6 +250,13 @@ int main(int argc, char** argv) {
     return 1;
   }
   f.kernel = *k;
+  {  // the geometry of Kiln's plan for kSpec, for the raw call
+    const kiln::OpTemplate* op = *kiln::find_op("swiglu");
+    const kiln::TileConfig config = op->variants(kSpec, f.rt->device()->target()).front();
+    f.swiglu_geometry = op->plan(kSpec, config).launches.at(0).geometry;
+    std::printf("swiglu kernel %s, block %u, grid %u x %u\n", f.kernel->compiled().info().config.c_str(),
+                f.swiglu_geometry.block.x, f.swiglu_geometry.grid.x, f.swiglu_geometry.grid.y);
+  }
   // The same code object, loaded directly through the driver for the raw baseline.
   auto code = f.kernel->compiled().code_object();
   if (f.api->cuModuleLoadData(&f.module, code.data()) != CUDA_SUCCESS ||
@@ -224,6 +288,15 @@ int main(int argc, char** argv) {
   f.y = *f.rt->device()->malloc(256 * 2);
   RatioReporter reporter;
   benchmark::RunSpecifiedBenchmarks(&reporter);
+  CUtensorMap pre[3];
+  for (int t = 0; t < 3; ++t) encode(f.maps[t], f.abc[f.maps[t].tensor], &pre[t]);
+  void* buffers[] = {f.x, f.y};
+  run_paired({
+      {"Kernel::launch", launch_raw, [&] { return bool(f.kernel->launch(kSpec, buffers)); }},
+      {"Runtime::launch", launch_raw, [&] { return bool(f.rt->launch(kSpec, buffers)); }},
+      {"ops::swiglu", launch_raw, [&] { return bool(kiln::ops::swiglu(*f.rt, 1, 256, kiln::DType::bf16, f.x, f.y)); }},
+      {"gemm Kernel::launch", [&] { return launch_raw_gemm(pre); }, [&] { return bool(f.gemm->launch(kGemm, f.abc)); }},
+  });
   benchmark::Shutdown();
   (void)f.rt->device()->free(f.x);
   (void)f.rt->device()->free(f.y);

@@ -116,7 +116,11 @@ class KernelImpl final : public Kernel {
     loaded_[0] = std::move(first);
     const std::vector<TensorInfo> tensors = op_->tensors(spec_);
     tensor_count_ = tensors.size();
-    for (const TensorInfo& t : tensors) tensor_names_ += (tensor_names_.empty() ? "" : ", ") + t.name;
+    for (const TensorInfo& t : tensors) {
+      tensor_names_ += (tensor_names_.empty() ? "" : ", ") + t.name;
+      tensor_dtypes_.push_back(t.dtype);
+      tensor_name_list_.push_back(t.name);
+    }
     for (const ParamInfo& p : op_->params())
       if (!p.baked) {
         runtime_params_.push_back(&p);
@@ -310,8 +314,8 @@ class KernelImpl final : public Kernel {
     if (g.persistent && compute_units_ > 0) g.grid.x = std::min<uint32_t>(g.grid.x, static_cast<uint32_t>(compute_units_));
     return g;
   }
-  std::string tensor_name(size_t i) const { return op_->tensors(spec_).at(i).name; }
-  DType tensor_dtype(size_t i) const { return op_->tensors(spec_).at(i).dtype; }
+  std::string_view tensor_name(size_t i) const { return i < tensor_name_list_.size() ? tensor_name_list_[i] : "?"; }
+  DType tensor_dtype(size_t i) const { return i < tensor_dtypes_.size() ? tensor_dtypes_[i] : DType::f32; }
 
   const OpTemplate* op_;
   KernelSpec spec_;  // baked, defaults filled
@@ -322,6 +326,8 @@ class KernelImpl final : public Kernel {
   int compute_units_ = 0;
   size_t tensor_count_ = 0;
   std::string tensor_names_;
+  std::vector<DType> tensor_dtypes_;  // of the op's tensors for the baked spec, in buffer order
+  std::vector<std::string> tensor_name_list_;
   std::vector<const ParamInfo*> runtime_params_;
   std::vector<const ScalarInfo*> scalars_;
   mutable std::atomic<const CachedPlans*> last_plans_{nullptr};
@@ -349,6 +355,7 @@ RuntimeImpl::~RuntimeImpl() {
   {
     std::unique_lock lock(mu_);
     kernels_.clear();
+    retired_.clear();
   }
   if (record_fd_ >= 0) ::close(record_fd_);
   const CacheStats s = stats();
@@ -375,7 +382,8 @@ Result<std::shared_ptr<const Kernel>> RuntimeImpl::kernel(const KernelSpec& spec
       return make_error(Errc::driver_unavailable,
                         "no GPU: this runtime is compile-only (no driver or no device was found; "
                         "compile, prewarm and inspect still work)");
-    KILN_ASSIGN_OR_RETURN(const std::string memo, memo_key(spec, device_->target()));
+    MemoKey memo;
+    KILN_TRY(MemoKey::of(spec, memo));
     {
       std::shared_lock lock(mu_);
       auto it = kernels_.find(memo);
@@ -401,8 +409,23 @@ Result<std::shared_ptr<const Kernel>> RuntimeImpl::kernel(const KernelSpec& spec
 
 Result<void> RuntimeImpl::launch(const KernelSpec& spec, std::span<void* const> buffers,
                                  const std::map<std::string, float>& scalars, Stream stream) {
+    struct LastHit {
+      uint64_t runtime = 0, generation = 0;
+      MemoKey key;
+      const KernelImpl* kernel = nullptr;
+    };
+    thread_local LastHit last;
+    MemoKey memo;
+    KILN_TRY(MemoKey::of(spec, memo));
+    const uint64_t generation = generation_.load(std::memory_order_acquire);
+    if (last.kernel && last.runtime == id_ && last.generation == generation && last.key == memo) {
+      stats_.memory_hits.fetch_add(1, std::memory_order_relaxed);
+      return last.kernel->launch(spec, buffers, scalars, stream);
+    }
     KILN_ASSIGN_OR_RETURN(auto k, kernel(spec));
-    return k->launch(spec, buffers, scalars, stream);
+    const auto* impl = static_cast<const KernelImpl*>(k.get());
+    last = {id_, generation, memo, impl};
+    return impl->launch(spec, buffers, scalars, stream);
   }
 
 CacheStats RuntimeImpl::stats() const {
@@ -464,9 +487,12 @@ Result<std::shared_ptr<KernelImpl>> RuntimeImpl::load(const std::shared_ptr<Comp
                                       device_->compute_units());
 }
 
-void RuntimeImpl::install(const std::string& memo, std::shared_ptr<KernelImpl> k) {
+void RuntimeImpl::install(const MemoKey& memo, std::shared_ptr<KernelImpl> k) {
   std::unique_lock lock(mu_);
-  kernels_[memo] = std::move(k);
+  std::shared_ptr<KernelImpl>& slot = kernels_[memo];
+  if (slot) retired_.push_back(std::move(slot));  // a thread's last hit may still point at it
+  slot = std::move(k);
+  generation_.fetch_add(1, std::memory_order_release);
 }
 
 const Kernel& RuntimeImpl::as_kernel(const KernelImpl& k) { return k; }

@@ -7,6 +7,9 @@
 // CompiledKernelImpl and KernelImpl are runtime.cpp's own; the other files see them incomplete.
 #pragma once
 
+#include <fmt/format.h>
+
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <map>
@@ -25,11 +28,67 @@
 #include "runtime/device_impl.h"
 #include "support/fs.h"
 #include "templates/op_template.h"
+#include "templates/registry.h"
 
 namespace kiln::detail {
 
 class CompiledKernelImpl;
 class KernelImpl;
+
+// What identifies a loaded Kernel within a runtime, whose target and compiler are fixed: the op,
+// the dtypes and the baked parameters (defaults filled). It is built on the stack, so that a
+// memory hit (kernel(), Runtime::launch, the typed ops) formats no string and allocates nothing.
+struct MemoKey {
+  static constexpr uint32_t kMaxBaked = 16;
+  const OpTemplate* op = nullptr;
+  DType dtype{}, out_dtype{};
+  bool extra = false;   // parameters the op does not know: the miss path's validation names them
+  uint32_t count = 0;   // baked parameters
+  uint32_t absent = 0;  // bit i: baked parameter i has no value and no default
+  int64_t baked[kMaxBaked];  // the first `count` are set
+
+  // Fills `k` in place (a Result<MemoKey> would copy it once more on every launch).
+  static Result<void> of(const KernelSpec& spec, MemoKey& k) {
+    KILN_ASSIGN_OR_RETURN(k.op, find_op(spec.op));
+    k.dtype = spec.dtype;
+    k.out_dtype = spec.out_dtype;
+    k.count = 0;
+    k.absent = 0;
+    for (const ParamInfo& p : k.op->params()) {
+      if (!p.baked) continue;
+      if (k.count == kMaxBaked)
+        return make_error(Errc::unsupported, fmt::format("{} declares more than {} baked parameters; raise "
+                                                         "MemoKey::kMaxBaked in runtime/runtime_impl.h",
+                                                         k.op->name(), kMaxBaked));
+      auto it = spec.params.find(std::string(p.name));  // names fit the small-string buffer
+      if (it != spec.params.end()) k.baked[k.count] = it->second;
+      else if (p.default_value) k.baked[k.count] = *p.default_value;
+      else {
+        k.baked[k.count] = 0;
+        k.absent |= uint32_t{1} << k.count;
+      }
+      ++k.count;
+    }
+    k.extra = spec.params.size() > k.op->params().size();
+    return ok();
+  }
+  bool operator==(const MemoKey& o) const {
+    return op == o.op && dtype == o.dtype && out_dtype == o.out_dtype && extra == o.extra && count == o.count &&
+           absent == o.absent && std::equal(baked, baked + count, o.baked);
+  }
+};
+struct MemoKeyHash {
+  size_t operator()(const MemoKey& k) const {
+    // FNV-1a over the fields.
+    uint64_t h = 1469598103934665603ull;
+    auto mix = [&h](uint64_t v) { h = (h ^ v) * 1099511628211ull; };
+    mix(reinterpret_cast<uintptr_t>(k.op));
+    mix(static_cast<uint64_t>(k.dtype) << 8 | static_cast<uint64_t>(k.out_dtype) << 1 | k.extra);
+    mix(k.absent);
+    for (uint32_t i = 0; i < k.count; ++i) mix(static_cast<uint64_t>(k.baked[i]));
+    return static_cast<size_t>(h);
+  }
+};
 
 class RuntimeImpl final : public Runtime {
  public:
@@ -45,6 +104,10 @@ class RuntimeImpl final : public Runtime {
 
   Result<std::shared_ptr<const Kernel>> kernel(const KernelSpec& spec) override;
 
+  // The one-call form. A thread that launches the kernel it launched last (the common loop) skips
+  // the lock, the hash lookup and the reference count: its last hit is kept per thread, valid
+  // while this runtime and its generation (bumped when tune() replaces a kernel) are unchanged.
+  // Kernels are never freed before the runtime, so a raw pointer is safe.
   Result<void> launch(const KernelSpec& spec, std::span<void* const> buffers,
                       const std::map<std::string, float>& scalars, Stream stream) override;
 
@@ -54,8 +117,9 @@ class RuntimeImpl final : public Runtime {
   CacheStats stats() const override;
 
  private:
-  // The in-memory key: the baked spec, the target and the compiler. Computing it costs an op
-  // lookup and a short string; no codegen, no SHA-256.
+  // The key of the in-memory compile cache (compiled_): the baked spec, the target and the
+  // compiler. Computing it costs an op lookup and a short string; no codegen, no SHA-256. Loaded
+  // kernels (kernels_) are found by MemoKey instead, without a string.
   Result<std::string> memo_key(const KernelSpec& spec, const TargetInfo& target) const;
 
   std::string compiler_name(const TargetInfo& target) const {
@@ -79,7 +143,7 @@ class RuntimeImpl final : public Runtime {
   Result<std::shared_ptr<KernelImpl>> load(const std::shared_ptr<CompiledKernelImpl>& compiled);
 
   // Makes `k` the kernel that kernel() returns for its spec from now on.
-  void install(const std::string& memo, std::shared_ptr<KernelImpl> k);
+  void install(const MemoKey& memo, std::shared_ptr<KernelImpl> k);
 
   // A KernelImpl as the Kernel it is, for the files that see KernelImpl incomplete.
   static const Kernel& as_kernel(const KernelImpl& k);
@@ -120,7 +184,11 @@ class RuntimeImpl final : public Runtime {
   std::mutex load_mu_;
   std::unordered_map<std::string, std::shared_ptr<CompiledKernelImpl>> compiled_;
   std::unordered_map<std::string, std::shared_ptr<std::mutex>> inflight_;
-  std::unordered_map<std::string, std::shared_ptr<KernelImpl>> kernels_;
+  std::unordered_map<MemoKey, std::shared_ptr<KernelImpl>, MemoKeyHash> kernels_;
+  std::vector<std::shared_ptr<KernelImpl>> retired_;  // replaced by install(); freed with the runtime
+  static inline std::atomic<uint64_t> next_id_{1};
+  const uint64_t id_ = next_id_.fetch_add(1);         // never reused, unlike the address
+  std::atomic<uint64_t> generation_{0};
   mutable Counters stats_;
 };
 

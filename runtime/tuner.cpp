@@ -26,7 +26,8 @@ Result<TuneReport> RuntimeImpl::tune(const KernelSpec& spec, const TuneOptions& 
   KILN_ASSIGN_OR_RETURN(const OpTemplate* op, find_op(spec.op));
   const TargetInfo& target = device_->target();
   KILN_TRY(op->validate(spec, target));
-  KILN_ASSIGN_OR_RETURN(const std::string memo, memo_key(spec, target));
+  MemoKey memo;
+  KILN_TRY(MemoKey::of(spec, memo));
   const std::vector<TileConfig> candidates = op->tuning_candidates(op->baked_spec(spec), target);
   TuneReport report;
   report.spec = to_string(op->baked_spec(spec));

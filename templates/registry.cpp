@@ -27,11 +27,11 @@ std::span<const OpTemplate* const> all_ops() {
 }
 
 Result<const OpTemplate*> find_op(std::string_view op_name) {
-  std::string names;
-  for (const OpTemplate* op : all_ops()) {
+  // On every Runtime::launch: compare names only; the list of known ops is built for the error.
+  for (const OpTemplate* op : all_ops())
     if (op->name() == op_name) return op;
-    names += fmt::format("{}{}", names.empty() ? "" : ", ", op->name());
-  }
+  std::string names;
+  for (const OpTemplate* op : all_ops()) names += fmt::format("{}{}", names.empty() ? "" : ", ", op->name());
   return make_error(Errc::unknown, fmt::format("unknown op '{}'; known ops: {}", op_name, names));
 }
 
