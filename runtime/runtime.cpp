@@ -106,6 +106,16 @@ class LoadedVariant {
 // Compiles and loads variant `index` of a kernel (a fallback, the first time a call needs it).
 using VariantLoader = std::function<Result<std::shared_ptr<LoadedVariant>>(size_t index)>;
 
+// The thread's recent tensor-map encodings (TMA kernels), direct-mapped by kernel argument.
+struct MapSlot {
+  uint64_t kernel = 0;  // the kernel's id: plans' addresses may be reused after it is gone
+  const KernelArg* arg = nullptr;
+  const void* address = nullptr;
+  TensorMapBytes map;
+};
+constexpr size_t kMapSlots = 8;
+thread_local MapSlot map_cache[kMapSlots];
+
 class KernelImpl final : public Kernel {
  public:
   // `variants`: the op's configurations in preference order; `first` is variants[0], loaded.
@@ -129,6 +139,13 @@ class KernelImpl final : public Kernel {
     for (const ScalarInfo& s : op_->scalars()) {
       scalars_.push_back(&s);
       scalar_names_.emplace_back(s.name);
+    }
+    // Each variant's base-alignment needs, as masks: a call is checked with an AND per tensor.
+    align_masks_.assign(configs_.size() * tensor_count_, 0);
+    for (size_t v = 0; v < configs_.size(); ++v) {
+      const std::vector<uint32_t> align = op_->base_alignment(spec_, configs_[v]);
+      for (size_t i = 0; i < tensor_count_ && i < align.size(); ++i)
+        align_masks_[v * tensor_count_ + i] = align[i] > 1 ? align[i] - 1 : 0;
     }
   }
   ~KernelImpl() override {
@@ -157,17 +174,21 @@ class KernelImpl final : public Kernel {
 
     // The first variant that serves the call.
     size_t v = 0;
-    std::string why;
-    while (v < configs_.size() && !op_->serves(configs_[v], tensors, &why)) ++v;
-    if (v == configs_.size())
-      return make_error(Errc::invalid_argument, fmt::format("{}: no kernel variant serves this call: {}", op_->name(), why));
+    while (v < configs_.size() && !serves(v, tensors)) ++v;
+    if (v == configs_.size()) return no_variant_error(tensors);
     const Plan& plan = (*plans)[v];
-    KILN_ASSIGN_OR_RETURN(const LoadedVariant* variant, variant_at(v));
-    const LoadedModule* modules[kMaxLaunches];
     if (plan.launches.size() > kMaxLaunches)
       return make_error(Errc::invalid_argument, fmt::format("{}: a plan of more than {} launches", op_->name(), kMaxLaunches));
+    const LoadedModule* modules[kMaxLaunches];
     for (size_t i = 0; i < plan.launches.size(); ++i) {
-      KILN_ASSIGN_OR_RETURN(modules[i], variant->module(plan.launches[i].kernel));
+      // Resolved once per plan and variant, then read without a lock.
+      std::atomic<const LoadedModule*>& slot = plans->modules[v * kMaxLaunches + i];
+      modules[i] = slot.load(std::memory_order_acquire);
+      if (!modules[i]) {
+        KILN_ASSIGN_OR_RETURN(const LoadedVariant* variant, variant_at(v));
+        KILN_ASSIGN_OR_RETURN(modules[i], variant->module(plan.launches[i].kernel));
+        slot.store(modules[i], std::memory_order_release);
+      }
     }
 
     void* workspace = nullptr;
@@ -204,16 +225,27 @@ class KernelImpl final : public Kernel {
             ptrs[a] = tensors[arg.index];
             args[a] = &ptrs[a];
             break;
-          case KernelArg::Kind::tensor_map:
-            if (Result<void> r = modules[li]->encode_tensor_map(arg.map, tensor_dtype(arg.index),
-                                                                              tensors[arg.index], maps[a]);
-                !r) {
-              Error e = r.error();
-              e.message = fmt::format("{} (tensor {}): {}", op_->name(), tensor_name(arg.index), e.message);
-              return e;
+          case KernelArg::Kind::tensor_map: {
+            // A tensor map depends on the argument (extents, box: fixed by the plan) and the
+            // address; the thread's last encoding of this argument is reused for the same address.
+            MapSlot& slot = map_cache[(reinterpret_cast<uintptr_t>(&arg) >> 4) % kMapSlots];
+            if (slot.kernel != id_ || slot.arg != &arg || slot.address != tensors[arg.index]) {
+              if (Result<void> r = modules[li]->encode_tensor_map(arg.map, tensor_dtype(arg.index),
+                                                                  tensors[arg.index], slot.map);
+                  !r) {
+                slot.kernel = 0;
+                Error e = r.error();
+                e.message = fmt::format("{} (tensor {}): {}", op_->name(), tensor_name(arg.index), e.message);
+                return e;
+              }
+              slot.kernel = id_;
+              slot.arg = &arg;
+              slot.address = tensors[arg.index];
             }
+            maps[a] = slot.map;
             args[a] = &maps[a];
             break;
+          }
           case KernelArg::Kind::workspace:
             ptrs[a] = static_cast<char*>(workspace) + arg.value;
             args[a] = &ptrs[a];
@@ -250,7 +282,28 @@ class KernelImpl final : public Kernel {
   // call reuses them (no planning, no allocation).
   struct CachedPlans : std::vector<Plan> {
     std::vector<int64_t> sizes;
+    // The module of launch i of variant v's plan at [v * kMaxLaunches + i], once resolved.
+    std::unique_ptr<std::atomic<const LoadedModule*>[]> modules;
   };
+  static inline std::atomic<uint64_t> next_id_{1};
+
+  bool serves(size_t v, std::span<void* const> tensors) const {
+    const uintptr_t* mask = align_masks_.data() + v * tensor_count_;
+    uintptr_t misaligned = 0;
+    for (size_t i = 0; i < tensor_count_; ++i) misaligned |= reinterpret_cast<uintptr_t>(tensors[i]) & mask[i];
+    return misaligned == 0;
+  }
+  Error no_variant_error(std::span<void* const> tensors) const {
+    // The last variant is the most permissive: name what it needs.
+    const size_t v = configs_.size() - 1;
+    for (size_t i = 0; i < tensor_count_; ++i)
+      if (const uintptr_t mask = align_masks_[v * tensor_count_ + i]; reinterpret_cast<uintptr_t>(tensors[i]) & mask)
+        return make_error(Errc::invalid_argument,
+                          fmt::format("{}: no kernel variant serves this call: tensor {} at {} is not {}-byte aligned "
+                                      "(pass a view that starts a multiple of {} bytes into its allocation)",
+                                      op_->name(), tensor_name(i), tensors[i], mask + 1, mask + 1));
+    return make_error(Errc::invalid_argument, fmt::format("{}: no kernel variant serves this call", op_->name()));
+  }
 
   Result<const CachedPlans*> plans_for(const KernelSpec& call) const {
     int64_t sizes[kMaxArgs];
@@ -275,6 +328,7 @@ class KernelImpl final : public Kernel {
       }
     auto fresh = std::make_unique<CachedPlans>();
     fresh->sizes.assign(sizes, sizes + n);
+    fresh->modules = std::make_unique<std::atomic<const LoadedModule*>[]>(configs_.size() * kMaxLaunches);
     KernelSpec full = spec_;
     for (size_t i = 0; i < n; ++i) full.params[runtime_names_[i]] = sizes[i];
     for (const TileConfig& c : configs_) {
@@ -326,6 +380,8 @@ class KernelImpl final : public Kernel {
   int compute_units_ = 0;
   size_t tensor_count_ = 0;
   std::string tensor_names_;
+  const uint64_t id_ = next_id_.fetch_add(1);  // never reused, unlike the address
+  std::vector<uintptr_t> align_masks_;         // [variant][tensor]: base address bits that must be 0
   std::vector<DType> tensor_dtypes_;  // of the op's tensors for the baked spec, in buffer order
   std::vector<std::string> tensor_name_list_;
   std::vector<const ParamInfo*> runtime_params_;

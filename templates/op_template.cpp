@@ -77,6 +77,19 @@ Result<void> OpTemplate::validate(const KernelSpec& spec, const TargetInfo& targ
   return check(spec, target);
 }
 
+std::vector<uint32_t> OpTemplate::base_alignment(const KernelSpec& spec, const TileConfig&) const {
+  return std::vector<uint32_t>(tensors(spec).size(), 1);
+}
+
+std::vector<uint32_t> vector_variant_alignment(const TileConfig& config, size_t tensors,
+                                               std::initializer_list<size_t> scalar_tensors) {
+  auto vec = config.find("VEC");
+  std::vector<uint32_t> out(tensors, vec != config.end() && vec->second > 1 ? 16 : 1);
+  for (size_t i : scalar_tensors)
+    if (i < tensors) out[i] = 1;
+  return out;
+}
+
 std::vector<TensorInfo> OpTemplate::tensors(const KernelSpec& given) const {
   const KernelSpec spec = with_defaults(given);
   std::vector<TensorInfo> out;

@@ -10,8 +10,8 @@
 //   - a typed signature: inputs and outputs, each with its dtype and a shape in the parameters,
 //     optionally present only for some parameter values (rmsnorm's residual);
 //   - kernel variants: configurations in preference order (TMA GEMM, then cp.async GEMM), each a
-//     device template with one or more `extern "C"` kernels; a variant may refuse a call
-//     (serves()) and the next one takes it;
+//     device template with one or more `extern "C"` kernels; a variant may refuse a call whose
+//     buffers are not aligned as it needs (base_alignment()) and the next one takes it;
 //   - a plan per call: the launches in order, each with its kernel, geometry and explicit
 //     kernel-argument list, and the workspace bytes they share;
 //   - accuracy gates per output, FLOPs and bytes moved, the specs its tests run, and how its
@@ -111,6 +111,14 @@ struct LaunchGeometry {
   /// A persistent kernel: grid.x is the number of work tiles and blocks stride over them by
   /// gridDim.x, so the launch may shrink grid.x to the device's compute units (one block each).
   bool persistent = false;
+  /// Thread-block cluster dimensions in blocks (sm_90a; each grid dimension a multiple of the
+  /// cluster's, at most 8 blocks per cluster without opt-in). 1x1x1 = no cluster. Needs
+  /// cuLaunchKernelEx (CUDA 12.0+); refused elsewhere (older drivers, AMD).
+  Dim3 cluster;
+  /// Programmatic dependent launch (sm_90a): the kernel may start while the previous kernel of
+  /// the stream finishes, and waits for it with griddepcontrol.wait (cudaGridDependencySynchronize)
+  /// before reading its outputs. Needs cuLaunchKernelEx; ignored on AMD (launches stay serialized).
+  bool programmatic_dependent_launch = false;
 };
 
 /// A TMA tensor map (CUtensorMap, 128 bytes) that the kernel takes by value, in place of one
@@ -179,6 +187,12 @@ using TileConfig = std::map<std::string, int64_t>;
 /// "BM=128 BN=256 BK=64 ...": a configuration in one line (keys in order).
 std::string config_string(const TileConfig& config);
 
+/// base_alignment() of a variant that accesses its tensors `n` at a time with vector loads of
+/// VEC elements (config "VEC"; 1 = scalar): 16 bytes for every tensor when VEC > 1, except those
+/// in `scalar_tensors` (accessed one element at a time, e.g. fp32 scales).
+std::vector<uint32_t> vector_variant_alignment(const TileConfig& config, size_t tensors,
+                                               std::initializer_list<size_t> scalar_tensors = {});
+
 /// Runtime fp32 arguments by name; missing ones take ScalarInfo::default_value.
 using Scalars = std::map<std::string, float>;
 
@@ -233,7 +247,7 @@ class OpTemplate {
 
   // ---- variants and code generation ------------------------------------------------------
   /// The kernel variants for the spec and target, in preference order: the heuristic's
-  /// configuration first, then fallbacks for calls it refuses (serves()). Default: the heuristic.
+  /// configuration first, then fallbacks for calls it refuses (base_alignment()). Default: the heuristic.
   virtual std::vector<TileConfig> variants(const KernelSpec& spec, const TargetInfo& target) const {
     return {choose_config(spec, target)};
   }
@@ -259,11 +273,13 @@ class OpTemplate {
   /// The launches of one call: `call` holds every parameter, runtime ones included. A call
   /// with a runtime size of 0 plans no launch.
   virtual Plan plan(const KernelSpec& call, const TileConfig& config) const = 0;
-  /// Whether a variant can serve a call with these buffers (signature order). Default: yes.
-  /// gemm's TMA variant refuses a base that is not 16-byte aligned; the next variant serves it.
-  virtual bool serves(const TileConfig& /*config*/, std::span<void* const> /*buffers*/, std::string* /*why*/) const {
-    return true;
-  }
+  /// Whether a variant can serve a call, as Primus-Turbo's `can_handle`, for the one property of
+  /// a call that the spec does not fix: where its buffers start. The base alignment in bytes (a
+  /// power of two; 1 = any) that each tensor, in tensors(spec) order, needs for this variant. The
+  /// runtime asks once per loaded kernel and checks every call's pointers against it with a mask;
+  /// a call the variant cannot take goes to the next variant. Default: 1 for every tensor. gemm's
+  /// TMA variant and the 16-byte vector variants of the row ops need 16.
+  virtual std::vector<uint32_t> base_alignment(const KernelSpec& spec, const TileConfig& config) const;
 
   // ---- checking and measuring ----------------------------------------------------------------
   /// Fills the inputs with fresh random values rounded to their dtypes (never zero), in

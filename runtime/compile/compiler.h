@@ -23,7 +23,8 @@ Result<Compiler*> compiler_for(const TargetInfo& target, std::string_view nvidia
 Result<Compiler*> clang_compiler();
 Result<Compiler*> nvrtc_compiler();
 
-/// Parses a ptxas -v report ("Used 64 registers, ... 8320 bytes smem", "0 bytes stack frame, ...").
+/// Parses a ptxas -v report ("Used 64 registers, ... 8320 bytes smem", "0 bytes stack frame, ...")
+/// into `info`: the largest figures over the module's entry functions (a plan may launch several).
 void parse_ptxas_report(const std::string& log, CodeObjectInfo& info);
 
 }  // namespace kiln

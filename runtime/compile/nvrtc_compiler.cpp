@@ -1,5 +1,6 @@
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <regex>
 
@@ -110,17 +111,21 @@ Result<Compiler*> nvrtc_compiler() {
 }
 
 void parse_ptxas_report(const std::string& log, CodeObjectInfo& info) {
+  // One report per entry function; a module may hold several (rmsnorm_bwd's row pass and its
+  // dgamma reduction), and ptxas lists them in no useful order: keep the largest of each figure,
+  // so that a spill or a register count anywhere in the module shows.
   static const std::regex used(R"(Used (\d+) registers(?:.*?, (\d+) bytes smem)?)");
   static const std::regex frame(R"((\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads)");
-  std::smatch m;
-  if (std::regex_search(log, m, used)) {
-    info.registers = std::stoi(m[1]);
-    info.shared_bytes = m[2].matched ? std::stoi(m[2]) : 0;
+  for (auto it = std::sregex_iterator(log.begin(), log.end(), used); it != std::sregex_iterator(); ++it) {
+    const std::smatch& m = *it;
+    info.registers = std::max(info.registers, std::stoi(m[1]));
+    info.shared_bytes = std::max(info.shared_bytes, m[2].matched ? std::stoi(m[2]) : 0);
   }
-  if (std::regex_search(log, m, frame)) {
-    info.scratch_bytes = std::stoi(m[1]);
-    info.spill_stores = std::stoi(m[2]);
-    info.spill_loads = std::stoi(m[3]);
+  for (auto it = std::sregex_iterator(log.begin(), log.end(), frame); it != std::sregex_iterator(); ++it) {
+    const std::smatch& m = *it;
+    info.scratch_bytes = std::max(info.scratch_bytes, std::stoi(m[1]));
+    info.spill_stores = std::max(info.spill_stores, std::stoi(m[2]));
+    info.spill_loads = std::max(info.spill_loads, std::stoi(m[3]));
   }
   std::string extra;
   for (size_t pos = 0; pos < log.size();) {

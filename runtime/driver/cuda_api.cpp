@@ -8,18 +8,13 @@ namespace kiln {
 
 Result<const CudaApi*> cuda_api() {
   static const Result<const CudaApi*> loaded = []() -> Result<const CudaApi*> {
-    KILN_ASSIGN_OR_RETURN(auto lib, DynLib::open("libcuda (the NVIDIA driver)", env().cuda_lib,
-                                                 {"libcuda.so.1", "libcuda.so",
-                                                  "/usr/lib/x86_64-linux-gnu/libcuda.so.1"}));
-    auto* api = new CudaApi();  // lives for the process: the driver must outlive every module
-    std::string missing;
-    KILN_CUDA_SYMBOLS(KILN_LOAD_SYMBOL)
-    if (!missing.empty())
-      return make_error(Errc::driver_unavailable,
-                        fmt::format("{} lacks {}: the driver is too old", lib->path(), missing));
-    api->path = lib->path();
-    lib.release();  // keep the library mapped for the life of the process
-    return static_cast<const CudaApi*>(api);
+    KILN_ASSIGN_OR_RETURN(auto api, load_library<CudaApi>(
+                                        {"libcuda (the NVIDIA driver)",
+                                         env().cuda_lib,
+                                         {"libcuda.so.1", "libcuda.so", "/usr/lib/x86_64-linux-gnu/libcuda.so.1"},
+                                         "the driver is too old for Kiln: install a current NVIDIA driver"}));
+    if (api->cuDriverGetVersion(&api->driver_version) != CUDA_SUCCESS) api->driver_version = 0;
+    return api.release();  // lives for the process: the driver must outlive every module
   }();
   return loaded;
 }
@@ -32,6 +27,18 @@ Error cuda_error(const CudaApi& api, CUresult rc, const char* call, const char* 
   return make_error(Errc::driver_error,
                     fmt::format("{} failed: {} ({}: {}) at {}:{}", call, static_cast<int>(rc),
                                 name ? name : "?", text ? text : "?", file, line));
+}
+
+std::string cuda_version_string(int version) {
+  if (version <= 0) return "an unknown CUDA version";
+  return fmt::format("CUDA {}.{}", version / 1000, version % 1000 / 10);
+}
+
+Error cuda_missing_symbol(const CudaApi& api, const char* symbol, const char* use) {
+  return make_error(Errc::unsupported,
+                    fmt::format("{} needs {}, which the NVIDIA driver at {} ({}) lacks: {} needs CUDA 12.0 or "
+                                "newer (driver R525+); update the NVIDIA driver, or point KILN_CUDA_LIB at a newer libcuda",
+                                use, symbol, api.path, cuda_version_string(api.driver_version), symbol));
 }
 
 }  // namespace kiln

@@ -32,15 +32,59 @@ class CudaModule final : public LoadedModule {
       while (seen < g.dynamic_shared_bytes && !dynamic_limit_.compare_exchange_weak(seen, g.dynamic_shared_bytes)) {
       }
     }
-    KILN_CU(*api_, cuLaunchKernel(fn_, g.grid.x, g.grid.y, g.grid.z, g.block.x, g.block.y, g.block.z,
-                                  g.dynamic_shared_bytes, static_cast<CUstream>(stream), args, nullptr));
-    return ok();
+    if (g.cluster.x == 1 && g.cluster.y == 1 && g.cluster.z == 1 && !g.programmatic_dependent_launch) {
+      // The common launch: no attribute, the same driver call as a raw launch.
+      KILN_CU(*api_, cuLaunchKernel(fn_, g.grid.x, g.grid.y, g.grid.z, g.block.x, g.block.y, g.block.z,
+                                    g.dynamic_shared_bytes, static_cast<CUstream>(stream), args, nullptr));
+      return ok();
+    }
+    return launch_ex(g, args, stream);
   }
   void* function() const override { return fn_; }
+
+  // A launch with attributes (cluster dimensions, programmatic dependent launch) through
+  // cuLaunchKernelEx; its configuration and attributes live on the stack.
+  Result<void> launch_ex(const LaunchGeometry& g, void** args, Stream stream) const {
+    if (!api_->cuLaunchKernelEx)
+      return cuda_missing_symbol(*api_,
+                                 "cuLaunchKernelEx",
+                                 g.cluster.x * g.cluster.y * g.cluster.z != 1
+                                     ? "a launch with thread-block clusters"
+                                     : "a launch with programmatic dependent launch");
+    CUlaunchAttribute attrs[2] = {};
+    unsigned n = 0;
+    if (g.cluster.x != 1 || g.cluster.y != 1 || g.cluster.z != 1) {
+      attrs[n].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+      attrs[n].value.clusterDim.x = g.cluster.x;
+      attrs[n].value.clusterDim.y = g.cluster.y;
+      attrs[n].value.clusterDim.z = g.cluster.z;
+      ++n;
+    }
+    if (g.programmatic_dependent_launch) {
+      attrs[n].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+      attrs[n].value.programmaticStreamSerializationAllowed = 1;
+      ++n;
+    }
+    CUlaunchConfig config = {};
+    config.gridDimX = g.grid.x;
+    config.gridDimY = g.grid.y;
+    config.gridDimZ = g.grid.z;
+    config.blockDimX = g.block.x;
+    config.blockDimY = g.block.y;
+    config.blockDimZ = g.block.z;
+    config.sharedMemBytes = g.dynamic_shared_bytes;
+    config.hStream = static_cast<CUstream>(stream);
+    config.attrs = attrs;
+    config.numAttrs = n;
+    KILN_CU(*api_, cuLaunchKernelEx(&config, fn_, args, nullptr));
+    return ok();
+  }
 
   Result<void> encode_tensor_map(const TensorMapInfo& m, DType dtype, const void* address,
                                  TensorMapBytes& out) const override {
     static_assert(sizeof(CUtensorMap) == sizeof(TensorMapBytes));
+    if (!api_->cuTensorMapEncodeTiled)
+      return cuda_missing_symbol(*api_, "cuTensorMapEncodeTiled", "encoding this kernel's TMA tensor maps");
     // TMA's rules (cuTensorMapEncodeTiled): 16-byte aligned base, strides multiples of 16 bytes.
     const size_t elem = dtype_size(dtype);
     if (reinterpret_cast<uintptr_t>(address) % 16 != 0)

@@ -9,17 +9,12 @@ namespace kiln {
 
 Result<const HipApi*> hip_api() {
   static const Result<const HipApi*> loaded = []() -> Result<const HipApi*> {
-    KILN_ASSIGN_OR_RETURN(auto lib, DynLib::open("libamdhip64 (the HIP runtime)", env().hip_lib,
-                                                 {"libamdhip64.so.6", "libamdhip64.so.5", "libamdhip64.so",
-                                                  "/opt/rocm/lib/libamdhip64.so"}));
-    auto* api = new HipApi();
-    std::string missing;
-    KILN_HIP_SYMBOLS(KILN_LOAD_SYMBOL)
-    if (!missing.empty())
-      return make_error(Errc::driver_unavailable, fmt::format("{} lacks {}", lib->path(), missing));
-    api->path = lib->path();
-    lib.release();
-    return static_cast<const HipApi*>(api);
+    KILN_ASSIGN_OR_RETURN(auto api, load_library<HipApi>({"libamdhip64 (the HIP runtime)",
+                                                          env().hip_lib,
+                                                          {"libamdhip64.so.6", "libamdhip64.so.5", "libamdhip64.so",
+                                                           "/opt/rocm/lib/libamdhip64.so"},
+                                                          "the HIP runtime is too old for Kiln: install ROCm 5.2 or newer"}));
+    return api.release();
   }();
   return loaded;
 }

@@ -15,17 +15,17 @@ namespace kiln {
 
 // hipMalloc is overloaded in C++ (a template wrapper), so allocation goes through
 // hipExtMallocWithFlags, which has one declaration.
-#define KILN_HIP_SYMBOLS(X)                                                                    \
-  X(hipInit) X(hipDriverGetVersion) X(hipGetErrorName) X(hipGetErrorString)                    \
-  X(hipGetDeviceCount) X(hipSetDevice) X(hipGetDeviceProperties) X(hipModuleLoadData)          \
-  X(hipModuleUnload) X(hipModuleGetFunction) X(hipModuleLaunchKernel) X(hipExtMallocWithFlags) \
-  X(hipFree) X(hipMemcpyHtoD) X(hipMemcpyDtoH) X(hipMemset) X(hipStreamSynchronize)            \
-  X(hipDeviceSynchronize) X(hipEventCreate) X(hipEventDestroy) X(hipEventRecord)               \
-  X(hipEventSynchronize) X(hipEventElapsedTime)
+#define KILN_HIP_SYMBOLS(REQUIRED, OPTIONAL)                                                              \
+  REQUIRED(hipInit) REQUIRED(hipDriverGetVersion) REQUIRED(hipGetErrorName) REQUIRED(hipGetErrorString)    \
+  REQUIRED(hipGetDeviceCount) REQUIRED(hipSetDevice) REQUIRED(hipGetDeviceProperties)                      \
+  REQUIRED(hipModuleLoadDataEx) REQUIRED(hipModuleUnload) REQUIRED(hipModuleGetFunction)                   \
+  REQUIRED(hipModuleLaunchKernel) REQUIRED(hipExtMallocWithFlags) REQUIRED(hipFree) REQUIRED(hipMemcpyHtoD) \
+  REQUIRED(hipMemcpyDtoH) REQUIRED(hipMemset) REQUIRED(hipStreamSynchronize) REQUIRED(hipDeviceSynchronize) \
+  REQUIRED(hipEventCreate) REQUIRED(hipEventDestroy) REQUIRED(hipEventRecord) REQUIRED(hipEventSynchronize) \
+  REQUIRED(hipEventElapsedTime)
 
 struct HipApi {
-  KILN_HIP_SYMBOLS(KILN_DECLARE_SYMBOL)
-  std::string path;
+  KILN_SYMBOL_TABLE(KILN_HIP_SYMBOLS)
 };
 
 /// Loads libamdhip64 once (KILN_HIP_LIB, libamdhip64.so.6, .so.5, .so, /opt/rocm/lib).

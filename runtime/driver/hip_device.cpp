@@ -21,6 +21,7 @@ class HipModule final : public LoadedModule {
   HipModule(const HipApi* api, hipModule_t module, hipFunction_t fn) : api_(api), module_(module), fn_(fn) {}
   ~HipModule() override { cleanup(*api_, api_->hipModuleUnload(module_), "hipModuleUnload"); }
   Result<void> launch(const LaunchGeometry& g, void** args, Stream stream) const override {
+    if (g.cluster.x != 1 || g.cluster.y != 1 || g.cluster.z != 1) return no_clusters();
     KILN_HIP(*api_, hipModuleLaunchKernel(fn_, g.grid.x, g.grid.y, g.grid.z, g.block.x, g.block.y, g.block.z,
                                           g.dynamic_shared_bytes, static_cast<hipStream_t>(stream), args, nullptr));
     return ok();
@@ -28,6 +29,11 @@ class HipModule final : public LoadedModule {
   void* function() const override { return fn_; }
 
  private:
+  static Error no_clusters() {
+    return make_error(Errc::unsupported,
+                      "thread-block clusters (LaunchGeometry::cluster) exist only on NVIDIA sm_90a; AMD launches "
+                      "take a 1x1x1 cluster");
+  }
   const HipApi* api_;
   hipModule_t module_;
   hipFunction_t fn_;
@@ -72,23 +78,44 @@ class HipDevice final : public DeviceImpl {
   }
   Result<float> time_ms(Stream stream, const std::function<Result<void>()>& body) override {
     hipEvent_t start = nullptr, stop = nullptr;
+    // Destroys whichever events were created, on every path out (an error of any call included).
+    struct Guard {
+      const HipApi* api;
+      hipEvent_t& a;
+      hipEvent_t& b;
+      ~Guard() {
+        if (a) cleanup(*api, api->hipEventDestroy(a), "hipEventDestroy");
+        if (b) cleanup(*api, api->hipEventDestroy(b), "hipEventDestroy");
+      }
+    } guard{api_, start, stop};
     KILN_HIP(*api_, hipEventCreate(&start));
     KILN_HIP(*api_, hipEventCreate(&stop));
     KILN_HIP(*api_, hipEventRecord(start, static_cast<hipStream_t>(stream)));
-    auto r = body();
+    KILN_TRY(body());
     KILN_HIP(*api_, hipEventRecord(stop, static_cast<hipStream_t>(stream)));
     KILN_HIP(*api_, hipEventSynchronize(stop));
     float ms = 0;
     KILN_HIP(*api_, hipEventElapsedTime(&ms, start, stop));
-    cleanup(*api_, api_->hipEventDestroy(start), "hipEventDestroy");
-    cleanup(*api_, api_->hipEventDestroy(stop), "hipEventDestroy");
-    if (!r) return r.take_error();
     return ms;
   }
   Result<std::unique_ptr<LoadedModule>> load(const CodeObject& code, const std::string& kernel) override {
     KILN_HIP(*api_, hipSetDevice(ordinal_));
     hipModule_t module = nullptr;
-    KILN_HIP(*api_, hipModuleLoadData(&module, code.bytes.data()));
+    // The loader's log says why a code object is refused: keep it for the error message. ROCm's
+    // runtime documents the options of hipModuleLoadDataEx as unused today, so the log may stay
+    // empty; the error still names the code object, kernel and device.
+    char error_log[8192] = {0};
+    hipJitOption opts[] = {hipJitOptionErrorLogBuffer, hipJitOptionErrorLogBufferSizeBytes};
+    void* vals[] = {error_log, reinterpret_cast<void*>(sizeof(error_log))};
+    hipError_t loaded = api_->hipModuleLoadDataEx(&module, code.bytes.data(), 2, opts, vals);
+    if (loaded != hipSuccess) {
+      Error e = hip_error(*api_, loaded, "hipModuleLoadDataEx", __FILE__, __LINE__);
+      e.message += fmt::format(" loading a {} of {} bytes for kernel '{}' on {}", code.format, code.bytes.size(),
+                               kernel, name_);
+      error_log[sizeof(error_log) - 1] = 0;
+      if (error_log[0]) e.message += fmt::format("; loader log:\n{}", error_log);
+      return e;
+    }
     hipFunction_t fn = nullptr;
     hipError_t rc = api_->hipModuleGetFunction(&fn, module, kernel.c_str());
     if (rc != hipSuccess) {

@@ -11,14 +11,14 @@
 
 namespace kiln {
 
-#define KILN_NVRTC_SYMBOLS(X)                                                                  \
-  X(nvrtcVersion) X(nvrtcGetErrorString) X(nvrtcCreateProgram) X(nvrtcDestroyProgram)          \
-  X(nvrtcCompileProgram) X(nvrtcGetProgramLogSize) X(nvrtcGetProgramLog) X(nvrtcGetPTXSize)    \
-  X(nvrtcGetPTX) X(nvrtcGetCUBINSize) X(nvrtcGetCUBIN)
+#define KILN_NVRTC_SYMBOLS(REQUIRED, OPTIONAL)                                                          \
+  REQUIRED(nvrtcVersion) REQUIRED(nvrtcGetErrorString) REQUIRED(nvrtcCreateProgram)                       \
+  REQUIRED(nvrtcDestroyProgram) REQUIRED(nvrtcCompileProgram) REQUIRED(nvrtcGetProgramLogSize)            \
+  REQUIRED(nvrtcGetProgramLog) REQUIRED(nvrtcGetPTXSize) REQUIRED(nvrtcGetPTX) REQUIRED(nvrtcGetCUBINSize) \
+  REQUIRED(nvrtcGetCUBIN)
 
 struct NvrtcApi {
-  KILN_NVRTC_SYMBOLS(KILN_DECLARE_SYMBOL)
-  std::string path;
+  KILN_SYMBOL_TABLE(KILN_NVRTC_SYMBOLS)
   int major = 0, minor = 0;
 };
 /// Loads NVRTC once (KILN_NVRTC_LIB, libnvrtc.so.13, libnvrtc.so.12, libnvrtc.so, CUDA's lib64).
@@ -26,15 +26,15 @@ Result<const NvrtcApi*> nvrtc_api();
 
 // nvJitLink's entry points carry the toolkit version in their symbol names (nvJitLink.h maps
 // nvJitLinkCreate to __nvJitLinkCreate_13_0): the table names the versioned symbols.
-#define KILN_NVJITLINK_SYMBOLS(X)                                                            \
-  X(__nvJitLinkCreate_13_0) X(__nvJitLinkDestroy_13_0) X(__nvJitLinkAddData_13_0)            \
-  X(__nvJitLinkComplete_13_0) X(__nvJitLinkGetLinkedCubinSize_13_0)                         \
-  X(__nvJitLinkGetLinkedCubin_13_0) X(__nvJitLinkGetErrorLogSize_13_0)                      \
-  X(__nvJitLinkGetErrorLog_13_0) X(__nvJitLinkGetInfoLogSize_13_0) X(__nvJitLinkGetInfoLog_13_0)
+#define KILN_NVJITLINK_SYMBOLS(REQUIRED, OPTIONAL)                                               \
+  REQUIRED(__nvJitLinkCreate_13_0) REQUIRED(__nvJitLinkDestroy_13_0) REQUIRED(__nvJitLinkAddData_13_0) \
+  REQUIRED(__nvJitLinkComplete_13_0) REQUIRED(__nvJitLinkGetLinkedCubinSize_13_0)               \
+  REQUIRED(__nvJitLinkGetLinkedCubin_13_0) REQUIRED(__nvJitLinkGetErrorLogSize_13_0)            \
+  REQUIRED(__nvJitLinkGetErrorLog_13_0) REQUIRED(__nvJitLinkGetInfoLogSize_13_0)                \
+  REQUIRED(__nvJitLinkGetInfoLog_13_0)
 
 struct NvJitLinkApi {
-  KILN_NVJITLINK_SYMBOLS(KILN_DECLARE_SYMBOL)
-  std::string path;
+  KILN_SYMBOL_TABLE(KILN_NVJITLINK_SYMBOLS)
 };
 /// Loads nvJitLink once (KILN_NVJITLINK_LIB, libnvJitLink.so.13, CUDA's lib64): it assembles
 /// clang's PTX into a cubin in-process.

@@ -195,6 +195,8 @@ EmulatorModule::~EmulatorModule() {
 }
 
 Result<void> EmulatorModule::launch(const LaunchGeometry& g, void** args, Stream) const {
+  if (g.cluster.x != 1 || g.cluster.y != 1 || g.cluster.z != 1)
+    return make_error(Errc::unsupported, "thread-block clusters (LaunchGeometry::cluster) exist only on NVIDIA sm_90a");
   DispatchShape shape;
   shape.grid[0] = g.grid.x, shape.grid[1] = g.grid.y, shape.grid[2] = g.grid.z;
   shape.block[0] = g.block.x, shape.block[1] = g.block.y, shape.block[2] = g.block.z;

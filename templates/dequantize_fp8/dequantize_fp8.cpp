@@ -43,14 +43,8 @@ std::vector<TileConfig> DequantizeFp8Op::variants(const KernelSpec& spec, const 
 TileConfig DequantizeFp8Op::choose_config(const KernelSpec& spec, const TargetInfo& target) const {
   return variants(spec, target).front();
 }
-bool DequantizeFp8Op::serves(const TileConfig& config, std::span<void* const> buffers, std::string* why) const {
-  if (config.at("VEC") == 1) return true;
-  for (size_t i = 0; i < buffers.size(); ++i)
-    if (i != 1 && reinterpret_cast<uintptr_t>(buffers[i]) % 16 != 0) {  // scale: scalar loads
-      if (why) *why = "a tensor base (q or x) is not 16-byte aligned";
-      return false;
-    }
-  return true;
+std::vector<uint32_t> DequantizeFp8Op::base_alignment(const KernelSpec& spec, const TileConfig& config) const {
+  return vector_variant_alignment(config, tensors(spec).size(), {1});  // scale: scalar loads
 }
 
 std::string DequantizeFp8Op::specialize(const KernelSpec& spec, const TileConfig& c) const {

@@ -29,7 +29,7 @@ class DequantizeFp8Op final : public OpTemplate {
   std::string specialize(const KernelSpec& spec, const TileConfig& config) const override;
   std::string_view kernel_name(const TileConfig&) const override { return "kiln_dequantize_fp8"; }
   Plan plan(const KernelSpec& call, const TileConfig& config) const override;
-  bool serves(const TileConfig& config, std::span<void* const> buffers, std::string* why) const override;
+  std::vector<uint32_t> base_alignment(const KernelSpec& spec, const TileConfig& config) const override;
   void init_inputs(const KernelSpec& spec, std::span<const TensorInfo> inputs, std::vector<std::vector<float>>& values,
                    std::mt19937_64& rng) const override;
   void reference(const KernelSpec& spec, const Scalars& scalars, std::span<const std::vector<float>> inputs,

@@ -202,15 +202,9 @@ std::vector<TileConfig> GemmOp::variants(const KernelSpec& spec, const TargetInf
   return {first, fallback};
 }
 
-bool GemmOp::serves(const TileConfig& config, std::span<void* const> buffers, std::string* why) const {
-  if (!flag(config, "TMA")) return true;
-  static const char* const names[] = {"A", "B", "C"};
-  for (size_t i = 0; i < buffers.size() && i < 3; ++i)
-    if (reinterpret_cast<uintptr_t>(buffers[i]) % 16 != 0) {
-      if (why) *why = fmt::format("the TMA kernel needs 16-byte aligned tensors, and {} is not", names[i]);
-      return false;
-    }
-  return true;
+std::vector<uint32_t> GemmOp::base_alignment(const KernelSpec& spec, const TileConfig& config) const {
+  // TMA descriptors need 16-byte aligned bases (cuTensorMapEncodeTiled); cp.async needs none.
+  return std::vector<uint32_t>(tensors(spec).size(), flag(config, "TMA") ? 16 : 1);
 }
 
 Plan GemmOp::plan(const KernelSpec& call, const TileConfig& c) const {

@@ -42,7 +42,7 @@ class GemmOp final : public OpTemplate {
   std::string_view kernel_name(const TileConfig&) const override { return "kiln_gemm"; }
   Plan plan(const KernelSpec& call, const TileConfig& config) const override;
   /// The TMA variant needs A, B and C 16-byte aligned.
-  bool serves(const TileConfig& config, std::span<void* const> buffers, std::string* why) const override;
+  std::vector<uint32_t> base_alignment(const KernelSpec& spec, const TileConfig& config) const override;
   /// B is scaled by 1/sqrt(K), so that outputs stay O(1) for any K.
   void init_inputs(const KernelSpec& spec, std::span<const TensorInfo> inputs, std::vector<std::vector<float>>& values,
                    std::mt19937_64& rng) const override;

@@ -125,16 +125,8 @@ TileConfig QuantizeFp8Op::choose_config(const KernelSpec& spec, const TargetInfo
   return variants(spec, target).front();
 }
 
-bool QuantizeFp8Op::serves(const TileConfig& config, std::span<void* const> buffers, std::string* why) const {
-  if (config.at("VEC") == 1) return true;
-  for (size_t i = 0; i < buffers.size(); ++i) {
-    if (i == 2) continue;  // scale: scalar accesses
-    if (reinterpret_cast<uintptr_t>(buffers[i]) % 16 != 0) {
-      if (why) *why = "a tensor base (x, q or qt) is not 16-byte aligned";
-      return false;
-    }
-  }
-  return true;
+std::vector<uint32_t> QuantizeFp8Op::base_alignment(const KernelSpec& spec, const TileConfig& config) const {
+  return vector_variant_alignment(config, tensors(spec).size(), {2});  // scale: scalar accesses
 }
 
 std::string QuantizeFp8Op::specialize(const KernelSpec& spec, const TileConfig& c) const {

@@ -66,8 +66,8 @@ std::vector<TileConfig> RmsNormOp::variants(const KernelSpec& spec, const Target
   return out;
 }
 
-bool RmsNormOp::serves(const TileConfig& config, std::span<void* const> buffers, std::string* why) const {
-  return aligned_for(config, buffers, why);
+std::vector<uint32_t> RmsNormOp::base_alignment(const KernelSpec& spec, const TileConfig& config) const {
+  return vector_variant_alignment(config, tensors(spec).size());
 }
 
 std::string RmsNormOp::specialize(const KernelSpec& spec, const TileConfig& c) const {

@@ -37,7 +37,7 @@ class RmsNormOp final : public OpTemplate {
   std::string specialize(const KernelSpec& spec, const TileConfig& config) const override;
   std::string_view kernel_name(const TileConfig&) const override { return "kiln_rmsnorm"; }
   Plan plan(const KernelSpec& call, const TileConfig& config) const override;
-  bool serves(const TileConfig& config, std::span<void* const> buffers, std::string* why) const override;
+  std::vector<uint32_t> base_alignment(const KernelSpec& spec, const TileConfig& config) const override;
   void reference(const KernelSpec& spec, const Scalars& scalars, std::span<const std::vector<float>> inputs,
                  std::span<const int64_t> rows, std::vector<RefOutput>& outputs) const override;
   std::vector<TestSpec> test_specs(const TargetInfo& target) const override;

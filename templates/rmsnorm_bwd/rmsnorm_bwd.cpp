@@ -6,7 +6,6 @@
 #include <cmath>
 
 #include "support/embedded.h"
-#include "templates/rmsnorm/rmsnorm.h"
 #include "templates/swiglu/swiglu.h"
 
 namespace kiln {
@@ -18,7 +17,6 @@ const ParamInfo kParams[] = {
 };
 const ScalarInfo kScalars[] = {{"eps", 1e-5f, "with recompute_rstd: added to mean(x^2)"}};
 const DType kDTypes[] = {DType::bf16, DType::f16, DType::f32};
-constexpr int64_t kReduceThreads = 256;
 
 std::vector<int64_t> rows_hidden(const KernelSpec& s) { return {s.param("rows"), s.param("hidden")}; }
 std::vector<int64_t> hidden(const KernelSpec& s) { return {s.param("hidden")}; }
@@ -34,8 +32,19 @@ const TensorDecl kSignature[] = {
     {"dgamma", Role::output, DTypeRule::out, DType::f32, "[hidden]", hidden},
 };
 
-// The row blocks of the first launch: at most BLOCKS, so the partial sums stay small.
-int64_t row_blocks(int64_t rows, const TileConfig& c) { return std::min(rows, c.at("BLOCKS")); }
+// The second launch: one block of kReduceCols x kReduceLanes threads per kReduceCols columns
+// (256 threads: 1024-thread blocks crashed the AMD emulator at hidden 4100-4132, grid 129-130).
+constexpr int64_t kReduceCols = 16, kReduceLanes = 16;
+
+// Blocks of the first launch for `rows` rows: at most BLOCKS, and no more than needed for the
+// same number of row slots per block (fewer partial sums, the same time).
+int64_t row_blocks(int64_t rows, const TileConfig& c) {
+  if (rows == 0) return 0;
+  const int64_t per_slot = c.at("ROWS");
+  const int64_t slots = ceil_div(rows, per_slot);                 // row slots of ROWS rows
+  const int64_t per_block = ceil_div(slots, c.at("BLOCKS"));      // slots per block
+  return ceil_div(slots, per_block);
+}
 }  // namespace
 
 std::span<const ParamInfo> RmsNormBwdOp::params() const { return kParams; }
@@ -46,32 +55,125 @@ std::string_view RmsNormBwdOp::device_template(const TileConfig&) const {
   return embedded_file("templates/rmsnorm_bwd/rmsnorm_bwd.kernel");
 }
 
-std::vector<TileConfig> RmsNormBwdOp::variants(const KernelSpec& spec, const TargetInfo& target) const {
-  const int64_t H = spec.param("hidden");
+namespace {
+// ---- configuration ---------------------------------------------------------------------------
+// The knobs of the row pass (rmsnorm_bwd.kernel), chosen per hidden size by bwd_config():
+//   ITEMS        accesses of VEC elements per thread per row (the row's share of a thread);
+//   ROW_THREADS  threads per row: ITEMS x ROW_THREADS >= hidden / VEC, whole wavefronts;
+//   ROWS         rows a block works on at once (ROW_THREADS x ROWS threads per block);
+//   PREFETCH     row slots loaded ahead into registers (0: none; 1: double buffer; 2: triple);
+//   GAMMA_LDS    gamma in LDS (1) or in registers (0);
+//   BLOCKS       at most this many blocks (BLOCKS_PER_CU x compute units): each block writes one
+//                row of fp32 partial sums of dgamma to the workspace, read again by the second
+//                launch, so they cost 8 x BLOCKS x hidden bytes of traffic.
+// To try another configuration on the GPU, edit kDefaultKnobs (the heuristic's choice) or
+// kTuningKnobs (what `kiln run --bench` times); `kiln inspect ... --emit meta` shows the result.
+struct BwdKnobs {
+  int64_t items;          // ITEMS wanted (more if a row needs more than 1024 threads)
+  int64_t prefetch;       // PREFETCH wanted (0 where the registers would not hold it)
+  int64_t block_threads;  // threads per block wanted: ROWS = block_threads / ROW_THREADS
+  int64_t blocks_per_cu;  // 0: as many blocks as the estimated registers let reside
+};
+// Bytes in flight per SM on an H100 with the default: one block of 512 threads (ITEMS 4, 128
+// registers), each thread with the next row's 4 x 16 bytes of dy and of x loading while it
+// reduces and writes the current row: 512 x 128 B = 64 KiB per SM, continuously (the previous
+// kernel had 256-512 threads per SM and nothing in flight during the reduction).
+constexpr BwdKnobs kDefaultKnobs = {4, 1, 512, 0};
+// The alternatives the autotuner times after the heuristic (duplicates are dropped).
+constexpr BwdKnobs kTuningKnobs[] = {
+    {4, 0, 512, 0},  // no prefetch: more bytes per load phase, nothing in flight across the reduction
+    {2, 1, 256, 0},  // smaller rows per thread, more blocks per SM
+    {2, 2, 256, 0},  // two rows ahead
+    {1, 1, 512, 0},  // one access per thread per row: fewest registers, most threads
+};
+
+// Estimated 32-bit registers per thread (NVIDIA) or VGPRs per lane (AMD) of the row pass.
+// Calibrated with ptxas -v on sm_90a (bf16, uncapped; NVRTC and clang alike): ITEMS 1/2/4 with
+// PREFETCH 1 take 58/82/128 registers, ITEMS 4 with PREFETCH 0 98. Irregular rows take more: a
+// partial last access (hidden 1000: an address per access, no immediate offsets) 167-168, and
+// row threads that are not a power of two (hidden 5120: 160) 167; under a cap of 128-136 clang's
+// code spilled 16-32 bytes there, so these count 12 and 4 registers more per access.
+int64_t estimated_registers(int64_t items, int64_t vec, int64_t in_size, int64_t prefetch, bool gamma_lds,
+                            bool partial, bool pow2) {
+  const int64_t access = std::max<int64_t>(1, vec * in_size / 4);  // registers of one access
+  const int64_t irregular = (partial ? 12 : 0) + (pow2 ? 0 : 4);
+  return items * (vec + 2 * (prefetch + 1) * access + (gamma_lds ? 0 : access) + irregular) + 30;
+}
+// Blocks of `threads` threads with `regs` registers each that fit one compute unit's register
+// file. The compilers allocate registers for a block in groups of 4 wavefronts (ptxas: 480
+// threads get 128 registers, not 136), hence the rounding.
+int64_t blocks_that_fit(int64_t threads, int64_t regs, const TargetInfo& target) {
+  regs = round_up(regs, 8);
+  const int64_t lanes = round_up(threads, 4 * target.wave_size);
+  if (target.vendor == Vendor::nvidia) return std::min<int64_t>(2048 / threads, 65536 / (lanes * regs));
+  // CDNA: 4 SIMDs per CU, 512 VGPRs per lane of a SIMD, at most 8 wavefronts per SIMD.
+  return std::min<int64_t>(32 * target.wave_size / threads, 4 * target.wave_size * 512 / (lanes * regs));
+}
+
+TileConfig bwd_config(int64_t hidden, int64_t vec, DType dtype, const TargetInfo& target, const BwdKnobs& k) {
+  const int64_t in_size = static_cast<int64_t>(dtype_size(dtype));
+  const int64_t nvec = ceil_div(hidden, vec);
+  const int64_t wave = target.wave_size;
+  const int64_t row_threads =
+      std::clamp<int64_t>(round_up(ceil_div(nvec, k.items), wave), wave, target.max_threads_per_block);
+  const int64_t items = ceil_div(nvec, row_threads);
+  const bool partial = nvec % row_threads != 0, pow2 = (row_threads & (row_threads - 1)) == 0;
+  // gamma in LDS up to 32 KiB (hidden 16384 in bf16), which leaves room for a second block.
+  const bool gamma_lds = nvec * vec * in_size <= 32768;
+  // The prefetch wanted, unless a single row's threads would not fit the register file with it.
+  int64_t prefetch = k.prefetch;
+  auto regs = [&] { return estimated_registers(items, vec, in_size, prefetch, gamma_lds, partial, pow2); };
+  while (prefetch > 0 && blocks_that_fit(row_threads, regs(), target) < 1) --prefetch;
+  // Rows per block: block_threads wanted, no more than the registers hold (the launch bound then
+  // gives the compiler the registers it needs).
+  int64_t rows = std::max<int64_t>(1, std::min<int64_t>(k.block_threads, target.max_threads_per_block) / row_threads);
+  while (rows > 1 && blocks_that_fit(rows * row_threads, regs(), target) < 1) --rows;
+  const int64_t threads = row_threads * rows;
+  const int64_t per_cu =
+      k.blocks_per_cu > 0 ? k.blocks_per_cu : std::max<int64_t>(1, blocks_that_fit(threads, regs(), target));
+  return {{"VEC", vec},
+          {"ITEMS", items},
+          {"ROW_THREADS", row_threads},
+          {"ROWS", rows},
+          {"PREFETCH", prefetch},
+          {"GAMMA_LDS", gamma_lds ? 1 : 0},
+          {"BLOCKS", per_cu * target.compute_units}};
+}
+
+// 16-byte accesses where hidden is a whole number of them, else one element per access.
+int64_t vector_width(const KernelSpec& spec) {
   const int64_t vec = 16 / static_cast<int64_t>(dtype_size(spec.dtype));
-  std::vector<TileConfig> out;
-  for (int64_t v : {vec, int64_t{1}}) {
-    if (v > 1 && H % v != 0) continue;
-    // The forward's row configuration; two blocks per compute unit own the rows.
-    TileConfig c = norm_row_config(H, v, target);
-    c["BLOCKS"] = 2 * target.compute_units;
-    out.push_back(std::move(c));
-  }
+  return spec.param("hidden") % vec == 0 ? vec : 1;
+}
+}  // namespace
+
+std::vector<TileConfig> RmsNormBwdOp::variants(const KernelSpec& spec, const TargetInfo& target) const {
+  std::vector<TileConfig> out = {choose_config(spec, target)};
+  if (out.front().at("VEC") > 1) out.push_back(bwd_config(spec.param("hidden"), 1, spec.dtype, target, kDefaultKnobs));
   return out;
 }
 TileConfig RmsNormBwdOp::choose_config(const KernelSpec& spec, const TargetInfo& target) const {
-  return variants(spec, target).front();
+  return bwd_config(spec.param("hidden"), vector_width(spec), spec.dtype, target, kDefaultKnobs);
 }
-bool RmsNormBwdOp::serves(const TileConfig& config, std::span<void* const> buffers, std::string* why) const {
-  return aligned_for(config, buffers, why);
+std::vector<TileConfig> RmsNormBwdOp::tuning_candidates(const KernelSpec& spec, const TargetInfo& target) const {
+  std::vector<TileConfig> out = {choose_config(spec, target)};
+  for (const BwdKnobs& k : kTuningKnobs) {
+    TileConfig c = bwd_config(spec.param("hidden"), vector_width(spec), spec.dtype, target, k);
+    if (std::find(out.begin(), out.end(), c) == out.end()) out.push_back(std::move(c));
+  }
+  return out;
+}
+std::vector<uint32_t> RmsNormBwdOp::base_alignment(const KernelSpec& spec, const TileConfig& config) const {
+  return vector_variant_alignment(config, tensors(spec).size());
 }
 
 std::string RmsNormBwdOp::specialize(const KernelSpec& spec, const TileConfig& c) const {
-  return fmt::format("constexpr int HIDDEN = {};\nconstexpr int THREADS = {}, VEC = {}, ITEMS = {};\n"
-                     "constexpr int REDUCE_THREADS = {};\n#define RECOMPUTE_RSTD {}\n"
-                     "typedef {} in_t;\ntypedef {} out_t;\n",
-                     spec.param("hidden"), c.at("THREADS"), c.at("VEC"), c.at("ITEMS"), kReduceThreads,
-                     spec.param("recompute_rstd"), device_type_name(spec.dtype), device_type_name(spec.out_dtype));
+  return fmt::format("constexpr int HIDDEN = {};\nconstexpr int VEC = {}, ITEMS = {}, ROW_THREADS = {}, ROWS = {};\n"
+                     "#define PREFETCH {}\n#define GAMMA_LDS {}\nconstexpr int REDUCE_COLS = {}, REDUCE_LANES = {};\n"
+                     "#define RECOMPUTE_RSTD {}\ntypedef {} in_t;\ntypedef {} out_t;\n",
+                     spec.param("hidden"), c.at("VEC"), c.at("ITEMS"), c.at("ROW_THREADS"), c.at("ROWS"),
+                     c.at("PREFETCH"), c.at("GAMMA_LDS"), kReduceCols, kReduceLanes, spec.param("recompute_rstd"),
+                     device_type_name(spec.dtype), device_type_name(spec.out_dtype));
 }
 
 Plan RmsNormBwdOp::plan(const KernelSpec& call, const TileConfig& c) const {
@@ -85,15 +187,15 @@ Plan RmsNormBwdOp::plan(const KernelSpec& call, const TileConfig& c) const {
   Launch rows_pass;
   rows_pass.kernel = "kiln_rmsnorm_bwd";
   rows_pass.geometry.grid.x = static_cast<uint32_t>(blocks);
-  rows_pass.geometry.block.x = static_cast<uint32_t>(c.at("THREADS"));
+  rows_pass.geometry.block.x = static_cast<uint32_t>(c.at("ROW_THREADS") * c.at("ROWS"));
   rows_pass.args = {KernelArg::tensor(0), KernelArg::tensor(1), KernelArg::tensor(2)};
   if (!recompute) rows_pass.args.push_back(KernelArg::tensor(3));
   rows_pass.args.insert(rows_pass.args.end(), {KernelArg::tensor(dx), KernelArg::workspace(0), KernelArg::i32(n_rows),
                                                KernelArg::i32(blocks), KernelArg::scalar(0)});
   Launch reduce;
   reduce.kernel = "kiln_rmsnorm_bwd_dgamma";
-  reduce.geometry.grid.x = static_cast<uint32_t>(ceil_div(H, kReduceThreads));
-  reduce.geometry.block.x = static_cast<uint32_t>(kReduceThreads);
+  reduce.geometry.grid.x = static_cast<uint32_t>(ceil_div(H, kReduceCols));
+  reduce.geometry.block.x = static_cast<uint32_t>(kReduceCols * kReduceLanes);
   reduce.args = {KernelArg::workspace(0), KernelArg::tensor(dgamma), KernelArg::i32(blocks)};
   // 0 rows: no row blocks, and dgamma is a sum over no rows: the reduction alone writes zeros.
   if (n_rows == 0) p.launches = {std::move(reduce)};
@@ -173,6 +275,7 @@ std::vector<TestSpec> RmsNormBwdOp::test_specs(const TargetInfo&) const {
   add(DType::bf16, 0, 64, 0, "0 rows: a no-op");
   add(DType::bf16, 1, 64, 1, "1 row");
   add(DType::bf16, 700, 5120, 0, "more rows than row blocks");
+  add(DType::bf16, 8191, 1000, 1, "8191 rows: several row slots per block through the prefetch, the last one partial");
   return out;
 }
 

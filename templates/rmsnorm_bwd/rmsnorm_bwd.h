@@ -11,9 +11,11 @@ namespace kiln {
 /// recompute_rstd) -> dx [rows, hidden], dgamma [hidden] (dtype).
 ///   dx = rstd * gamma * dy - x * rstd^3 / hidden * sum_j(dy_j * gamma_j * x_j)
 ///   dgamma = sum over rows of dy * x * rstd
-/// Two launches: per-block fp32 partial sums of dgamma (each block owns a fixed set of rows, in a
-/// fixed order) into the workspace, then their reduction in a fixed order: dgamma is bitwise
-/// deterministic across runs. bf16/fp16/fp32 with fp32 math. Scalars: eps (with recompute_rstd).
+/// Two launches: a persistent row pass (each block owns a fixed set of rows, several at a time,
+/// and loads the next rows while it reduces the current ones) that writes dx and per-block fp32
+/// partial sums of dgamma into the workspace, then their reduction in a fixed order: dgamma is
+/// bitwise deterministic across runs. bf16/fp16/fp32 with fp32 math. Scalars: eps (with
+/// recompute_rstd). The configuration knobs are described in rmsnorm_bwd.cpp (BwdKnobs).
 class RmsNormBwdOp final : public OpTemplate {
  public:
   std::string_view name() const override { return "rmsnorm_bwd"; }
@@ -26,11 +28,12 @@ class RmsNormBwdOp final : public OpTemplate {
   std::span<const TensorDecl> signature() const override;
   std::vector<TileConfig> variants(const KernelSpec& spec, const TargetInfo& target) const override;
   TileConfig choose_config(const KernelSpec& spec, const TargetInfo& target) const override;
+  std::vector<TileConfig> tuning_candidates(const KernelSpec& spec, const TargetInfo& target) const override;
   std::string_view device_template(const TileConfig& config) const override;
   std::string specialize(const KernelSpec& spec, const TileConfig& config) const override;
   std::string_view kernel_name(const TileConfig&) const override { return "kiln_rmsnorm_bwd"; }
   Plan plan(const KernelSpec& call, const TileConfig& config) const override;
-  bool serves(const TileConfig& config, std::span<void* const> buffers, std::string* why) const override;
+  std::vector<uint32_t> base_alignment(const KernelSpec& spec, const TileConfig& config) const override;
   void init_inputs(const KernelSpec& spec, std::span<const TensorInfo> inputs, std::vector<std::vector<float>>& values,
                    std::mt19937_64& rng) const override;
   void reference(const KernelSpec& spec, const Scalars& scalars, std::span<const std::vector<float>> inputs,

@@ -39,16 +39,6 @@ std::vector<TileConfig> elementwise_row_variants(int64_t columns, DType t, const
   return out;
 }
 
-bool aligned_for(const TileConfig& config, std::span<void* const> buffers, std::string* why) {
-  if (config.at("VEC") == 1) return true;
-  for (void* p : buffers)
-    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) {
-      if (why) *why = "a tensor base is not 16-byte aligned";
-      return false;
-    }
-  return true;
-}
-
 LaunchGeometry elementwise_row_geometry(int64_t rows, int64_t columns, const TileConfig& c) {
   LaunchGeometry g;
   g.grid.x = static_cast<uint32_t>(rows);
@@ -70,8 +60,8 @@ std::vector<TileConfig> SwiGluOp::variants(const KernelSpec& spec, const TargetI
 TileConfig SwiGluOp::choose_config(const KernelSpec& spec, const TargetInfo& target) const {
   return variants(spec, target).front();
 }
-bool SwiGluOp::serves(const TileConfig& config, std::span<void* const> buffers, std::string* why) const {
-  return aligned_for(config, buffers, why);
+std::vector<uint32_t> SwiGluOp::base_alignment(const KernelSpec& spec, const TileConfig& config) const {
+  return vector_variant_alignment(config, tensors(spec).size());
 }
 
 std::string SwiGluOp::specialize(const KernelSpec& spec, const TileConfig& c) const {

@@ -23,7 +23,7 @@ class SwiGluOp final : public OpTemplate {
   std::string specialize(const KernelSpec& spec, const TileConfig& config) const override;
   std::string_view kernel_name(const TileConfig&) const override { return "kiln_swiglu"; }
   Plan plan(const KernelSpec& call, const TileConfig& config) const override;
-  bool serves(const TileConfig& config, std::span<void* const> buffers, std::string* why) const override;
+  std::vector<uint32_t> base_alignment(const KernelSpec& spec, const TileConfig& config) const override;
   void reference(const KernelSpec& spec, const Scalars& scalars, std::span<const std::vector<float>> inputs,
                  std::span<const int64_t> rows, std::vector<RefOutput>& outputs) const override;
   std::vector<TestSpec> test_specs(const TargetInfo& target) const override;
@@ -35,8 +35,6 @@ TileConfig elementwise_row_config(int64_t columns, int64_t vec, const TargetInfo
 /// Variants for rows of `columns` elements of dtype `t`: vector loads when columns is a
 /// multiple of a 16-byte vector, then scalar loads.
 std::vector<TileConfig> elementwise_row_variants(int64_t columns, DType t, const TargetInfo& target);
-/// Vector variants serve 16-byte aligned bases only.
-bool aligned_for(const TileConfig& config, std::span<void* const> buffers, std::string* why);
 /// The launch geometry of an elementwise-row config over `rows` rows of `columns`.
 LaunchGeometry elementwise_row_geometry(int64_t rows, int64_t columns, const TileConfig& config);
 

@@ -35,8 +35,8 @@ std::vector<TileConfig> SwiGluBwdOp::variants(const KernelSpec& spec, const Targ
 TileConfig SwiGluBwdOp::choose_config(const KernelSpec& spec, const TargetInfo& target) const {
   return variants(spec, target).front();
 }
-bool SwiGluBwdOp::serves(const TileConfig& config, std::span<void* const> buffers, std::string* why) const {
-  return aligned_for(config, buffers, why);
+std::vector<uint32_t> SwiGluBwdOp::base_alignment(const KernelSpec& spec, const TileConfig& config) const {
+  return vector_variant_alignment(config, tensors(spec).size());
 }
 std::string SwiGluBwdOp::specialize(const KernelSpec& spec, const TileConfig& c) const {
   return fmt::format("constexpr int INTERMEDIATE = {};\nconstexpr int THREADS = {}, VEC = {}, ITEMS = {};\n"

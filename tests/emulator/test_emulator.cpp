@@ -145,7 +145,9 @@ class Emulator : public ::testing::TestWithParam<Case> {};
 std::string known_discrepancy(const Case& c) {
   const KernelSpec& s = c.spec;
   if (s.op == "rmsnorm_bwd" && s.dtype == DType::f16 && s.param("hidden") == 4096)
-    return "rmsnorm_bwd fp16 hidden 4096: dgamma differs in the emulator (passes on an H100); under investigation";
+    return "rmsnorm_bwd fp16 hidden 4096: dx and dgamma differ in the emulator with the row pass at 170 VGPRs "
+           "(PREFETCH 1), pass with PREFETCH 0 (118 VGPRs), and bf16 passes at 167 VGPRs: the emulator's fp16 "
+           "operands above v127 are suspected (v_cvt_f32_f16 v128, v130 is in the ISA); checked on the GPU by test_gpu";
   if (s.op == "quantize_fp8" && s.dtype == DType::f16 && s.param("granularity") == 1 && s.param("cols") == 7)
     return "quantize_fp8 fp16 rowwise cols 7: NaN codes in the emulator (passes on an H100); under investigation";
   return "";

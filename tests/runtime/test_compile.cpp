@@ -150,6 +150,36 @@ TEST(Compile, EveryTuningCandidateCompilesWithItsTileOrderGroup) {
   }
 }
 
+// A module with two kernels (rmsnorm_bwd's row pass and its dgamma reduction): the report
+// shows the worst of them, whatever order ptxas lists them in (it used to show the first only,
+// which hid a row pass that spilled behind a reduction that did not).
+TEST(Compile, PtxasReportShowsTheLargestKernelOfTheModule) {
+  const std::string log =
+      "ptxas info    : 0 bytes gmem\n"
+      "ptxas info    : Compiling entry function 'kiln_rmsnorm_bwd_dgamma' for 'sm_90a'\n"
+      "ptxas info    : Function properties for kiln_rmsnorm_bwd_dgamma\n"
+      "    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
+      "ptxas info    : Used 26 registers, used 1 barriers, 4224 bytes smem\n"
+      "ptxas info    : Compiling entry function 'kiln_rmsnorm_bwd' for 'sm_90a'\n"
+      "ptxas info    : Function properties for kiln_rmsnorm_bwd\n"
+      "    328 bytes stack frame, 588 bytes spill stores, 592 bytes spill loads\n"
+      "ptxas info    : Used 128 registers, used 1 barriers, 328 bytes cumulative stack size, 16640 bytes smem\n";
+  CodeObjectInfo info;
+  parse_ptxas_report(log, info);
+  EXPECT_EQ(info.registers, 128);
+  EXPECT_EQ(info.shared_bytes, 16640);
+  EXPECT_EQ(info.scratch_bytes, 328);
+  EXPECT_EQ(info.spill_stores, 588);
+  EXPECT_EQ(info.spill_loads, 592);
+  CodeObjectInfo one;
+  parse_ptxas_report("ptxas info    : Used 40 registers, 0 bytes smem, 380 bytes cmem[0]\n"
+                     "    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n",
+                     one);
+  EXPECT_EQ(one.registers, 40);
+  EXPECT_EQ(one.shared_bytes, 0);
+  EXPECT_EQ(one.spill_stores, 0);
+}
+
 TEST(Compile, CompilerErrorsCarryTheLogAndTheSource) {
   const TargetInfo& target = **find_target("sm_90a");
   auto src = generate(swiglu_spec(1, 64), target);

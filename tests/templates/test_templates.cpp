@@ -1,4 +1,6 @@
 // Op templates: validation, tensors, geometry, and CPU references on hand-computed cases.
+#include <fmt/format.h>
+
 #include <cmath>
 #include <limits>
 #include <set>
@@ -134,6 +136,56 @@ TEST(Templates, TuningCandidatesStartWithTheHeuristicAndAreDistinct) {
   EXPECT_EQ(gemm->tuning_candidates(cp_async, sm90), std::vector<TileConfig>{gemm->choose_config(cp_async, sm90)});
   const OpTemplate* norm = *find_op("rmsnorm");
   EXPECT_EQ(norm->tuning_candidates(rmsnorm_spec(8, 4096), sm90).size(), 1u);
+}
+
+// rmsnorm_bwd's row pass: the heuristic keeps the next row in flight (PREFETCH 1, ITEMS 4) with
+// 512 threads per block on the hidden sizes, sizes the grid to the compute units, and
+// its plans give every launched block the same number of row slots, with every row covered.
+TEST(Templates, RmsNormBwdConfigAndPlanCoverEveryRow) {
+  const OpTemplate* op = *find_op("rmsnorm_bwd");
+  auto spec = [](int64_t rows, int64_t hidden, DType t = DType::bf16) {
+    return KernelSpec{"rmsnorm_bwd", t, t, {{"rows", rows}, {"hidden", hidden}, {"recompute_rstd", 0}}};
+  };
+  const TargetInfo& sm90 = target("sm_90a");
+  for (int64_t h : {4096, 8192, 16384}) {
+    SCOPED_TRACE(h);
+    const TileConfig c = op->choose_config(spec(8192, h), sm90);
+    EXPECT_EQ(c.at("VEC"), 8);
+    EXPECT_EQ(c.at("ITEMS"), 4);
+    EXPECT_EQ(c.at("PREFETCH"), 1);
+    EXPECT_EQ(c.at("GAMMA_LDS"), 1);
+    EXPECT_EQ(c.at("ROW_THREADS") * c.at("ROWS"), 512);
+    EXPECT_EQ(c.at("BLOCKS"), sm90.compute_units);
+    const std::vector<TileConfig> candidates = op->tuning_candidates(spec(8192, h), sm90);
+    ASSERT_GE(candidates.size(), 3u);
+    EXPECT_EQ(candidates.front(), c);
+    for (size_t i = 0; i < candidates.size(); ++i)
+      for (size_t j = i + 1; j < candidates.size(); ++j) EXPECT_NE(candidates[i], candidates[j]);
+  }
+  for (const char* t : {"sm_90a", "gfx942", "gfx950"}) {
+    for (int64_t h : {1, 7, 1000, 4096, 5120}) {
+      for (const TileConfig& c : op->tuning_candidates(spec(8, h), target(t))) {
+        SCOPED_TRACE(fmt::format("{} hidden {} {}", t, h, config_string(c)));
+        const int64_t threads = c.at("ROW_THREADS") * c.at("ROWS");
+        EXPECT_LE(threads, 1024);
+        EXPECT_EQ(c.at("ROW_THREADS") % target(t).wave_size, 0);
+        EXPECT_GE(c.at("ITEMS") * c.at("ROW_THREADS") * c.at("VEC"), h);
+        for (int64_t rows : {0, 1, 7, 8191, 8192, 100003}) {
+          const Plan p = op->plan(op->with_defaults(spec(rows, h)), c);
+          ASSERT_EQ(p.launches.size(), rows == 0 ? 1u : 2u);
+          if (rows == 0) continue;
+          const int64_t blocks = p.launches[0].geometry.grid.x, per_slot = c.at("ROWS");
+          EXPECT_EQ(p.launches[0].geometry.block.x, threads);
+          EXPECT_LE(blocks, c.at("BLOCKS"));
+          const int64_t slots_per_block = ceil_div(ceil_div(rows, per_slot), blocks);
+          EXPECT_GE(blocks * slots_per_block * per_slot, rows) << "rows left over";
+          EXPECT_LT((blocks - 1) * slots_per_block * per_slot, rows) << "a block without rows";
+          EXPECT_EQ(p.workspace_bytes, static_cast<uint64_t>(blocks * round_up(h, 4) * 4));
+          EXPECT_EQ(p.launches[1].args.back().value, blocks);  // the reduction sums every partial
+        }
+      }
+    }
+  }
 }
 
 TEST(Templates, GemmReferenceMatchesHandComputedProducts) {

@@ -1,0 +1,127 @@
+// Kiln on the fake CUDA driver (tests/fake_driver), a CUDA 13 driver: a real NVRTC compile, then
+// launches the fake records. Needs no GPU; the tests that compile need NVRTC (they skip without).
+#include "fake_driver/fake_cuda_test.h"
+#include "runtime/driver/cuda_api.h"
+#include "test_util.h"
+
+namespace kiln {
+namespace {
+
+using testing::fake_last_launch;
+using testing::fake_launch_count;
+
+const bool kUseFake = testing::use_fake_cuda();  // before main: Kiln loads libcuda once
+
+TEST(FakeCuda, LoadsTheOverrideWithItsOptionalSymbols) {
+  ASSERT_TRUE(kUseFake);
+  auto api = cuda_api();
+  ASSERT_TRUE(api.ok()) << api.error().message;
+  EXPECT_EQ((*api)->path, KILN_FAKE_CUDA);
+  EXPECT_EQ((*api)->driver_version, 13000);
+  EXPECT_NE((*api)->cuTensorMapEncodeTiled, nullptr);
+  EXPECT_NE((*api)->cuLaunchKernelEx, nullptr);
+}
+
+TEST(FakeCuda, OpensAnSm90aDeviceAndLaunchesRmsnorm) {
+  ASSERT_TRUE(kUseFake);
+  KILN_REQUIRE_NVRTC();
+  kiln::testing::TempDir dir;
+  auto rt = testing::fake_runtime(dir.path());
+  ASSERT_TRUE(rt);
+  ASSERT_NE(rt->device(), nullptr);
+  EXPECT_EQ(rt->device()->target().name, "sm_90a");
+  EXPECT_EQ(rt->device()->compute_units(), 132);
+
+  const int64_t rows = 64, hidden = 1024;
+  testing::FakeBuffers buffers(rt->device(), {rows * hidden * 2, hidden * 2, rows * hidden * 2});
+  const int before = fake_launch_count();
+  auto launched = rt->launch(testing::rmsnorm_spec(rows, hidden), buffers.pointers);
+  ASSERT_TRUE(launched.ok()) << launched.error().message;
+  EXPECT_EQ(fake_launch_count(), before + 1);
+  const FakeCudaLaunch last = fake_last_launch();
+  EXPECT_STREQ(last.kernel, "kiln_rmsnorm");
+  EXPECT_GE(last.grid[0], 1u);
+  EXPECT_GE(last.block[0], 32u);
+  EXPECT_EQ(last.cluster[0] * last.cluster[1] * last.cluster[2], 1u);
+  EXPECT_EQ(last.via_launch_ex, 0) << "a launch without attributes is a plain cuLaunchKernel";
+  EXPECT_GT(last.params, 0) << "the fake reads the parameter count from the cubin";
+}
+
+// The TMA gemm on a driver with cuTensorMapEncodeTiled: three tensor maps per launch, and the
+// dynamic shared memory of its stages (beyond 48 KiB, after raising the function's limit).
+TEST(FakeCuda, TmaGemmEncodesItsTensorMaps) {
+  ASSERT_TRUE(kUseFake);
+  KILN_REQUIRE_NVRTC();
+  kiln::testing::TempDir dir;
+  auto rt = testing::fake_runtime(dir.path());
+  ASSERT_TRUE(rt);
+  const KernelSpec spec = testing::gemm_spec(256, 256, 256, false, true);
+  auto kernel = rt->kernel(spec);
+  ASSERT_TRUE(kernel.ok()) << kernel.error().message;
+  ASSERT_NE((*kernel)->compiled().info().config.find("TMA=1"), std::string::npos)
+      << "expected the TMA variant: " << (*kernel)->compiled().info().config;
+  testing::FakeBuffers buffers(rt->device(), {256 * 256 * 2, 256 * 256 * 2, 256 * 256 * 2});
+  auto maps = testing::fake_cuda<FakeCudaCountFn>("fake_cuda_tensor_map_count");
+  const int maps_before = maps();
+  auto launched = (*kernel)->launch(spec, buffers.pointers);
+  ASSERT_TRUE(launched.ok()) << launched.error().message;
+  EXPECT_EQ(maps(), maps_before + 3);
+  const FakeCudaLaunch last = fake_last_launch();
+  EXPECT_STREQ(last.kernel, "kiln_gemm");
+  EXPECT_GT(last.shared_bytes, 48u * 1024);
+  EXPECT_EQ(last.params, 3);
+}
+
+// Cluster dimensions and programmatic dependent launch reach cuLaunchKernelEx.
+TEST(FakeCuda, ClusterAndProgrammaticLaunchGoThroughCuLaunchKernelEx) {
+  ASSERT_TRUE(kUseFake);
+  auto device = open_cuda_device(0);
+  ASSERT_TRUE(device.ok()) << device.error().message;
+  auto module = (*device)->load(testing::fake_cubin("kiln_probe"), "kiln_probe");
+  ASSERT_TRUE(module.ok()) << module.error().message;
+  LaunchGeometry g;
+  g.grid = {8, 2, 1};
+  g.block = {128, 1, 1};
+  g.cluster = {2, 2, 1};
+  ASSERT_TRUE((*module)->launch(g, nullptr, nullptr).ok());
+  FakeCudaLaunch last = fake_last_launch();
+  EXPECT_EQ(last.via_launch_ex, 1);
+  EXPECT_EQ(last.cluster[0], 2u);
+  EXPECT_EQ(last.cluster[1], 2u);
+  EXPECT_EQ(last.cluster[2], 1u);
+  EXPECT_EQ(last.grid[0], 8u);
+  EXPECT_EQ(last.programmatic, 0);
+
+  g.cluster = {};
+  g.programmatic_dependent_launch = true;
+  ASSERT_TRUE((*module)->launch(g, nullptr, nullptr).ok());
+  last = fake_last_launch();
+  EXPECT_EQ(last.via_launch_ex, 1);
+  EXPECT_EQ(last.programmatic, 1);
+  EXPECT_EQ(last.cluster[0] * last.cluster[1] * last.cluster[2], 1u);
+
+  // A grid that is not a whole number of clusters: the driver's error, with the call.
+  g.cluster = {3, 1, 1};
+  auto bad = (*module)->launch(g, nullptr, nullptr);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.error().code, Errc::driver_error);
+  EXPECT_NE(bad.error().message.find("cuLaunchKernelEx"), std::string::npos) << bad.error().message;
+}
+
+// time_ms destroys its events when the timed body fails.
+TEST(FakeCuda, TimeMsDestroysItsEventsOnError) {
+  ASSERT_TRUE(kUseFake);
+  auto device = open_cuda_device(0);
+  ASSERT_TRUE(device.ok()) << device.error().message;
+  auto live = testing::fake_cuda<FakeCudaCountFn>("fake_cuda_live_events");
+  const int before = live();
+  auto timed = (*device)->time_ms(nullptr, [] { return Result<void>(make_error(Errc::invalid_argument, "body")); });
+  EXPECT_FALSE(timed.ok());
+  EXPECT_EQ(live(), before);
+  auto fine = (*device)->time_ms(nullptr, [] { return ok(); });
+  EXPECT_TRUE(fine.ok());
+  EXPECT_EQ(live(), before);
+}
+
+}  // namespace
+}  // namespace kiln
