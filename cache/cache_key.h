@@ -6,7 +6,7 @@
 #include <string>
 
 #include "codegen/codegen.h"
-#include "runtime/compile/compiler.h"
+#include "codegen/code_object.h"
 
 namespace kiln {
 

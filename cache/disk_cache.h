@@ -42,7 +42,7 @@
 #include <vector>
 
 #include "kiln/result.h"
-#include "runtime/compile/compiler.h"
+#include "codegen/code_object.h"
 #include "templates/op_template.h"
 
 namespace kiln {

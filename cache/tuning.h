@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "cache/disk_cache.h"
-#include "kiln/runtime.h"
+#include "kiln/tune.h"
 #include "templates/op_template.h"
 
 namespace kiln {

@@ -1,35 +1,32 @@
 // Runtime: the pipeline KernelSpec -> KernelSource -> CodeObject -> LoadedModule -> Kernel, with an
-// in-memory cache in front of the disk cache.
+// in-memory cache (the memo) in front of the disk cache. The tuner is in tuner.cpp, the recorder
+// in recorder.cpp; runtime_impl.h declares the class they share.
 #include "kiln/runtime.h"
 
 #include <fmt/format.h>
 
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstring>
 #include <functional>
 #include <mutex>
-#include <random>
 #include <shared_mutex>
 #include <unordered_map>
 
 #include "cache/cache_key.h"
 #include "cache/disk_cache.h"
 #include "cache/remote_cache.h"
-#include "cache/tuning.h"
 #include "codegen/codegen.h"
 #include "runtime/compile/compiler.h"
 #include "runtime/device_impl.h"
-#include "runtime/device_tensors.h"
+#include "runtime/runtime_impl.h"
 #include "support/env.h"
 #include "support/fs.h"
 #include "support/log.h"
 #include "templates/registry.h"
 
 namespace kiln {
-namespace {
+namespace detail {
 
 class CompiledKernelImpl final : public CompiledKernel {
  public:
@@ -71,61 +68,6 @@ class CompiledKernelImpl final : public CompiledKernel {
   TileConfig config_;
   KernelSpec spec_;
   KernelInfo info_;
-};
-
-// What identifies a loaded Kernel within a runtime, whose target and compiler are fixed: the op,
-// the dtypes and the baked parameters (defaults filled). It is built on the stack, so that a
-// memory hit (kernel(), Runtime::launch, the typed ops) formats no string and allocates nothing.
-struct MemoKey {
-  static constexpr uint32_t kMaxBaked = 16;
-  const OpTemplate* op = nullptr;
-  DType dtype{}, out_dtype{};
-  bool extra = false;   // parameters the op does not know: the miss path's validation names them
-  uint32_t count = 0;   // baked parameters
-  uint32_t absent = 0;  // bit i: baked parameter i has no value and no default
-  int64_t baked[kMaxBaked];  // the first `count` are set
-
-  // Fills `k` in place (a Result<MemoKey> would copy it once more on every launch).
-  static Result<void> of(const KernelSpec& spec, MemoKey& k) {
-    KILN_ASSIGN_OR_RETURN(k.op, find_op(spec.op));
-    k.dtype = spec.dtype;
-    k.out_dtype = spec.out_dtype;
-    k.count = 0;
-    k.absent = 0;
-    for (const ParamInfo& p : k.op->params()) {
-      if (!p.baked) continue;
-      if (k.count == kMaxBaked)
-        return make_error(Errc::unsupported, fmt::format("{} declares more than {} baked parameters; raise "
-                                                         "MemoKey::kMaxBaked in runtime/runtime.cpp",
-                                                         k.op->name(), kMaxBaked));
-      auto it = spec.params.find(std::string(p.name));  // names fit the small-string buffer
-      if (it != spec.params.end()) k.baked[k.count] = it->second;
-      else if (p.default_value) k.baked[k.count] = *p.default_value;
-      else {
-        k.baked[k.count] = 0;
-        k.absent |= uint32_t{1} << k.count;
-      }
-      ++k.count;
-    }
-    k.extra = spec.params.size() > k.op->params().size();
-    return ok();
-  }
-  bool operator==(const MemoKey& o) const {
-    return op == o.op && dtype == o.dtype && out_dtype == o.out_dtype && extra == o.extra && count == o.count &&
-           absent == o.absent && std::equal(baked, baked + count, o.baked);
-  }
-};
-struct MemoKeyHash {
-  size_t operator()(const MemoKey& k) const {
-    // FNV-1a over the fields.
-    uint64_t h = 1469598103934665603ull;
-    auto mix = [&h](uint64_t v) { h = (h ^ v) * 1099511628211ull; };
-    mix(reinterpret_cast<uintptr_t>(k.op));
-    mix(static_cast<uint64_t>(k.dtype) << 8 | static_cast<uint64_t>(k.out_dtype) << 1 | k.extra);
-    mix(k.absent);
-    for (uint32_t i = 0; i < k.count; ++i) mix(static_cast<uint64_t>(k.baked[i]));
-    return static_cast<size_t>(h);
-  }
 };
 
 // One variant of a Kernel, loaded: its code object and a module per entry point its plans use
@@ -452,44 +394,46 @@ class KernelImpl final : public Kernel {
   mutable uint64_t workspace_bytes_ = 0;
 };
 
-class RuntimeImpl final : public Runtime {
- public:
-  friend class Runtime;  // create() sets remote_
-  RuntimeImpl(const RuntimeOptions& options, std::unique_ptr<DeviceImpl> device, std::unique_ptr<DiskCache> disk,
-              std::vector<std::unique_ptr<DiskCache>> layers, UniqueFd record_fd)
-      : device_(std::move(device)), disk_(std::move(disk)), layers_(std::move(layers)), record_fd_(record_fd.release()) {
-    nvidia_compiler_ = options.nvidia_compiler.empty() ? env().nvidia_compiler : options.nvidia_compiler;
-    max_bytes_ = options.cache_max_bytes ? options.cache_max_bytes : env().cache_max_bytes;
-    use_tuning_ = options.use_tuning && env().tuning;
-  }
-  ~RuntimeImpl() override {
-    // Modules go before the device (and its context).
-    {
-      std::unique_lock lock(mu_);
-      kernels_.clear();
-      retired_.clear();
-    }
-    if (record_fd_ >= 0) ::close(record_fd_);
-    const CacheStats s = stats();
-    if (disk_ && writes_enabled_ && (s.compiles || s.disk_hits || s.memory_hits || s.remote_hits))
-      disk_->append_telemetry({{"memory_hits", s.memory_hits}, {"disk_hits", s.disk_hits}, {"layer_hits", s.layer_hits},
-                               {"compiles", s.compiles}, {"compile_ms", s.compile_ms}, {"lock_waits", s.lock_waits},
-                               {"evictions", s.evictions}, {"corrupt_entries", s.corrupt_entries},
-                               {"disk_errors", s.disk_errors}, {"tunings", s.tunings}, {"tuning_hits", s.tuning_hits},
-                               {"remote_hits", s.remote_hits}, {"remote_stores", s.remote_stores},
-                               {"remote_refused", s.remote_refused}, {"remote_errors", s.remote_errors}});
-  }
+// RuntimeImpl (runtime/runtime_impl.h): its memo and compile path. tune() and its helpers are in
+// tuner.cpp, record() in recorder.cpp.
 
-  Device* device() override { return device_.get(); }
-  std::string cache_dir() const override { return disk_ ? disk_->root() : std::string(); }
+RuntimeImpl::RuntimeImpl(const RuntimeOptions& options, std::unique_ptr<DeviceImpl> device,
+                         std::unique_ptr<DiskCache> disk, std::vector<std::unique_ptr<DiskCache>> layers,
+                         UniqueFd record_fd)
+    : device_(std::move(device)), disk_(std::move(disk)), layers_(std::move(layers)), record_fd_(record_fd.release()) {
+  nvidia_compiler_ = options.nvidia_compiler.empty() ? env().nvidia_compiler : options.nvidia_compiler;
+  max_bytes_ = options.cache_max_bytes ? options.cache_max_bytes : env().cache_max_bytes;
+  use_tuning_ = options.use_tuning && env().tuning;
+}
 
-  Result<std::shared_ptr<const CompiledKernel>> compile(const KernelSpec& spec, std::string_view target_name) override {
-    KILN_ASSIGN_OR_RETURN(const TargetInfo* target, find_target(target_name));
-    KILN_ASSIGN_OR_RETURN(auto compiled, get_compiled(spec, *target));
-    return std::shared_ptr<const CompiledKernel>(std::move(compiled));
+RuntimeImpl::~RuntimeImpl() {
+  // Modules go before the device (and its context).
+  {
+    std::unique_lock lock(mu_);
+    kernels_.clear();
+    retired_.clear();
   }
+  if (record_fd_ >= 0) ::close(record_fd_);
+  const CacheStats s = stats();
+  if (disk_ && writes_enabled_ && (s.compiles || s.disk_hits || s.memory_hits || s.remote_hits))
+    disk_->append_telemetry({{"memory_hits", s.memory_hits}, {"disk_hits", s.disk_hits}, {"layer_hits", s.layer_hits},
+                             {"compiles", s.compiles}, {"compile_ms", s.compile_ms}, {"lock_waits", s.lock_waits},
+                             {"evictions", s.evictions}, {"corrupt_entries", s.corrupt_entries},
+                             {"disk_errors", s.disk_errors}, {"tunings", s.tunings}, {"tuning_hits", s.tuning_hits},
+                             {"remote_hits", s.remote_hits}, {"remote_stores", s.remote_stores},
+                             {"remote_refused", s.remote_refused}, {"remote_errors", s.remote_errors}});
+}
 
-  Result<std::shared_ptr<const Kernel>> kernel(const KernelSpec& spec) override {
+Result<std::shared_ptr<const CompiledKernel>> RuntimeImpl::compile(const KernelSpec& spec,
+                                                                   std::string_view target_name) {
+  KILN_ASSIGN_OR_RETURN(const TargetInfo* target, find_target(target_name));
+  KILN_ASSIGN_OR_RETURN(auto compiled, get_compiled(spec, *target));
+  return std::shared_ptr<const CompiledKernel>(std::move(compiled));
+}
+
+// kernel(), launch() and memo_key() keep the indentation they had inside the class, so that
+// concurrent edits of their bodies merge; reindent them once those have landed.
+Result<std::shared_ptr<const Kernel>> RuntimeImpl::kernel(const KernelSpec& spec) {
     if (!device_)
       return make_error(Errc::driver_unavailable,
                         "no GPU: this runtime is compile-only (no driver or no device was found; "
@@ -519,12 +463,8 @@ class RuntimeImpl final : public Runtime {
     return std::shared_ptr<const Kernel>(k);
   }
 
-  // The one-call form. A thread that launches the kernel it launched last (the common loop) skips
-  // the lock, the hash lookup and the reference count: its last hit is kept per thread, valid
-  // while this runtime and its generation (bumped when tune() replaces a kernel) are unchanged.
-  // Kernels are never freed before the runtime, so a raw pointer is safe.
-  Result<void> launch(const KernelSpec& spec, std::span<void* const> buffers,
-                      const std::map<std::string, float>& scalars, Stream stream) override {
+Result<void> RuntimeImpl::launch(const KernelSpec& spec, std::span<void* const> buffers,
+                                 const std::map<std::string, float>& scalars, Stream stream) {
     struct LastHit {
       uint64_t runtime = 0, generation = 0;
       MemoKey key;
@@ -544,127 +484,31 @@ class RuntimeImpl final : public Runtime {
     return impl->launch(spec, buffers, scalars, stream);
   }
 
-  Result<TuneReport> tune(const KernelSpec& spec, const TuneOptions& options) override {
-    if (!device_)
-      return make_error(Errc::driver_unavailable,
-                        "no GPU: tuning times kernels on a device, and this runtime is compile-only (no driver or "
-                        "no device was found)");
-    if (options.reps < 1)
-      return make_error(Errc::invalid_argument, fmt::format("tune: reps = {}; time at least 1 launch", options.reps));
-    KILN_ASSIGN_OR_RETURN(const OpTemplate* op, find_op(spec.op));
-    const TargetInfo& target = device_->target();
-    KILN_TRY(op->validate(spec, target));
-    MemoKey memo;
-    KILN_TRY(MemoKey::of(spec, memo));
-    const std::vector<TileConfig> candidates = op->tuning_candidates(op->baked_spec(spec), target);
-    TuneReport report;
-    report.spec = to_string(op->baked_spec(spec));
-    report.device = device_->name();
-    report.target = std::string(target.name);
-    report.compiler = compiler_name(target);
-    if (candidates.size() == 1) {  // nothing to choose
-      report.candidates.emplace_back().config = candidates.front();
-      return report;
-    }
-    const TuningKey key = TuningKey::make(*op, spec, target, report.device, report.compiler);
-
-    // Single flight across processes: one times the spec, the others wait and read its record.
-    FileLock lock;
-    if (disk_ && writes_enabled_) {
-      auto locked = disk_->lock(key.digest(), env().lock_timeout_s);
-      if (locked) lock = std::move(locked).value();
-      else if (locked.error().code == Errc::timeout) return locked.take_error();
-      else KILN_LOG_WARN("tuning without the cross-process lock: {}", locked.error().message);
-    }
-    if (!options.force) {
-      if (auto found = find_tuning(tuning_caches(), key, candidates)) {
-        ++stats_.tuning_hits;
-        KILN_ASSIGN_OR_RETURN(auto compiled, get_compiled(spec, target, &found->record.winner));
-        KILN_ASSIGN_OR_RETURN(auto k, load(compiled));
-        install(memo, std::move(k));
-        report.candidates = std::move(found->record.candidates);
-        report.winner = winner_index(report.candidates, found->record.winner);
-        report.reps = found->record.reps;
-        report.created_utc = std::move(found->record.created_utc);
-        report.from_record = true;
-        report.record = std::move(found->path);
-        return report;
-      }
-    }
-
-    // Every candidate on the same inputs: compile (through the caches), load, warm up, time.
-    std::mt19937_64 rng(std::random_device{}());
-    KILN_ASSIGN_OR_RETURN(DeviceTensors tensors, DeviceTensors::make(*device_, *op, spec, rng));
-    report.reps = options.reps;
-    report.created_utc = utc_now();
-    std::vector<std::shared_ptr<KernelImpl>> loaded(candidates.size());
-    std::optional<Error> first_error;
-    for (size_t i = 0; i < candidates.size(); ++i) {
-      TuneCandidate& c = report.candidates.emplace_back();
-      c.config = candidates[i];
-      auto timed = time_candidate(spec, candidates[i], tensors.pointers(), options.reps, c);
-      if (!timed) {
-        c.error = timed.error().message;
-        KILN_LOG_WARN("tuning {}: candidate {} failed: {}", report.spec, config_string(c.config), c.error);
-        if (!first_error) first_error = timed.take_error();
-        continue;
-      }
-      loaded[i] = std::move(timed).value();
-    }
-    std::optional<size_t> best;
-    for (size_t i = 0; i < candidates.size(); ++i)
-      if (loaded[i] && (!best || report.candidates[i].median_ms < report.candidates[*best].median_ms)) best = i;
-    if (!best) {
-      first_error->message = fmt::format("tuning {}: every candidate failed; the first: {}", report.spec, first_error->message);
-      return *first_error;
-    }
-    report.winner = *best;
-    ++stats_.tunings;
-    install(memo, loaded[*best]);
-    record(spec);  // once, not once per candidate
-
-    TuningRecord record{key, candidates[*best], report.candidates, options.reps, report.created_utc};
-    if (disk_ && writes_enabled_) {
-      if (auto stored = store_tuning(*disk_, record)) {
-        report.record = std::move(stored).value();
-      } else {
-        ++stats_.disk_errors;
-        KILN_LOG_WARN("cannot keep the tuning result of {} ({}); it holds for this runtime only", report.spec,
-                      stored.error().message);
-      }
-    }
-    return report;
+CacheStats RuntimeImpl::stats() const {
+  CacheStats s;
+  s.memory_hits = stats_.memory_hits;
+  s.disk_hits = stats_.disk_hits;
+  s.compiles = stats_.compiles;
+  s.compile_ms = stats_.compile_us / 1000.0;
+  s.lock_waits = stats_.lock_waits;
+  s.disk_errors = stats_.disk_errors;
+  s.layer_hits = stats_.layer_hits;
+  s.corrupt_entries = disk_ ? disk_->corrupt_entries() : 0;
+  for (const auto& layer : layers_) s.corrupt_entries += layer->corrupt_entries();
+  s.evictions = disk_ ? disk_->evictions() : 0;
+  s.tunings = stats_.tunings;
+  s.tuning_hits = stats_.tuning_hits;
+  if (remote_) {
+    const RemoteCache::Counters r = remote_->counters();
+    s.remote_hits = r.hits;
+    s.remote_stores = r.stores;
+    s.remote_refused = r.refused;
+    s.remote_errors = r.errors;
   }
+  return s;
+}
 
-  CacheStats stats() const override {
-    CacheStats s;
-    s.memory_hits = stats_.memory_hits;
-    s.disk_hits = stats_.disk_hits;
-    s.compiles = stats_.compiles;
-    s.compile_ms = stats_.compile_us / 1000.0;
-    s.lock_waits = stats_.lock_waits;
-    s.disk_errors = stats_.disk_errors;
-    s.layer_hits = stats_.layer_hits;
-    s.corrupt_entries = disk_ ? disk_->corrupt_entries() : 0;
-    for (const auto& layer : layers_) s.corrupt_entries += layer->corrupt_entries();
-    s.evictions = disk_ ? disk_->evictions() : 0;
-    s.tunings = stats_.tunings;
-    s.tuning_hits = stats_.tuning_hits;
-    if (remote_) {
-      const RemoteCache::Counters r = remote_->counters();
-      s.remote_hits = r.hits;
-      s.remote_stores = r.stores;
-      s.remote_refused = r.refused;
-      s.remote_errors = r.errors;
-    }
-    return s;
-  }
-
- private:
-  // The key of the in-memory compile cache (compiled_): the baked spec, the target and the
-  // compiler. Computing it costs an op lookup and a short string; no codegen, no SHA-256. Loaded
-  // kernels (kernels_) are found by MemoKey instead, without a string.
-  Result<std::string> memo_key(const KernelSpec& spec, const TargetInfo& target) const {
+Result<std::string> RuntimeImpl::memo_key(const KernelSpec& spec, const TargetInfo& target) const {
     KILN_ASSIGN_OR_RETURN(const OpTemplate* op, find_op(spec.op));
     std::string key = fmt::format("{}|{}|{}|{}|{}", target.name, compiler_name(target), spec.op, dtype_name(spec.dtype),
                                   dtype_name(spec.out_dtype));
@@ -679,252 +523,150 @@ class RuntimeImpl final : public Runtime {
     return key;
   }
 
-  std::string compiler_name(const TargetInfo& target) const {
-    return target.vendor == Vendor::nvidia ? nvidia_compiler_ : "clang";
-  }
-
-  // The writable cache, then the read-only layers: where tuning records are looked up.
-  std::vector<DiskCache*> tuning_caches() const {
-    std::vector<DiskCache*> caches;
-    if (disk_) caches.push_back(disk_.get());
-    for (const auto& layer : layers_) caches.push_back(layer.get());
-    return caches;
-  }
-
-  // The winner of the spec's tuning record on this device, or nullopt: none, or a spec with one
-  // candidate (every kernel but sm_90a's TMA gemm), which is not looked up at all.
-  std::optional<TileConfig> tuned_config(const KernelSpec& spec) {
-    auto op = find_op(spec.op);
-    const TargetInfo& target = device_->target();
-    if (!op || !(*op)->validate(spec, target)) return std::nullopt;  // get_compiled reports it
-    const std::vector<TileConfig> candidates = (*op)->tuning_candidates((*op)->baked_spec(spec), target);
-    if (candidates.size() < 2) return std::nullopt;
-    const TuningKey key = TuningKey::make(**op, spec, target, device_->name(), compiler_name(target));
-    auto found = find_tuning(tuning_caches(), key, candidates);
-    if (!found) return std::nullopt;
-    ++stats_.tuning_hits;
-    KILN_LOG_DEBUG("{}: tuned configuration {} from {}", to_string(spec), config_string(found->record.winner), found->path);
-    return std::move(found->record.winner);
-  }
-
-  static size_t winner_index(const std::vector<TuneCandidate>& candidates, const TileConfig& winner) {
-    auto it = std::find_if(candidates.begin(), candidates.end(), [&](const TuneCandidate& c) { return c.config == winner; });
-    return static_cast<size_t>(it - candidates.begin());
-  }
-
-  // Loads `compiled` (one of the spec's variants or tuning candidates) as the preferred variant
-  // of a Kernel; the op's other variants are compiled and loaded when a call needs them.
-  Result<std::shared_ptr<KernelImpl>> load(const std::shared_ptr<CompiledKernelImpl>& compiled) {
-    const OpTemplate* op = compiled->op();
-    const TargetInfo& target = device_->target();
-    auto first = std::make_shared<LoadedVariant>(compiled, device_.get());
-    KILN_TRY(first->module(compiled->info().kernel));  // surface load errors now
-    std::vector<TileConfig> variants = op->variants(compiled->spec(), target);
-    std::vector<TileConfig> configs{compiled->config()};
-    for (TileConfig& c : variants)
-      if (c != compiled->config()) configs.push_back(std::move(c));
-    const KernelSpec spec = compiled->spec();
-    VariantLoader loader = [this, spec, configs](size_t i) -> Result<std::shared_ptr<LoadedVariant>> {
-      KILN_ASSIGN_OR_RETURN(auto c, get_compiled(spec, device_->target(), &configs[i], /*record_spec=*/false));
-      auto v = std::make_shared<LoadedVariant>(c, device_.get());
-      KILN_TRY(v->module(c->info().kernel));
-      return v;
-    };
-    return std::make_shared<KernelImpl>(op, spec, std::move(configs), std::move(first), std::move(loader), device_.get(),
-                                        device_->compute_units());
-  }
-
-  // Makes `k` the kernel that kernel() returns for its spec from now on.
-  void install(const MemoKey& memo, std::shared_ptr<KernelImpl> k) {
-    std::unique_lock lock(mu_);
-    std::shared_ptr<KernelImpl>& slot = kernels_[memo];
-    if (slot) retired_.push_back(std::move(slot));  // a thread's last hit may still point at it
-    slot = std::move(k);
-    generation_.fetch_add(1, std::memory_order_release);
-  }
-
-  // Compiles, loads and times one tuning candidate: one launch to warm up (and to surface launch
-  // errors), then `reps` launches, each timed with device events; fills in c's times.
-  Result<std::shared_ptr<KernelImpl>> time_candidate(const KernelSpec& spec, const TileConfig& config,
-                                                     std::span<void* const> buffers, int reps, TuneCandidate& c) {
-    KILN_ASSIGN_OR_RETURN(auto compiled, get_compiled(spec, device_->target(), &config, /*record_spec=*/false));
-    KILN_ASSIGN_OR_RETURN(auto k, load(compiled));
-    KILN_TRY(k->launch(spec, buffers, {}, nullptr));
-    KILN_TRY(device_->synchronize(nullptr));
-    std::vector<float> ms;
-    for (int r = 0; r < reps; ++r) {
-      KILN_ASSIGN_OR_RETURN(float t, device_->time_ms(nullptr, [&] { return k->launch(spec, buffers, {}, nullptr); }));
-      ms.push_back(t);
-    }
-    std::sort(ms.begin(), ms.end());
-    c.median_ms = ms.size() % 2 ? ms[ms.size() / 2] : 0.5 * (ms[ms.size() / 2 - 1] + ms[ms.size() / 2]);
-    c.min_ms = ms.front();
-    c.max_ms = ms.back();
-    return k;
-  }
-
-  // The heuristic's kernel (config == nullptr), or the given tuning candidate's: memoized apart,
-  // so that compile() keeps returning the heuristic's while kernel() serves a tuned one.
-  // `record_spec`: append the spec to KILN_RECORD when built (tuning candidates are recorded once,
-  // by tune()).
-  Result<std::shared_ptr<CompiledKernelImpl>> get_compiled(const KernelSpec& spec, const TargetInfo& target,
-                                                           const TileConfig* config = nullptr,
-                                                           bool record_spec = true) {
-    KILN_ASSIGN_OR_RETURN(std::string memo, memo_key(spec, target));
-    if (config) memo += "|" + config_string(*config);
-    {
-      std::shared_lock lock(mu_);
-      auto it = compiled_.find(memo);
-      if (it != compiled_.end()) {
-        ++stats_.memory_hits;
-        return it->second;
-      }
-    }
-    // Single flight within the process: one thread builds a key, the others wait for it.
-    std::shared_ptr<std::mutex> key_mu;
-    {
-      std::unique_lock lock(mu_);
-      auto& slot = inflight_[memo];
-      if (!slot) slot = std::make_shared<std::mutex>();
-      key_mu = slot;
-    }
-    std::lock_guard key_lock(*key_mu);
-    {
-      std::shared_lock lock(mu_);
-      auto it = compiled_.find(memo);
-      if (it != compiled_.end()) {
-        ++stats_.memory_hits;
-        return it->second;
-      }
-    }
-    auto built = build(spec, target, config);
-    std::unique_lock lock(mu_);
-    inflight_.erase(memo);  // on failure too: a later request tries again
-    if (!built) return built.take_error();
-    compiled_.emplace(memo, *built);
-    lock.unlock();
-    if (record_spec) record(spec);
-    return std::move(built).value();
-  }
-
-  Result<std::shared_ptr<CompiledKernelImpl>> build(const KernelSpec& spec, const TargetInfo& target,
-                                                    const TileConfig* config) {
-    KILN_ASSIGN_OR_RETURN(KernelSource src, generate(spec, target, config));
-    KILN_ASSIGN_OR_RETURN(Compiler * compiler, compiler_for(target, nvidia_compiler_));
-    const CacheKey key = CacheKey::make(src, *compiler);
-    const std::string digest = key.digest();
-    if (env().dump_source) KILN_LOG_INFO("source of {} for {}:\n{}", to_string(src.spec), target.name, src.text);
-
-    FileLock lock;
-    if (disk_) {
-      if (auto hit = disk_->load(digest)) return from_disk(std::move(*hit), *compiler, src);
-    }
-    for (const auto& layer : layers_) {
-      if (auto hit = layer->load(digest)) {
-        ++stats_.layer_hits;
-        return from_disk(std::move(*hit), *compiler, src);
-      }
-    }
-    if (disk_ && writes_enabled_) {
-      // Single flight across processes: take the key's lock, then look again.
-      bool waited = false;
-      auto locked = disk_->lock(digest, env().lock_timeout_s, &waited);
-      if (waited) ++stats_.lock_waits;
-      if (!locked && locked.error().code == Errc::timeout) return locked.take_error();
-      if (locked) {
-        lock = std::move(locked).value();
-        if (auto hit = disk_->load(digest)) return from_disk(std::move(*hit), *compiler, src);
-      } else {
-        KILN_LOG_WARN("compiling without the cross-process lock: {}", locked.error().message);
-      }
-    }
-
-    // The cluster tier (cache/remote_cache.h): a verified entry another node compiled, or the
-    // cluster-wide claim to compile it here and store it there.
-    RemoteClaim claim;
-    std::optional<CacheEntry> remote_hit = remote_ ? remote_->fetch_or_claim(digest, claim) : std::nullopt;
-    CacheEntry entry;
-    if (remote_hit) {
-      entry = std::move(*remote_hit);
-    } else {
-      KILN_LOG_DEBUG("compiling {} for {} with {} {}", to_string(src.spec), target.name, compiler->name(), compiler->version());
-      test_kill_point("compile");
-      KILN_ASSIGN_OR_RETURN(CompiledCode code, compiler->compile(src));
-      ++stats_.compiles;
-      stats_.compile_us += static_cast<uint64_t>(code.compile_ms * 1000);
-      entry.key = digest;
-      entry.key_json = key.to_json();
-      entry.target = std::string(target.name);
-      entry.kernel_name = src.kernel_name;
-      entry.source = src.text;
-      entry.compiled = std::move(code);
-      if (remote_) remote_->publish(entry, claim);
-    }
-    if (disk_ && writes_enabled_) {
-      if (auto stored = disk_->store(entry); !stored) {
-        ++stats_.disk_errors;
-        // A full, read-only or quota-limited file system: stop writing (one warning), keep going.
-        if (writes_enabled_.exchange(false))
-          KILN_LOG_WARN("cannot write to the kernel cache ({}); kernels are cached in memory only from now on",
-                        stored.error().message);
-      } else if (max_bytes_) {
-        if (auto gc = disk_->collect(max_bytes_); !gc) KILN_LOG_WARN("cache budget: {}", gc.error().message);
-      }
-    }
-    return std::make_shared<CompiledKernelImpl>(std::move(entry), *compiler, remote_hit ? "remote" : "compiled", src);
-  }
-
-  std::shared_ptr<CompiledKernelImpl> from_disk(CacheEntry entry, const Compiler& compiler, const KernelSource& src) {
-    ++stats_.disk_hits;
-    return std::make_shared<CompiledKernelImpl>(std::move(entry), compiler, "disk", src);
-  }
-
-  struct Counters {
-    std::atomic<uint64_t> memory_hits{0}, disk_hits{0}, compiles{0}, compile_us{0}, lock_waits{0}, disk_errors{0},
-        layer_hits{0}, tunings{0}, tuning_hits{0};
+Result<std::shared_ptr<KernelImpl>> RuntimeImpl::load(const std::shared_ptr<CompiledKernelImpl>& compiled) {
+  const OpTemplate* op = compiled->op();
+  const TargetInfo& target = device_->target();
+  auto first = std::make_shared<LoadedVariant>(compiled, device_.get());
+  KILN_TRY(first->module(compiled->info().kernel));  // surface load errors now
+  std::vector<TileConfig> variants = op->variants(compiled->spec(), target);
+  std::vector<TileConfig> configs{compiled->config()};
+  for (TileConfig& c : variants)
+    if (c != compiled->config()) configs.push_back(std::move(c));
+  const KernelSpec spec = compiled->spec();
+  VariantLoader loader = [this, spec, configs](size_t i) -> Result<std::shared_ptr<LoadedVariant>> {
+    KILN_ASSIGN_OR_RETURN(auto c, get_compiled(spec, device_->target(), &configs[i], /*record_spec=*/false));
+    auto v = std::make_shared<LoadedVariant>(c, device_.get());
+    KILN_TRY(v->module(c->info().kernel));
+    return v;
   };
+  return std::make_shared<KernelImpl>(op, spec, std::move(configs), std::move(first), std::move(loader), device_.get(),
+                                      device_->compute_units());
+}
 
-  // Appends the spec as one manifest line (JSON lines, for `kiln prewarm`); O_APPEND keeps lines
-  // from several processes whole.
-  void record(const KernelSpec& spec) {
-    if (record_fd_ < 0) return;
-    nlohmann::json params = nlohmann::json::object();
-    for (const auto& [k, v] : spec.params) params[k] = v;
-    const std::string line = nlohmann::json{{"op", spec.op},
-                                            {"dtype", dtype_name(spec.dtype)},
-                                            {"out_dtype", dtype_name(spec.out_dtype)},
-                                            {"params", params}}
-                                 .dump() +
-                             "\n";
-    const ssize_t n = ::write(record_fd_, line.data(), line.size());
-    if (n != static_cast<ssize_t>(line.size()) && !record_failed_.exchange(true))
-      KILN_LOG_WARN("cannot record kernel specs (KILN_RECORD): {}; this runtime records nothing more",
-                    n < 0 ? std::strerror(errno) : "short write (disk full?)");
+void RuntimeImpl::install(const MemoKey& memo, std::shared_ptr<KernelImpl> k) {
+  std::unique_lock lock(mu_);
+  std::shared_ptr<KernelImpl>& slot = kernels_[memo];
+  if (slot) retired_.push_back(std::move(slot));  // a thread's last hit may still point at it
+  slot = std::move(k);
+  generation_.fetch_add(1, std::memory_order_release);
+}
+
+const Kernel& RuntimeImpl::as_kernel(const KernelImpl& k) { return k; }
+
+Result<std::shared_ptr<CompiledKernelImpl>> RuntimeImpl::get_compiled(const KernelSpec& spec, const TargetInfo& target,
+                                                                      const TileConfig* config,
+                                                                      bool record_spec) {
+  KILN_ASSIGN_OR_RETURN(std::string memo, memo_key(spec, target));
+  if (config) memo += "|" + config_string(*config);
+  {
+    std::shared_lock lock(mu_);
+    auto it = compiled_.find(memo);
+    if (it != compiled_.end()) {
+      ++stats_.memory_hits;
+      return it->second;
+    }
   }
-  std::atomic<bool> record_failed_{false};
+  // Single flight within the process: one thread builds a key, the others wait for it.
+  std::shared_ptr<std::mutex> key_mu;
+  {
+    std::unique_lock lock(mu_);
+    auto& slot = inflight_[memo];
+    if (!slot) slot = std::make_shared<std::mutex>();
+    key_mu = slot;
+  }
+  std::lock_guard key_lock(*key_mu);
+  {
+    std::shared_lock lock(mu_);
+    auto it = compiled_.find(memo);
+    if (it != compiled_.end()) {
+      ++stats_.memory_hits;
+      return it->second;
+    }
+  }
+  auto built = build(spec, target, config);
+  std::unique_lock lock(mu_);
+  inflight_.erase(memo);  // on failure too: a later request tries again
+  if (!built) return built.take_error();
+  compiled_.emplace(memo, *built);
+  lock.unlock();
+  if (record_spec) record(spec);
+  return std::move(built).value();
+}
 
-  std::unique_ptr<DeviceImpl> device_;
-  std::unique_ptr<DiskCache> disk_;
-  std::vector<std::unique_ptr<DiskCache>> layers_;
-  std::unique_ptr<RemoteCache> remote_;  // KILN_REMOTE_CACHE; set by create()
-  std::atomic<bool> writes_enabled_{true};
-  uint64_t max_bytes_ = 0;
-  bool use_tuning_ = true;
-  int record_fd_ = -1;
-  std::string nvidia_compiler_;
-  mutable std::shared_mutex mu_;
-  std::mutex load_mu_;
-  std::unordered_map<std::string, std::shared_ptr<CompiledKernelImpl>> compiled_;
-  std::unordered_map<std::string, std::shared_ptr<std::mutex>> inflight_;
-  std::unordered_map<MemoKey, std::shared_ptr<KernelImpl>, MemoKeyHash> kernels_;
-  std::vector<std::shared_ptr<KernelImpl>> retired_;  // replaced by install(); freed with the runtime
-  static inline std::atomic<uint64_t> next_id_{1};
-  const uint64_t id_ = next_id_.fetch_add(1);         // never reused, unlike the address
-  std::atomic<uint64_t> generation_{0};
-  mutable Counters stats_;
-};
+Result<std::shared_ptr<CompiledKernelImpl>> RuntimeImpl::build(const KernelSpec& spec, const TargetInfo& target,
+                                                               const TileConfig* config) {
+  KILN_ASSIGN_OR_RETURN(KernelSource src, generate(spec, target, config));
+  KILN_ASSIGN_OR_RETURN(Compiler * compiler, compiler_for(target, nvidia_compiler_));
+  const CacheKey key = CacheKey::make(src, *compiler);
+  const std::string digest = key.digest();
+  if (env().dump_source) KILN_LOG_INFO("source of {} for {}:\n{}", to_string(src.spec), target.name, src.text);
 
-}  // namespace
+  FileLock lock;
+  if (disk_) {
+    if (auto hit = disk_->load(digest)) return from_disk(std::move(*hit), *compiler, src);
+  }
+  for (const auto& layer : layers_) {
+    if (auto hit = layer->load(digest)) {
+      ++stats_.layer_hits;
+      return from_disk(std::move(*hit), *compiler, src);
+    }
+  }
+  if (disk_ && writes_enabled_) {
+    // Single flight across processes: take the key's lock, then look again.
+    bool waited = false;
+    auto locked = disk_->lock(digest, env().lock_timeout_s, &waited);
+    if (waited) ++stats_.lock_waits;
+    if (!locked && locked.error().code == Errc::timeout) return locked.take_error();
+    if (locked) {
+      lock = std::move(locked).value();
+      if (auto hit = disk_->load(digest)) return from_disk(std::move(*hit), *compiler, src);
+    } else {
+      KILN_LOG_WARN("compiling without the cross-process lock: {}", locked.error().message);
+    }
+  }
+
+  // The cluster tier (cache/remote_cache.h): a verified entry another node compiled, or the
+  // cluster-wide claim to compile it here and store it there.
+  RemoteClaim claim;
+  std::optional<CacheEntry> remote_hit = remote_ ? remote_->fetch_or_claim(digest, claim) : std::nullopt;
+  CacheEntry entry;
+  if (remote_hit) {
+    entry = std::move(*remote_hit);
+  } else {
+    KILN_LOG_DEBUG("compiling {} for {} with {} {}", to_string(src.spec), target.name, compiler->name(), compiler->version());
+    test_kill_point("compile");
+    KILN_ASSIGN_OR_RETURN(CompiledCode code, compiler->compile(src));
+    ++stats_.compiles;
+    stats_.compile_us += static_cast<uint64_t>(code.compile_ms * 1000);
+    entry.key = digest;
+    entry.key_json = key.to_json();
+    entry.target = std::string(target.name);
+    entry.kernel_name = src.kernel_name;
+    entry.source = src.text;
+    entry.compiled = std::move(code);
+    if (remote_) remote_->publish(entry, claim);
+  }
+  if (disk_ && writes_enabled_) {
+    if (auto stored = disk_->store(entry); !stored) {
+      ++stats_.disk_errors;
+      // A full, read-only or quota-limited file system: stop writing (one warning), keep going.
+      if (writes_enabled_.exchange(false))
+        KILN_LOG_WARN("cannot write to the kernel cache ({}); kernels are cached in memory only from now on",
+                      stored.error().message);
+    } else if (max_bytes_) {
+      if (auto gc = disk_->collect(max_bytes_); !gc) KILN_LOG_WARN("cache budget: {}", gc.error().message);
+    }
+  }
+  return std::make_shared<CompiledKernelImpl>(std::move(entry), *compiler, remote_hit ? "remote" : "compiled", src);
+}
+
+std::shared_ptr<CompiledKernelImpl> RuntimeImpl::from_disk(CacheEntry entry, const Compiler& compiler,
+                                                           const KernelSource& src) {
+  ++stats_.disk_hits;
+  return std::make_shared<CompiledKernelImpl>(std::move(entry), compiler, "disk", src);
+}
+
+}  // namespace detail
 
 Result<std::unique_ptr<Runtime>> Runtime::create(const RuntimeOptions& options) {
   if (auto bad = env_error()) return make_error(Errc::invalid_argument, *bad);
@@ -991,7 +733,7 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const RuntimeOptions& options) 
       else KILN_LOG_WARN("skipping read-only cache layer: {}", layer.error().message);
     }
   }
-  auto runtime = std::make_unique<RuntimeImpl>(options, std::move(device), std::move(disk), std::move(layers),
+  auto runtime = std::make_unique<detail::RuntimeImpl>(options, std::move(device), std::move(disk), std::move(layers),
                                                std::move(record_fd));
   if (remote) {
     remote->wait_s = env().lock_timeout_s;

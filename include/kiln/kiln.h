@@ -9,4 +9,5 @@
 #include "kiln/runtime.h"
 #include "kiln/spec.h"
 #include "kiln/target.h"
+#include "kiln/tune.h"
 #include "kiln/version.h"

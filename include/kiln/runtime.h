@@ -21,6 +21,7 @@
 #include "kiln/result.h"
 #include "kiln/spec.h"
 #include "kiln/target.h"
+#include "kiln/tune.h"
 
 namespace kiln {
 
@@ -74,35 +75,6 @@ struct CacheStats {
   uint64_t remote_stores = 0;   ///< Kernels compiled here and stored in the remote tier.
   uint64_t remote_refused = 0;  ///< Remote entries refused (not authenticated, malformed, too large).
   uint64_t remote_errors = 0;   ///< Failed remote calls (the first turns the tier off for this runtime).
-};
-
-/// Options of Runtime::tune.
-struct TuneOptions {
-  int reps = 20;       ///< Timed launches per candidate (after one warm-up launch); the median counts.
-  bool force = false;  ///< Time again even when a tuning record exists (and replace it).
-};
-
-/// One tile configuration the autotuner considered.
-struct TuneCandidate {
-  std::map<std::string, int64_t> config;  ///< Tile configuration ("BN" -> 256, ...), as KernelInfo::config.
-  double median_ms = 0;  ///< Median device time of one launch, milliseconds (0: not timed).
-  double min_ms = 0;     ///< Fastest launch.
-  double max_ms = 0;     ///< Slowest launch.
-  std::string error;     ///< Why it was skipped (its compile, load or launch error); empty when timed.
-};
-
-/// What Runtime::tune measured, or found in a tuning record.
-struct TuneReport {
-  std::string spec;        ///< to_string of the baked spec.
-  std::string device;      ///< Device::name() ("NVIDIA H200").
-  std::string target;      ///< "sm_90a".
-  std::string compiler;    ///< "nvrtc" or "clang".
-  std::vector<TuneCandidate> candidates;  ///< In the op's order; the heuristic's first.
-  size_t winner = 0;       ///< Index of the fastest timed candidate.
-  int reps = 0;            ///< Timed launches per candidate.
-  bool from_record = false;  ///< Found in a tuning record: nothing was timed now.
-  std::string record;      ///< The record read or written; "" when none (memory-only cache, one candidate).
-  std::string created_utc; ///< When the candidates were timed ("2025-06-01T12:00:00Z").
 };
 
 /// Resource usage of a compiled kernel (-1 = unknown). See `kiln inspect --emit meta`.

@@ -3,62 +3,18 @@
 //     clang frontend, the AMDGPU backend and lld; NVPTX PTX via the NVPTX backend, assembled into a
 //     cubin in-process by nvJitLink.
 //   NVRTC (NvrtcCompiler, dlopen'd): sm_90a cubins; the default for NVIDIA targets.
+// The types (CodeObject, CodeObjectInfo, CompiledCode) and the Compiler interface are in
+// codegen/code_object.h.
 #pragma once
 
-#include <cstdint>
 #include <string>
-#include <vector>
+#include <string_view>
 
+#include "codegen/code_object.h"
 #include "codegen/codegen.h"
 #include "kiln/result.h"
 
 namespace kiln {
-
-/// A code object: the bytes a driver loads (hsaco or cubin ELF, or PTX text for the driver JIT).
-struct CodeObject {
-  std::string format;           ///< "hsaco", "cubin" or "ptx".
-  std::vector<uint8_t> bytes;
-};
-
-/// Resource usage of a kernel, read from the code object (AMDGPU metadata notes) or from the
-/// assembler's report (ptxas -v through NVRTC / nvJitLink). -1 = unknown.
-struct CodeObjectInfo {
-  std::string kernel;
-  int registers = -1;      ///< NVIDIA registers per thread, AMD VGPRs (arch VGPRs).
-  int sgprs = -1;          ///< AMD scalar registers.
-  int agprs = -1;          ///< AMD accumulation registers (gfx90a+).
-  int shared_bytes = -1;   ///< Static LDS / shared memory per block.
-  int scratch_bytes = -1;  ///< Private segment (AMD) / stack frame (NVIDIA) per thread.
-  int spill_stores = -1;   ///< NVIDIA spill-store bytes; AMD VGPR+SGPR spill count.
-  int spill_loads = -1;    ///< NVIDIA spill-load bytes.
-  int wave_size = -1;
-  std::string extra;       ///< Raw assembler report lines, when any.
-};
-
-struct CompiledCode {
-  CodeObject code;
-  CodeObjectInfo info;
-  std::string log;     ///< Compiler warnings (empty when clean).
-  double compile_ms = 0;
-};
-
-/// What `kiln inspect --emit` can ask a compiler for besides the code object.
-enum class Emit { llvm_ir, assembly };
-
-class Compiler {
- public:
-  virtual ~Compiler() = default;
-  /// "clang" or "nvrtc".
-  virtual std::string_view name() const = 0;
-  /// Exact version ("22.1.8", "13.0"); part of the cache key.
-  virtual std::string version() const = 0;
-  /// The options that shape the code, as one string; part of the cache key.
-  virtual std::string flags(const TargetInfo& target) const = 0;
-  virtual bool supports(const TargetInfo& target) const = 0;
-  virtual Result<CompiledCode> compile(const KernelSource& source) = 0;
-  /// LLVM IR (clang only) or assembly: AMDGPU ISA, or PTX for NVIDIA.
-  virtual Result<std::string> emit(const KernelSource& source, Emit what) = 0;
-};
 
 /// The compiler for a target: "clang" or "nvrtc" for sm_90a (default nvrtc), clang for AMD.
 /// Errors: Errc::unsupported (AMD in a build without LLVM), driver_unavailable (no NVRTC).
@@ -66,11 +22,6 @@ Result<Compiler*> compiler_for(const TargetInfo& target, std::string_view nvidia
 /// The clang compiler, or an error in a build without LLVM.
 Result<Compiler*> clang_compiler();
 Result<Compiler*> nvrtc_compiler();
-
-/// Checks that a code object is what its target loads: a 64-bit little-endian ELF for EM_AMDGPU
-/// (hsaco, a shared object) or EM_CUDA (cubin), or PTX text. Catches a wrong-target or truncated
-/// object before a driver sees it.
-Result<void> check_code_object(const CodeObject& code, const TargetInfo& target);
 
 /// Parses a ptxas -v report ("Used 64 registers, ... 8320 bytes smem", "0 bytes stack frame, ...")
 /// into `info`: the largest figures over the module's entry functions (a plan may launch several).

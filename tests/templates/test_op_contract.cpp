@@ -142,7 +142,7 @@ TEST(OpContract, NothingOutsideAnOpFolderComparesOpNames) {
   for (const std::string& n : names) alternatives += (alternatives.empty() ? "" : "|") + n;
   const std::regex compare("(==|!=)\\s*\"(" + alternatives + ")\"|\"(" + alternatives + ")\"\\s*(==|!=)");
   int files = 0;
-  for (const char* dir : {"runtime", "cache", "codegen", "tools", "support", "bench", "include", "templates"}) {
+  for (const char* dir : {"runtime", "cache", "codegen", "manifest", "check", "tools", "support", "bench", "include", "templates"}) {
     for (const auto& e : fs::recursive_directory_iterator(fs::path(KILN_SOURCE_DIR) / dir)) {
       if (!e.is_regular_file()) continue;
       const std::string ext = e.path().extension().string();

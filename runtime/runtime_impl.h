@@ -1,0 +1,195 @@
+// RuntimeImpl, the Runtime, declared here so that its concerns live in files of their own, each
+// defining its part of the class:
+//   runtime.cpp   the memo (compiled and loaded kernels in memory: compile(), kernel(), launch()),
+//                 the compile path through the disk, layer and remote caches, and Runtime::create
+//   tuner.cpp     tune() and its helpers: the tuning-record lookup and the timing of candidates
+//   recorder.cpp  record(): every spec compiled, appended to KILN_RECORD for `kiln prewarm`
+// CompiledKernelImpl and KernelImpl are runtime.cpp's own; the other files see them incomplete.
+#pragma once
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <shared_mutex>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "cache/disk_cache.h"
+#include "cache/remote_cache.h"
+#include "kiln/runtime.h"
+#include "runtime/device_impl.h"
+#include "support/fs.h"
+#include "templates/op_template.h"
+#include "templates/registry.h"
+
+namespace kiln::detail {
+
+class CompiledKernelImpl;
+class KernelImpl;
+
+// What identifies a loaded Kernel within a runtime, whose target and compiler are fixed: the op,
+// the dtypes and the baked parameters (defaults filled). It is built on the stack, so that a
+// memory hit (kernel(), Runtime::launch, the typed ops) formats no string and allocates nothing.
+struct MemoKey {
+  static constexpr uint32_t kMaxBaked = 16;
+  const OpTemplate* op = nullptr;
+  DType dtype{}, out_dtype{};
+  bool extra = false;   // parameters the op does not know: the miss path's validation names them
+  uint32_t count = 0;   // baked parameters
+  uint32_t absent = 0;  // bit i: baked parameter i has no value and no default
+  int64_t baked[kMaxBaked];  // the first `count` are set
+
+  // Fills `k` in place (a Result<MemoKey> would copy it once more on every launch).
+  static Result<void> of(const KernelSpec& spec, MemoKey& k) {
+    KILN_ASSIGN_OR_RETURN(k.op, find_op(spec.op));
+    k.dtype = spec.dtype;
+    k.out_dtype = spec.out_dtype;
+    k.count = 0;
+    k.absent = 0;
+    for (const ParamInfo& p : k.op->params()) {
+      if (!p.baked) continue;
+      if (k.count == kMaxBaked)
+        return make_error(Errc::unsupported, fmt::format("{} declares more than {} baked parameters; raise "
+                                                         "MemoKey::kMaxBaked in runtime/runtime_impl.h",
+                                                         k.op->name(), kMaxBaked));
+      auto it = spec.params.find(std::string(p.name));  // names fit the small-string buffer
+      if (it != spec.params.end()) k.baked[k.count] = it->second;
+      else if (p.default_value) k.baked[k.count] = *p.default_value;
+      else {
+        k.baked[k.count] = 0;
+        k.absent |= uint32_t{1} << k.count;
+      }
+      ++k.count;
+    }
+    k.extra = spec.params.size() > k.op->params().size();
+    return ok();
+  }
+  bool operator==(const MemoKey& o) const {
+    return op == o.op && dtype == o.dtype && out_dtype == o.out_dtype && extra == o.extra && count == o.count &&
+           absent == o.absent && std::equal(baked, baked + count, o.baked);
+  }
+};
+struct MemoKeyHash {
+  size_t operator()(const MemoKey& k) const {
+    // FNV-1a over the fields.
+    uint64_t h = 1469598103934665603ull;
+    auto mix = [&h](uint64_t v) { h = (h ^ v) * 1099511628211ull; };
+    mix(reinterpret_cast<uintptr_t>(k.op));
+    mix(static_cast<uint64_t>(k.dtype) << 8 | static_cast<uint64_t>(k.out_dtype) << 1 | k.extra);
+    mix(k.absent);
+    for (uint32_t i = 0; i < k.count; ++i) mix(static_cast<uint64_t>(k.baked[i]));
+    return static_cast<size_t>(h);
+  }
+};
+
+class RuntimeImpl final : public Runtime {
+ public:
+  friend class Runtime;  // create() sets remote_
+  RuntimeImpl(const RuntimeOptions& options, std::unique_ptr<DeviceImpl> device, std::unique_ptr<DiskCache> disk,
+              std::vector<std::unique_ptr<DiskCache>> layers, UniqueFd record_fd);
+  ~RuntimeImpl() override;
+
+  Device* device() override { return device_.get(); }
+  std::string cache_dir() const override { return disk_ ? disk_->root() : std::string(); }
+
+  Result<std::shared_ptr<const CompiledKernel>> compile(const KernelSpec& spec, std::string_view target_name) override;
+
+  Result<std::shared_ptr<const Kernel>> kernel(const KernelSpec& spec) override;
+
+  // The one-call form. A thread that launches the kernel it launched last (the common loop) skips
+  // the lock, the hash lookup and the reference count: its last hit is kept per thread, valid
+  // while this runtime and its generation (bumped when tune() replaces a kernel) are unchanged.
+  // Kernels are never freed before the runtime, so a raw pointer is safe.
+  Result<void> launch(const KernelSpec& spec, std::span<void* const> buffers,
+                      const std::map<std::string, float>& scalars, Stream stream) override;
+
+  // Defined in tuner.cpp.
+  Result<TuneReport> tune(const KernelSpec& spec, const TuneOptions& options) override;
+
+  CacheStats stats() const override;
+
+ private:
+  // The key of the in-memory compile cache (compiled_): the baked spec, the target and the
+  // compiler. Computing it costs an op lookup and a short string; no codegen, no SHA-256. Loaded
+  // kernels (kernels_) are found by MemoKey instead, without a string.
+  Result<std::string> memo_key(const KernelSpec& spec, const TargetInfo& target) const;
+
+  std::string compiler_name(const TargetInfo& target) const {
+    return target.vendor == Vendor::nvidia ? nvidia_compiler_ : "clang";
+  }
+
+  // The tuner (tuner.cpp). The writable cache, then the read-only layers: where tuning records are
+  // looked up.
+  std::vector<DiskCache*> tuning_caches() const;
+  // The winner of the spec's tuning record on this device, or nullopt: none, or a spec with one
+  // candidate (every kernel but sm_90a's TMA gemm), which is not looked up at all.
+  std::optional<TileConfig> tuned_config(const KernelSpec& spec);
+  static size_t winner_index(const std::vector<TuneCandidate>& candidates, const TileConfig& winner);
+  // Compiles, loads and times one tuning candidate: one launch to warm up (and to surface launch
+  // errors), then `reps` launches, each timed with device events; fills in c's times.
+  Result<std::shared_ptr<KernelImpl>> time_candidate(const KernelSpec& spec, const TileConfig& config,
+                                                     std::span<void* const> buffers, int reps, TuneCandidate& c);
+
+  // Loads `compiled` (one of the spec's variants or tuning candidates) as the preferred variant
+  // of a Kernel; the op's other variants are compiled and loaded when a call needs them.
+  Result<std::shared_ptr<KernelImpl>> load(const std::shared_ptr<CompiledKernelImpl>& compiled);
+
+  // Makes `k` the kernel that kernel() returns for its spec from now on.
+  void install(const MemoKey& memo, std::shared_ptr<KernelImpl> k);
+
+  // A KernelImpl as the Kernel it is, for the files that see KernelImpl incomplete.
+  static const Kernel& as_kernel(const KernelImpl& k);
+
+  // The heuristic's kernel (config == nullptr), or the given tuning candidate's: memoized apart,
+  // so that compile() keeps returning the heuristic's while kernel() serves a tuned one.
+  // `record_spec`: append the spec to KILN_RECORD when built (tuning candidates are recorded once,
+  // by tune()).
+  Result<std::shared_ptr<CompiledKernelImpl>> get_compiled(const KernelSpec& spec, const TargetInfo& target,
+                                                           const TileConfig* config = nullptr,
+                                                           bool record_spec = true);
+
+  Result<std::shared_ptr<CompiledKernelImpl>> build(const KernelSpec& spec, const TargetInfo& target,
+                                                    const TileConfig* config);
+
+  std::shared_ptr<CompiledKernelImpl> from_disk(CacheEntry entry, const Compiler& compiler, const KernelSource& src);
+
+  struct Counters {
+    std::atomic<uint64_t> memory_hits{0}, disk_hits{0}, compiles{0}, compile_us{0}, lock_waits{0}, disk_errors{0},
+        layer_hits{0}, tunings{0}, tuning_hits{0};
+  };
+
+  // The recorder (recorder.cpp). Appends the spec as one manifest line (JSON lines, for
+  // `kiln prewarm`); O_APPEND keeps lines from several processes whole.
+  void record(const KernelSpec& spec);
+  std::atomic<bool> record_failed_{false};
+
+  std::unique_ptr<DeviceImpl> device_;
+  std::unique_ptr<DiskCache> disk_;
+  std::vector<std::unique_ptr<DiskCache>> layers_;
+  std::unique_ptr<RemoteCache> remote_;  // KILN_REMOTE_CACHE; set by create()
+  std::atomic<bool> writes_enabled_{true};
+  uint64_t max_bytes_ = 0;
+  bool use_tuning_ = true;
+  int record_fd_ = -1;
+  std::string nvidia_compiler_;
+  mutable std::shared_mutex mu_;
+  std::mutex load_mu_;
+  std::unordered_map<std::string, std::shared_ptr<CompiledKernelImpl>> compiled_;
+  std::unordered_map<std::string, std::shared_ptr<std::mutex>> inflight_;
+  std::unordered_map<MemoKey, std::shared_ptr<KernelImpl>, MemoKeyHash> kernels_;
+  std::vector<std::shared_ptr<KernelImpl>> retired_;  // replaced by install(); freed with the runtime
+  static inline std::atomic<uint64_t> next_id_{1};
+  const uint64_t id_ = next_id_.fetch_add(1);         // never reused, unlike the address
+  std::atomic<uint64_t> generation_{0};
+  mutable Counters stats_;
+};
+
+}  // namespace kiln::detail

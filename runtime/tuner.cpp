@@ -1,0 +1,158 @@
+// The tuner: Runtime::tune, the tuning-record lookup of kernel() (tuned_config) and the timing of
+// candidates. Part of RuntimeImpl (runtime/runtime_impl.h).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <optional>
+#include <random>
+#include <vector>
+
+#include "cache/tuning.h"
+#include "runtime/device_tensors.h"
+#include "runtime/runtime_impl.h"
+#include "support/env.h"
+#include "support/log.h"
+#include "templates/registry.h"
+
+namespace kiln::detail {
+
+Result<TuneReport> RuntimeImpl::tune(const KernelSpec& spec, const TuneOptions& options) {
+  if (!device_)
+    return make_error(Errc::driver_unavailable,
+                      "no GPU: tuning times kernels on a device, and this runtime is compile-only (no driver or "
+                      "no device was found)");
+  if (options.reps < 1)
+    return make_error(Errc::invalid_argument, fmt::format("tune: reps = {}; time at least 1 launch", options.reps));
+  KILN_ASSIGN_OR_RETURN(const OpTemplate* op, find_op(spec.op));
+  const TargetInfo& target = device_->target();
+  KILN_TRY(op->validate(spec, target));
+  MemoKey memo;
+  KILN_TRY(MemoKey::of(spec, memo));
+  const std::vector<TileConfig> candidates = op->tuning_candidates(op->baked_spec(spec), target);
+  TuneReport report;
+  report.spec = to_string(op->baked_spec(spec));
+  report.device = device_->name();
+  report.target = std::string(target.name);
+  report.compiler = compiler_name(target);
+  if (candidates.size() == 1) {  // nothing to choose
+    report.candidates.emplace_back().config = candidates.front();
+    return report;
+  }
+  const TuningKey key = TuningKey::make(*op, spec, target, report.device, report.compiler);
+
+  // Single flight across processes: one times the spec, the others wait and read its record.
+  FileLock lock;
+  if (disk_ && writes_enabled_) {
+    auto locked = disk_->lock(key.digest(), env().lock_timeout_s);
+    if (locked) lock = std::move(locked).value();
+    else if (locked.error().code == Errc::timeout) return locked.take_error();
+    else KILN_LOG_WARN("tuning without the cross-process lock: {}", locked.error().message);
+  }
+  if (!options.force) {
+    if (auto found = find_tuning(tuning_caches(), key, candidates)) {
+      ++stats_.tuning_hits;
+      KILN_ASSIGN_OR_RETURN(auto compiled, get_compiled(spec, target, &found->record.winner));
+      KILN_ASSIGN_OR_RETURN(auto k, load(compiled));
+      install(memo, std::move(k));
+      report.candidates = std::move(found->record.candidates);
+      report.winner = winner_index(report.candidates, found->record.winner);
+      report.reps = found->record.reps;
+      report.created_utc = std::move(found->record.created_utc);
+      report.from_record = true;
+      report.record = std::move(found->path);
+      return report;
+    }
+  }
+
+  // Every candidate on the same inputs: compile (through the caches), load, warm up, time.
+  std::mt19937_64 rng(std::random_device{}());
+  KILN_ASSIGN_OR_RETURN(DeviceTensors tensors, DeviceTensors::make(*device_, *op, spec, rng));
+  report.reps = options.reps;
+  report.created_utc = utc_now();
+  std::vector<std::shared_ptr<KernelImpl>> loaded(candidates.size());
+  std::optional<Error> first_error;
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    TuneCandidate& c = report.candidates.emplace_back();
+    c.config = candidates[i];
+    auto timed = time_candidate(spec, candidates[i], tensors.pointers(), options.reps, c);
+    if (!timed) {
+      c.error = timed.error().message;
+      KILN_LOG_WARN("tuning {}: candidate {} failed: {}", report.spec, config_string(c.config), c.error);
+      if (!first_error) first_error = timed.take_error();
+      continue;
+    }
+    loaded[i] = std::move(timed).value();
+  }
+  std::optional<size_t> best;
+  for (size_t i = 0; i < candidates.size(); ++i)
+    if (loaded[i] && (!best || report.candidates[i].median_ms < report.candidates[*best].median_ms)) best = i;
+  if (!best) {
+    first_error->message = fmt::format("tuning {}: every candidate failed; the first: {}", report.spec, first_error->message);
+    return *first_error;
+  }
+  report.winner = *best;
+  ++stats_.tunings;
+  install(memo, loaded[*best]);
+  record(spec);  // once, not once per candidate
+
+  TuningRecord record{key, candidates[*best], report.candidates, options.reps, report.created_utc};
+  if (disk_ && writes_enabled_) {
+    if (auto stored = store_tuning(*disk_, record)) {
+      report.record = std::move(stored).value();
+    } else {
+      ++stats_.disk_errors;
+      KILN_LOG_WARN("cannot keep the tuning result of {} ({}); it holds for this runtime only", report.spec,
+                    stored.error().message);
+    }
+  }
+  return report;
+}
+
+std::vector<DiskCache*> RuntimeImpl::tuning_caches() const {
+  std::vector<DiskCache*> caches;
+  if (disk_) caches.push_back(disk_.get());
+  for (const auto& layer : layers_) caches.push_back(layer.get());
+  return caches;
+}
+
+std::optional<TileConfig> RuntimeImpl::tuned_config(const KernelSpec& spec) {
+  auto op = find_op(spec.op);
+  const TargetInfo& target = device_->target();
+  if (!op || !(*op)->validate(spec, target)) return std::nullopt;  // get_compiled reports it
+  const std::vector<TileConfig> candidates = (*op)->tuning_candidates((*op)->baked_spec(spec), target);
+  if (candidates.size() < 2) return std::nullopt;
+  const TuningKey key = TuningKey::make(**op, spec, target, device_->name(), compiler_name(target));
+  auto found = find_tuning(tuning_caches(), key, candidates);
+  if (!found) return std::nullopt;
+  ++stats_.tuning_hits;
+  KILN_LOG_DEBUG("{}: tuned configuration {} from {}", to_string(spec), config_string(found->record.winner), found->path);
+  return std::move(found->record.winner);
+}
+
+size_t RuntimeImpl::winner_index(const std::vector<TuneCandidate>& candidates, const TileConfig& winner) {
+  auto it = std::find_if(candidates.begin(), candidates.end(), [&](const TuneCandidate& c) { return c.config == winner; });
+  return static_cast<size_t>(it - candidates.begin());
+}
+
+Result<std::shared_ptr<KernelImpl>> RuntimeImpl::time_candidate(const KernelSpec& spec, const TileConfig& config,
+                                                                std::span<void* const> buffers, int reps,
+                                                                TuneCandidate& c) {
+  KILN_ASSIGN_OR_RETURN(auto compiled, get_compiled(spec, device_->target(), &config, /*record_spec=*/false));
+  KILN_ASSIGN_OR_RETURN(auto k, load(compiled));
+  const Kernel& kernel = as_kernel(*k);
+  KILN_TRY(kernel.launch(spec, buffers, {}, nullptr));
+  KILN_TRY(device_->synchronize(nullptr));
+  std::vector<float> ms;
+  for (int r = 0; r < reps; ++r) {
+    KILN_ASSIGN_OR_RETURN(float t,
+                          device_->time_ms(nullptr, [&] { return kernel.launch(spec, buffers, {}, nullptr); }));
+    ms.push_back(t);
+  }
+  std::sort(ms.begin(), ms.end());
+  c.median_ms = ms.size() % 2 ? ms[ms.size() / 2] : 0.5 * (ms[ms.size() / 2 - 1] + ms[ms.size() / 2]);
+  c.min_ms = ms.front();
+  c.max_ms = ms.back();
+  return k;
+}
+
+}  // namespace kiln::detail
