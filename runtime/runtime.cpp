@@ -471,13 +471,13 @@ Result<void> RuntimeImpl::launch(const KernelSpec& spec, std::span<void* const> 
       const KernelImpl* kernel = nullptr;
     };
     thread_local LastHit last;
-    MemoKey memo;
-    KILN_TRY(MemoKey::of(spec, memo));
     const uint64_t generation = generation_.load(std::memory_order_acquire);
-    if (last.kernel && last.runtime == id_ && last.generation == generation && last.key == memo) {
+    if (last.kernel && last.runtime == id_ && last.generation == generation && last.key.matches(spec)) {
       stats_.memory_hits.fetch_add(1, std::memory_order_relaxed);
       return last.kernel->launch(spec, buffers, scalars, stream);
     }
+    MemoKey memo;
+    KILN_TRY(MemoKey::of(spec, memo));
     KILN_ASSIGN_OR_RETURN(auto k, kernel(spec));
     const auto* impl = static_cast<const KernelImpl*>(k.get());
     last = {id_, generation, memo, impl};

@@ -48,6 +48,22 @@ struct MemoKey {
   int64_t baked[kMaxBaked];  // the first `count` are set
 
   // Fills `k` in place (a Result<MemoKey> would copy it once more on every launch).
+  // Whether `spec` has this key, without building one: no op lookup, no writes.
+  bool matches(const KernelSpec& spec) const {
+    if (!op || spec.dtype != dtype || spec.out_dtype != out_dtype || spec.op != op->name()) return false;
+    if ((spec.params.size() > op->params().size()) != extra) return false;
+    uint32_t i = 0;
+    for (const ParamInfo& p : op->params()) {
+      if (!p.baked) continue;
+      auto it = spec.params.find(std::string(p.name));
+      const bool present = it != spec.params.end() || p.default_value;
+      if (present == bool(absent >> i & 1)) return false;
+      if (present && baked[i] != (it != spec.params.end() ? it->second : *p.default_value)) return false;
+      ++i;
+    }
+    return true;
+  }
+
   static Result<void> of(const KernelSpec& spec, MemoKey& k) {
     KILN_ASSIGN_OR_RETURN(k.op, find_op(spec.op));
     k.dtype = spec.dtype;

@@ -18,10 +18,6 @@ class CudaModule final : public LoadedModule {
     api_->cuModuleUnload(module_);
   }
   Result<void> launch(const LaunchGeometry& g, void** args, Stream stream) const override {
-    // The primary context must be current on the calling thread; reading it is cheap and makes
-    // launches from any thread (and after other libraries switched contexts) work.
-    CUcontext current = nullptr;
-    if (api_->cuCtxGetCurrent(&current) != CUDA_SUCCESS || current != ctx_) KILN_CU(*api_, cuCtxSetCurrent(ctx_));
     // More than 48 KiB of dynamic shared memory (the WGMMA GEMM's stages) needs the function's
     // opt-in limit raised first; done once per module, for the largest size asked for so far.
     constexpr uint32_t kDefaultDynamicLimit = 48 * 1024;
@@ -33,14 +29,34 @@ class CudaModule final : public LoadedModule {
       }
     }
     if (g.cluster.x == 1 && g.cluster.y == 1 && g.cluster.z == 1 && !g.programmatic_dependent_launch) {
-      // The common launch: no attribute, the same driver call as a raw launch.
-      KILN_CU(*api_, cuLaunchKernel(fn_, g.grid.x, g.grid.y, g.grid.z, g.block.x, g.block.y, g.block.z,
-                                    g.dynamic_shared_bytes, static_cast<CUstream>(stream), args, nullptr));
+      // The common launch: no attribute, the same single driver call as a raw launch. The primary
+      // context must be current on the calling thread; a launch refused for want of it (a new
+      // thread, or another library made its own context current) binds it and launches again.
+      // Asking for the current context first would cost a second driver call on every launch.
+      CUresult rc = api_->cuLaunchKernel(fn_, g.grid.x, g.grid.y, g.grid.z, g.block.x, g.block.y, g.block.z,
+                                         g.dynamic_shared_bytes, static_cast<CUstream>(stream), args, nullptr);
+      if (rc != CUDA_SUCCESS && wrong_context(rc)) {
+        KILN_CU(*api_, cuCtxSetCurrent(ctx_));
+        rc = api_->cuLaunchKernel(fn_, g.grid.x, g.grid.y, g.grid.z, g.block.x, g.block.y, g.block.z,
+                                  g.dynamic_shared_bytes, static_cast<CUstream>(stream), args, nullptr);
+      }
+      if (rc != CUDA_SUCCESS) return cuda_error(*api_, rc, "cuLaunchKernel", __FILE__, __LINE__);
       return ok();
     }
+    CUcontext current = nullptr;
+    if (api_->cuCtxGetCurrent(&current) != CUDA_SUCCESS || current != ctx_) KILN_CU(*api_, cuCtxSetCurrent(ctx_));
     return launch_ex(g, args, stream);
   }
   void* function() const override { return fn_; }
+
+  // Whether a failed launch may be for want of this module's context on the calling thread: no
+  // context current, or another one (the function is not a handle there).
+  bool wrong_context(CUresult rc) const {
+    if (rc != CUDA_ERROR_INVALID_CONTEXT && rc != CUDA_ERROR_INVALID_HANDLE && rc != CUDA_ERROR_CONTEXT_IS_DESTROYED)
+      return false;
+    CUcontext current = nullptr;
+    return api_->cuCtxGetCurrent(&current) != CUDA_SUCCESS || current != ctx_;
+  }
 
   // A launch with attributes (cluster dimensions, programmatic dependent launch) through
   // cuLaunchKernelEx; its configuration and attributes live on the stack.

@@ -290,6 +290,9 @@ FAKE_EXPORT CUresult cuFuncSetAttribute(CUfunction f, CUfunction_attribute attri
 FAKE_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
                                     unsigned int by, unsigned int bz, unsigned int shared, CUstream stream, void**,
                                     void**) {
+  // As the real driver: a launch needs a current context, and the function's own.
+  if (!t_current) return CUDA_ERROR_INVALID_CONTEXT;
+  if (t_current != &g_primary) return CUDA_ERROR_INVALID_HANDLE;
   const unsigned grid[3] = {gx, gy, gz}, block[3] = {bx, by, bz}, cluster[3] = {1, 1, 1};
   return record_launch(f, grid, block, shared, stream, cluster, false, false);
 }

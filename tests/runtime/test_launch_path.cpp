@@ -6,9 +6,11 @@
 #include <atomic>
 #include <cstdlib>
 #include <new>
+#include <thread>
 
 #include "fake_driver/fake_cuda_test.h"
 #include "kiln/ops.h"
+#include "runtime/driver/cuda_api.h"
 #include "test_util.h"
 
 // This file replaces the global allocation functions; GCC's heuristic cannot tell they pair up.
@@ -129,6 +131,37 @@ TEST(LaunchPath, TensorMapsAreEncodedAgainOnlyForANewAddress) {
   abc[0] = static_cast<char*>(mm.pointers[0]) + 2;
   ASSERT_TRUE((*gemm)->launch(kGemm, abc).ok());
   EXPECT_EQ(maps(), before + 4) << "the cp.async kernel takes pointers, not tensor maps";
+}
+
+// A launch makes one driver call; the context is bound only when the driver refuses a launch for
+// want of it: on a thread that never used CUDA, and on one where another context is current.
+TEST(LaunchPath, ALaunchBindsTheContextOnlyWhenTheDriverAsks) {
+  ASSERT_TRUE(kUseFake);
+  KILN_REQUIRE_NVRTC();
+  kiln::testing::TempDir dir;
+  auto rt = testing::fake_runtime(dir.path());
+  ASSERT_TRUE(rt);
+  auto swiglu = rt->kernel(kSwiglu);
+  ASSERT_TRUE(swiglu.ok()) << swiglu.error().message;
+  testing::FakeBuffers sw(rt->device(), {3 * 512 * 2, 3 * 256 * 2});
+  const CudaApi* api = *cuda_api();
+  const int before = fake_launch_count();
+  bool fresh_ok = false, foreign_ok = false;
+  CUcontext after = nullptr;
+  std::thread([&] { fresh_ok = (*swiglu)->launch(kSwiglu, sw.pointers).ok(); }).join();
+  std::thread([&] {
+    static char other;  // another library's context, as far as this thread knows (an opaque handle)
+    api->cuCtxSetCurrent(reinterpret_cast<CUcontext>(&other));
+    foreign_ok = rt->launch(kSwiglu, sw.pointers).ok();
+    api->cuCtxGetCurrent(&after);
+  }).join();
+  EXPECT_TRUE(fresh_ok) << "a thread without a current context";
+  EXPECT_TRUE(foreign_ok) << "a thread with another context current";
+  EXPECT_EQ(fake_launch_count(), before + 2);
+  CUcontext primary = nullptr;
+  ASSERT_EQ(api->cuDevicePrimaryCtxRetain(&primary, 0), CUDA_SUCCESS);
+  EXPECT_EQ(after, primary);
+  api->cuDevicePrimaryCtxRelease(0);
 }
 
 }  // namespace
