@@ -77,30 +77,22 @@ class LoadedVariant {
   LoadedVariant(std::shared_ptr<const CompiledKernelImpl> compiled, DeviceImpl* device)
       : compiled_(std::move(compiled)), device_(device) {}
   const CompiledKernelImpl& compiled() const { return *compiled_; }
+  // Called once per plan and entry point: KernelImpl keeps what it returns (CachedPlans::modules).
   Result<const LoadedModule*> module(std::string_view kernel) const {
-    // The preferred entry point without a lock: loaded at construction, never removed.
-    if (const LoadedModule* first = first_.load(std::memory_order_acquire); first && kernel == first_name_) return first;
     std::lock_guard lock(mu_);
     for (const auto& [name, m] : modules_)
       if (name == kernel) return m.get();
     auto loaded = device_->load(compiled_->code(), std::string(kernel));
     if (!loaded) return loaded.take_error();
     modules_.emplace_back(std::string(kernel), std::move(loaded).value());
-    if (modules_.size() == 1) {
-      first_name_ = std::string(kernel);
-      first_.store(modules_.front().second.get(), std::memory_order_release);
-    }
     return modules_.back().second.get();
   }
-  const LoadedModule& first_module() const { return *modules_.front().second; }
 
  private:
   std::shared_ptr<const CompiledKernelImpl> compiled_;
   DeviceImpl* device_;
   mutable std::mutex mu_;
   mutable std::vector<std::pair<std::string, std::unique_ptr<LoadedModule>>> modules_;
-  mutable std::string first_name_;  // written once, before first_ is published
-  mutable std::atomic<const LoadedModule*> first_{nullptr};
 };
 
 // Compiles and loads variant `index` of a kernel (a fallback, the first time a call needs it).
@@ -127,9 +119,8 @@ class KernelImpl final : public Kernel {
     const std::vector<TensorInfo> tensors = op_->tensors(spec_);
     tensor_count_ = tensors.size();
     for (const TensorInfo& t : tensors) {
-      tensor_names_ += (tensor_names_.empty() ? "" : ", ") + t.name;
       tensor_dtypes_.push_back(t.dtype);
-      tensor_name_list_.push_back(t.name);
+      tensor_names_.push_back(t.name);
     }
     for (const ParamInfo& p : op_->params())
       if (!p.baked) {
@@ -166,7 +157,7 @@ class KernelImpl final : public Kernel {
     if (buffers.size() != tensor_count_ && buffers.size() != tensor_count_ + 1)
       return make_error(Errc::invalid_argument,
                         fmt::format("{} takes {} device buffers ({}), and optionally a workspace, got {}", op_->name(),
-                                    tensor_count_, tensor_names_, buffers.size()));
+                                    tensor_count_, fmt::join(tensor_names_, ", "), buffers.size()));
     KILN_ASSIGN_OR_RETURN(const CachedPlans* plans, plans_for(call));
     // A call of size 0 launches nothing.
     if ((*plans)[0].launches.empty()) return ok();
@@ -176,9 +167,7 @@ class KernelImpl final : public Kernel {
     size_t v = 0;
     while (v < configs_.size() && !serves(v, tensors)) ++v;
     if (v == configs_.size()) return no_variant_error(tensors);
-    const Plan& plan = (*plans)[v];
-    if (plan.launches.size() > kMaxLaunches)
-      return make_error(Errc::invalid_argument, fmt::format("{}: a plan of more than {} launches", op_->name(), kMaxLaunches));
+    const Plan& plan = (*plans)[v];  // within kMaxLaunches and kMaxArgs: plans_for checked
     const LoadedModule* modules[kMaxLaunches];
     for (size_t i = 0; i < plan.launches.size(); ++i) {
       // Resolved once per plan and variant, then read without a lock.
@@ -208,9 +197,6 @@ class KernelImpl final : public Kernel {
     }
     for (size_t li = 0; li < plan.launches.size(); ++li) {
       const Launch& l = plan.launches[li];
-      if (l.args.size() > kMaxArgs)
-        return make_error(Errc::invalid_argument, fmt::format("{}: kernel {} takes more than {} arguments", op_->name(),
-                                                              l.kernel, kMaxArgs));
       // Kernel parameters: each value in its own slot, then an array of pointers to the slots.
       void* args[kMaxArgs];
       void* ptrs[kMaxArgs];
@@ -273,9 +259,6 @@ class KernelImpl final : public Kernel {
     return ok();
   }
 
-  const LoadedModule& module() const { return loaded_[0]->first_module(); }
-  const OpTemplate* op() const { return op_; }
-
  private:
   static constexpr size_t kMaxArgs = 32, kMaxLaunches = 8;
   // The plans of every variant for one set of runtime sizes: a call with the sizes of the last
@@ -333,7 +316,14 @@ class KernelImpl final : public Kernel {
     for (size_t i = 0; i < n; ++i) full.params[runtime_names_[i]] = sizes[i];
     for (const TileConfig& c : configs_) {
       Plan p = op_->plan(full, c);
-      for (Launch& l : p.launches) l.geometry = fit(l.geometry);
+      if (p.launches.size() > kMaxLaunches)
+        return make_error(Errc::invalid_argument, fmt::format("{}: a plan of more than {} launches", op_->name(), kMaxLaunches));
+      for (Launch& l : p.launches) {
+        if (l.args.size() > kMaxArgs)
+          return make_error(Errc::invalid_argument, fmt::format("{}: kernel {} takes more than {} arguments",
+                                                                op_->name(), l.kernel, kMaxArgs));
+        l.geometry = fit(l.geometry);
+      }
       fresh->push_back(std::move(p));
     }
     const CachedPlans* out = fresh.get();
@@ -368,7 +358,7 @@ class KernelImpl final : public Kernel {
     if (g.persistent && compute_units_ > 0) g.grid.x = std::min<uint32_t>(g.grid.x, static_cast<uint32_t>(compute_units_));
     return g;
   }
-  std::string_view tensor_name(size_t i) const { return i < tensor_name_list_.size() ? tensor_name_list_[i] : "?"; }
+  std::string_view tensor_name(size_t i) const { return i < tensor_names_.size() ? tensor_names_[i] : "?"; }
   DType tensor_dtype(size_t i) const { return i < tensor_dtypes_.size() ? tensor_dtypes_[i] : DType::f32; }
 
   const OpTemplate* op_;
@@ -379,11 +369,10 @@ class KernelImpl final : public Kernel {
   DeviceImpl* device_;
   int compute_units_ = 0;
   size_t tensor_count_ = 0;
-  std::string tensor_names_;
   const uint64_t id_ = next_id_.fetch_add(1);  // never reused, unlike the address
   std::vector<uintptr_t> align_masks_;         // [variant][tensor]: base address bits that must be 0
   std::vector<DType> tensor_dtypes_;  // of the op's tensors for the baked spec, in buffer order
-  std::vector<std::string> tensor_name_list_;
+  std::vector<std::string> tensor_names_;
   std::vector<const ParamInfo*> runtime_params_;
   std::vector<const ScalarInfo*> scalars_;
   mutable std::atomic<const CachedPlans*> last_plans_{nullptr};

@@ -47,44 +47,47 @@ struct MemoKey {
   uint32_t absent = 0;  // bit i: baked parameter i has no value and no default
   int64_t baked[kMaxBaked];  // the first `count` are set
 
-  // Fills `k` in place (a Result<MemoKey> would copy it once more on every launch).
-  // Whether `spec` has this key, without building one: no op lookup, no writes.
-  bool matches(const KernelSpec& spec) const {
-    if (!op || spec.dtype != dtype || spec.out_dtype != out_dtype || spec.op != op->name()) return false;
-    if ((spec.params.size() > op->params().size()) != extra) return false;
+  // Calls f(i, present, value) for each baked parameter i of `op` in `spec` (value: the spec's, or
+  // the default); stops and returns false when f does.
+  template <typename F>
+  static bool each_baked(const OpTemplate& op, const KernelSpec& spec, F&& f) {
     uint32_t i = 0;
-    for (const ParamInfo& p : op->params()) {
+    for (const ParamInfo& p : op.params()) {
       if (!p.baked) continue;
-      auto it = spec.params.find(std::string(p.name));
-      const bool present = it != spec.params.end() || p.default_value;
-      if (present == bool(absent >> i & 1)) return false;
-      if (present && baked[i] != (it != spec.params.end() ? it->second : *p.default_value)) return false;
-      ++i;
+      auto it = spec.params.find(std::string(p.name));  // names fit the small-string buffer
+      const bool given = it != spec.params.end();
+      if (!f(i++, given || p.default_value.has_value(), given ? it->second : p.default_value.value_or(0))) return false;
     }
     return true;
   }
 
+  // Whether `spec` has this key, without building one: no op lookup, no writes.
+  bool matches(const KernelSpec& spec) const {
+    if (!op || spec.dtype != dtype || spec.out_dtype != out_dtype || spec.op != op->name()) return false;
+    if ((spec.params.size() > op->params().size()) != extra) return false;
+    return each_baked(*op, spec, [&](uint32_t i, bool present, int64_t value) {
+      return i < count && present != bool(absent >> i & 1) && (!present || baked[i] == value);
+    });
+  }
+
+  // Fills `k` in place (a Result<MemoKey> would copy it once more on every launch).
   static Result<void> of(const KernelSpec& spec, MemoKey& k) {
     KILN_ASSIGN_OR_RETURN(k.op, find_op(spec.op));
     k.dtype = spec.dtype;
     k.out_dtype = spec.out_dtype;
     k.count = 0;
     k.absent = 0;
-    for (const ParamInfo& p : k.op->params()) {
-      if (!p.baked) continue;
-      if (k.count == kMaxBaked)
-        return make_error(Errc::unsupported, fmt::format("{} declares more than {} baked parameters; raise "
-                                                         "MemoKey::kMaxBaked in runtime/runtime_impl.h",
-                                                         k.op->name(), kMaxBaked));
-      auto it = spec.params.find(std::string(p.name));  // names fit the small-string buffer
-      if (it != spec.params.end()) k.baked[k.count] = it->second;
-      else if (p.default_value) k.baked[k.count] = *p.default_value;
-      else {
-        k.baked[k.count] = 0;
-        k.absent |= uint32_t{1} << k.count;
-      }
-      ++k.count;
-    }
+    const bool fits = each_baked(*k.op, spec, [&](uint32_t i, bool present, int64_t value) {
+      if (i == kMaxBaked) return false;
+      k.baked[i] = value;
+      if (!present) k.absent |= uint32_t{1} << i;
+      k.count = i + 1;
+      return true;
+    });
+    if (!fits)
+      return make_error(Errc::unsupported, fmt::format("{} declares more than {} baked parameters; raise "
+                                                       "MemoKey::kMaxBaked in runtime/runtime_impl.h",
+                                                       k.op->name(), kMaxBaked));
     k.extra = spec.params.size() > k.op->params().size();
     return ok();
   }

@@ -33,12 +33,14 @@ class CudaModule final : public LoadedModule {
       // context must be current on the calling thread; a launch refused for want of it (a new
       // thread, or another library made its own context current) binds it and launches again.
       // Asking for the current context first would cost a second driver call on every launch.
-      CUresult rc = api_->cuLaunchKernel(fn_, g.grid.x, g.grid.y, g.grid.z, g.block.x, g.block.y, g.block.z,
-                                         g.dynamic_shared_bytes, static_cast<CUstream>(stream), args, nullptr);
+      auto launch = [&] {
+        return api_->cuLaunchKernel(fn_, g.grid.x, g.grid.y, g.grid.z, g.block.x, g.block.y, g.block.z,
+                                    g.dynamic_shared_bytes, static_cast<CUstream>(stream), args, nullptr);
+      };
+      CUresult rc = launch();
       if (rc != CUDA_SUCCESS && wrong_context(rc)) {
         KILN_CU(*api_, cuCtxSetCurrent(ctx_));
-        rc = api_->cuLaunchKernel(fn_, g.grid.x, g.grid.y, g.grid.z, g.block.x, g.block.y, g.block.z,
-                                  g.dynamic_shared_bytes, static_cast<CUstream>(stream), args, nullptr);
+        rc = launch();
       }
       if (rc != CUDA_SUCCESS) return cuda_error(*api_, rc, "cuLaunchKernel", __FILE__, __LINE__);
       return ok();

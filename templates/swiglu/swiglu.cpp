@@ -95,20 +95,22 @@ void SwiGluOp::reference(const KernelSpec& spec, const Scalars&, std::span<const
   }
 }
 
-std::vector<TestSpec> SwiGluOp::test_specs(const TargetInfo&) const {
+std::vector<TestSpec> elementwise_row_test_specs(std::string_view op) {
   std::vector<TestSpec> out;
   auto add = [&](DType t, int64_t rows, int64_t I, std::string_view why) {
-    out.push_back({{"swiglu", t, t, {{"rows", rows}, {"intermediate", I}}}, why});
+    out.push_back({{std::string(op), t, t, {{"rows", rows}, {"intermediate", I}}}, why});
   };
   for (DType t : kDTypes) {
     add(t, 3, 1, "I 1");
     add(t, 4, 7, "I 7 (scalar variant)");
     add(t, 2, 100, "I 100");
-    add(t, 3, 1024, "I 1024, vector loads");
+    add(t, 3, 1024, "I 1024, vector accesses");
   }
   add(DType::bf16, 0, 64, "0 rows: a no-op");
   add(DType::bf16, 2, 18944, "I 18944 (Qwen2.5-7B)");
   return out;
 }
+
+std::vector<TestSpec> SwiGluOp::test_specs(const TargetInfo&) const { return elementwise_row_test_specs("swiglu"); }
 
 }  // namespace kiln
