@@ -8,13 +8,13 @@
 #include "templates/registry.h"
 #include "codegen/codegen.h"
 #include "runtime/compile/compiler.h"
+#include "templates/gemm/gemm_mfma.h"
 #include "test_util.h"
 
 #if KILN_WITH_LLVM
 #include <llvm/Object/ELFObjectFile.h>
 
 #include "runtime/compile/amdgpu_metadata.h"
-#include "templates/gemm/gemm_mfma.h"
 #endif
 
 namespace kiln {
