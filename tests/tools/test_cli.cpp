@@ -448,6 +448,9 @@ TEST_F(CliTest, PrewarmOfAnFp8ManifestCompilesEachTargetsEncoding) {
       EXPECT_TRUE(out == "fp8_e4m3" || out == "fp8_e5m2") << row.dump();
     }
     EXPECT_NE(row["kernel"].get<std::string>().find(out), std::string::npos) << row.dump();
+    // Enumerated parameters by name, as -p takes them (issue 19: it printed granularity=2).
+    EXPECT_TRUE(std::regex_search(row["kernel"].get<std::string>(), std::regex("granularity=block(1x128|128x128)( |$)")))
+        << row.dump();
     seen.insert(target + " " + out);
   }
   EXPECT_EQ(seen, (std::set<std::string>{"gfx942 fp8_e4m3fnuz", "gfx942 fp8_e5m2fnuz", "gfx950 fp8_e4m3",

@@ -157,7 +157,11 @@ std::string spec_summary(const KernelSpec& spec) {
   }
   for (const ParamInfo& info : (*op)->params()) {
     auto it = p.find(std::string(info.name));
-    if (it != p.end()) s += fmt::format(" {}={}", info.name, it->second);
+    if (it == p.end()) continue;
+    // An enumerated parameter by the name of its value (granularity=block1x128), as -p takes it.
+    if (it->second >= 0 && static_cast<size_t>(it->second) < info.choices.size())
+      s += fmt::format(" {}={}", info.name, info.choices[static_cast<size_t>(it->second)]);
+    else s += fmt::format(" {}={}", info.name, it->second);
   }
   return s;
 }
