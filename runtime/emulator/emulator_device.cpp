@@ -234,7 +234,9 @@ Result<std::unique_ptr<DeviceImpl>> start_emulator(const TargetInfo* target) {
   if (config.emulator_dir.empty() || !is_file(config.emulator_dir + "/test/mockgpu/amd/emu.py"))
     return make_error(Errc::driver_unavailable,
                       fmt::format("no AMD emulator at '{}' (test/mockgpu/amd/emu.py is missing): set "
-                                  "KILN_AMD_EMULATOR to the folder of tinygrad's CDNA emulator",
+                                  "KILN_AMD_EMULATOR to the folder of tinygrad's CDNA emulator (six files of "
+                                  "https://github.com/tinygrad/tinygrad at commit a9069c177a with Kiln's patches; "
+                                  "docs/emulator.md, 'Getting the emulator', says how to make it)",
                                   config.emulator_dir));
   config.python = e.emulator_python;
 #ifdef KILN_DEFAULT_EMULATOR_PYTHON

@@ -221,6 +221,10 @@ TEST(EmulatorBackend, MissingEmulatorNamesTheVariable) {
   EXPECT_EQ(rt.error().code, Errc::driver_unavailable);
   EXPECT_EQ(rt.error().message.rfind("the AMD emulator is unavailable: ", 0), 0u) << rt.error().message;
   EXPECT_NE(rt.error().message.find("KILN_AMD_EMULATOR"), std::string::npos) << rt.error().message;
+  // How to get it, not only which variable to set (issue 19).
+  EXPECT_NE(rt.error().message.find("https://github.com/tinygrad/tinygrad at commit a9069c177a"), std::string::npos)
+      << rt.error().message;
+  EXPECT_NE(rt.error().message.find("docs/emulator.md"), std::string::npos) << rt.error().message;
 }
 
 TEST(EmulatorBackend, MissingPythonNamesTheFix) {

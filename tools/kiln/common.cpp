@@ -69,7 +69,19 @@ void add_spec_options(CLI::App& cmd, SpecOptions& o) {
   cmd.add_option("-p,--param", o.params,
                  "A parameter, NAME=VALUE (VALUE an integer, true or false); repeat it or separate with commas")
       ->delimiter(',');
-  cmd.add_option("--dtype", o.dtype, "Input dtype: bf16, fp16 or fp32")->capture_default_str();
+  // The input dtypes of every op, grouped by op (dequantize_fp8 takes fp8, the others do not).
+  std::vector<std::pair<std::string, std::string>> groups;  // dtype list -> ops
+  for (const OpTemplate* op : all_ops()) {
+    std::string names;
+    for (DType t : op->dtypes()) names += fmt::format("{}{}", names.empty() ? "" : ", ", dtype_name(t));
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == names; });
+    if (it == groups.end()) groups.emplace_back(names, std::string(op->name()));
+    else it->second += fmt::format(", {}", op->name());
+  }
+  std::string dtypes;
+  for (const auto& [names, ops_of] : groups) dtypes += fmt::format("{}{} ({})", dtypes.empty() ? "" : "; ", names, ops_of);
+  cmd.add_option("--dtype", o.dtype, fmt::format("Input dtype, one of the op's ('kiln ops OP'): {}", dtypes))
+      ->capture_default_str();
   cmd.add_option("--out-dtype", o.out_dtype, "Output dtype (default: the input dtype; gemm may differ)");
 }
 
