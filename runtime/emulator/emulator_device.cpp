@@ -91,6 +91,11 @@ class EmulatorDevice final : public DeviceImpl {
   const TargetInfo& target() const override { return *target_; }
   int compute_units() const override { return target_->compute_units; }
 
+  std::optional<MemoryLimit> free_memory() override {
+    auto host = host_available_memory();  // the emulator's device memory is the host's
+    if (host) host->source += " (the emulator keeps device memory in host memory)";
+    return host;
+  }
   Result<void*> malloc(size_t bytes) override {
     KILN_ASSIGN_OR_RETURN(auto reply, process_->call(EmulatorProcess::kMalloc, bytes_of(bytes), {},
                                                      fmt::format("malloc of {} bytes", bytes)));

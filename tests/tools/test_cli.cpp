@@ -80,6 +80,9 @@ class CliTest : public ::testing::Test {
     std::vector<std::string> argv_s = {KILN_CLI_PATH};
     // A time limit turns a hang into a failure (exit 128+9) instead of a stuck suite.
     if (time_limit_s_ > 0) argv_s = {"/usr/bin/timeout", "-s", "KILL", std::to_string(time_limit_s_), KILN_CLI_PATH};
+    // An address-space limit (RLIMIT_AS, as `ulimit -v`), set by the shell that then becomes kiln.
+    if (as_limit_kib_ > 0)
+      argv_s = {"/bin/sh", "-c", fmt::format("ulimit -v {} && exec \"$0\" \"$@\"", as_limit_kib_), KILN_CLI_PATH};
     argv_s.insert(argv_s.end(), args.begin(), args.end());
     std::vector<char*> argv;
     for (auto& a : argv_s) argv.push_back(a.data());
@@ -141,6 +144,7 @@ class CliTest : public ::testing::Test {
 
   std::string dir_, cache_;
   int time_limit_s_ = 0;
+  long as_limit_kib_ = 0;
 };
 
 /// Exactly one line on stderr, "kiln: error: ...", containing every one of `parts`.
