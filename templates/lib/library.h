@@ -27,7 +27,7 @@ struct LibraryPart {
   std::string_view name;     ///< "wgmma": the file templates/lib/wgmma.kernel.
   bool amd;                  ///< Compiles for the AMD targets (gfx942, gfx950).
   bool nvidia;               ///< Compiles for the NVIDIA targets (sm_90a).
-  std::string_view summary;  ///< One line, for the documentation and `kiln ops --library`.
+  std::string_view summary;  ///< One line (error messages, documentation).
   bool serves(const TargetInfo& target) const { return target.vendor == Vendor::amd ? amd : nvidia; }
 };
 
