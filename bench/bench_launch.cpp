@@ -25,7 +25,7 @@
 
 #include "kiln/kiln.h"
 #include "runtime/driver/cuda_api.h"
-#include "templates/gemm/gemm.h"
+#include "templates/registry.h"
 #include "templates/registry.h"
 
 namespace {
@@ -299,10 +299,15 @@ int main(int argc, char** argv) {
     return 1;
   }
   f.gemm = *gk;
-  const kiln::GemmOp gemm_op;
-  const kiln::TileConfig config = gemm_op.choose_config(kGemm, f.rt->device()->target());
-  f.maps = gemm_op.tensor_maps(kGemm, config);
-  f.geometry = gemm_op.geometry(kGemm, config);
+  // The maps and geometry of the kernel's one launch, from the op's plan (through the registry:
+  // nothing outside templates/ includes an op's header).
+  const kiln::OpTemplate* gemm_op = *kiln::find_op("gemm");
+  const kiln::TileConfig config = gemm_op->choose_config(kGemm, f.rt->device()->target());
+  const kiln::Plan plan = gemm_op->plan(kGemm, config);
+  f.maps.clear();
+  for (const kiln::KernelArg& a : plan.launches.at(0).args)
+    if (a.kind == kiln::KernelArg::Kind::tensor_map) f.maps.push_back(a.map);
+  f.geometry = plan.launches.at(0).geometry;
   auto gcode = f.gemm->compiled().code_object();
   if (f.maps.size() != 3 || f.api->cuModuleLoadData(&f.gemm_module, gcode.data()) != CUDA_SUCCESS ||
       f.api->cuModuleGetFunction(&f.gemm_raw, f.gemm_module, "kiln_gemm") != CUDA_SUCCESS ||

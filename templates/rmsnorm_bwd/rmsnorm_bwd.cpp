@@ -6,7 +6,6 @@
 #include <cmath>
 
 #include "support/embedded.h"
-#include "templates/swiglu/swiglu.h"
 
 namespace kiln {
 namespace {
