@@ -79,6 +79,11 @@ struct TensorDecl {
   /// Whether the spec has this tensor (nullptr: always). Absent tensors take no buffer.
   bool (*present)(const KernelSpec&) = nullptr;
   std::string_view doc = {};
+  /// An output written in place over an input (Liger-Kernel's cross-entropy writes dlogits over
+  /// the logits): the input's name. The caller passes the input's buffer in both places
+  /// (Kernel::launch refuses other pointers); the check path allocates one buffer, holding the
+  /// input, and compares it with the output's reference after the launch. Empty: its own buffer.
+  std::string_view overwrites = {};
 };
 
 /// One tensor argument of a concrete spec, in signature order (inputs before outputs).
@@ -87,6 +92,9 @@ struct TensorInfo {
   DType dtype;
   std::vector<int64_t> shape;
   bool output;
+  /// An output written over an input (TensorDecl::overwrites): the input's index in tensors();
+  /// -1: the output has its own buffer.
+  int overwrites = -1;
   int64_t elements() const {
     int64_t n = 1;
     for (int64_t d : shape) n *= d;

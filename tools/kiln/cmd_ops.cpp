@@ -38,6 +38,7 @@ std::string tensor_order(const OpTemplate& op) {
       }
       s += flags.empty() ? ", optional" : fmt::format(", if {}", join(flags, " and "));
     }
+    if (!d.overwrites.empty()) s += fmt::format(", written over {}", d.overwrites);
     s += ")";
     (d.role == Role::input ? ins : outs).push_back(std::move(s));
   }
@@ -91,7 +92,7 @@ nlohmann::json op_json(const OpTemplate& op) {
   nlohmann::json scalars = nlohmann::json::array();
   for (const ScalarInfo& s : op.scalars()) scalars.push_back({{"name", s.name}, {"default", s.default_value}, {"doc", s.doc}});
   nlohmann::json tensors = nlohmann::json::array();
-  for (const TensorDecl& d : op.signature())
+  for (const TensorDecl& d : op.signature()) {
     tensors.push_back({{"name", d.name},
                        {"role", d.role == Role::input ? "input" : "output"},
                        {"dtype", d.dtype_rule == DTypeRule::in    ? std::string("dtype")
@@ -99,6 +100,8 @@ nlohmann::json op_json(const OpTemplate& op) {
                                                                   : std::string(dtype_name(d.fixed))},
                        {"shape", d.shape_doc},
                        {"optional", d.present != nullptr}});
+    if (!d.overwrites.empty()) tensors.back()["overwrites"] = d.overwrites;
+  }
   nlohmann::json dtypes = nlohmann::json::object();
   for (DType in : op.dtypes()) {
     std::vector<std::string> outs;
