@@ -78,6 +78,20 @@ std::vector<TileConfig> CrossEntropyBwdOp::variants(const KernelSpec& spec, cons
 TileConfig CrossEntropyBwdOp::choose_config(const KernelSpec& spec, const TargetInfo& target) const {
   return variants(spec, target).front();
 }
+std::vector<TileConfig> CrossEntropyBwdOp::tuning_candidates(const KernelSpec& spec, const TargetInfo& target) const {
+  // The heuristic's, then 128 / 256 / 512 threads with 2 / 4 / 8 accesses each, where a row
+  // holds at least one whole block of them (`kiln run --bench` times them on the GPU).
+  std::vector<TileConfig> out = {choose_config(spec, target)};
+  const int64_t vec = out.front().at("VEC"), nvec = ceil_div(spec.param("vocab"), vec);
+  for (int64_t threads : {128, 256, 512})
+    for (int64_t items : {2, 4, 8}) {
+      TileConfig c = {{"THREADS", threads}, {"VEC", vec}, {"ITEMS", items}};
+      if (threads * items <= nvec && threads <= target.max_threads_per_block &&
+          std::find(out.begin(), out.end(), c) == out.end())
+        out.push_back(std::move(c));
+    }
+  return out;
+}
 std::vector<uint32_t> CrossEntropyBwdOp::base_alignment(const KernelSpec& spec, const TileConfig& config) const {
   std::vector<uint32_t> out(tensors(spec).size(), 1);  // dloss, targets, lse: one element at a time
   out[kLogits] = out[kDLogits] = config.at("VEC") > 1 ? 16 : 1;

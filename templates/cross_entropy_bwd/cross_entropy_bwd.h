@@ -32,6 +32,7 @@ class CrossEntropyBwdOp final : public OpTemplate {
   std::span<const TensorDecl> signature() const override;
   std::vector<TileConfig> variants(const KernelSpec& spec, const TargetInfo& target) const override;
   TileConfig choose_config(const KernelSpec& spec, const TargetInfo& target) const override;
+  std::vector<TileConfig> tuning_candidates(const KernelSpec& spec, const TargetInfo& target) const override;
   std::string_view device_template(const TileConfig& config) const override;
   std::string specialize(const KernelSpec& spec, const TileConfig& config) const override;
   std::string_view kernel_name(const TileConfig&) const override { return "kiln_cross_entropy_bwd"; }

@@ -29,12 +29,17 @@ std::string tensor_order(const OpTemplate& op) {
     if (d.present) {
       std::vector<std::string> flags;
       for (const ParamInfo& p : op.params()) {
-        if (!p.is_bool) continue;
-        KernelSpec on;
-        on.params[std::string(p.name)] = 1;
-        KernelSpec off;
-        off.params[std::string(p.name)] = 0;
-        if (d.present(on) && !d.present(off)) flags.emplace_back(p.name);
+        if (!p.is_bool && p.choices.empty()) continue;
+        // The values of this parameter for which the tensor is present, if not all or none.
+        std::vector<std::string> when;
+        const int64_t n = p.is_bool ? 2 : static_cast<int64_t>(p.choices.size());
+        for (int64_t v = 0; v < n; ++v) {
+          KernelSpec s;
+          s.params[std::string(p.name)] = v;
+          if (d.present(s)) when.push_back(p.is_bool ? (v ? std::string(p.name) : "not " + std::string(p.name))
+                                                     : fmt::format("{}={}", p.name, p.choices[v]));
+        }
+        if (!when.empty() && static_cast<int64_t>(when.size()) < n) flags.push_back(join(when, " or "));
       }
       s += flags.empty() ? ", optional" : fmt::format(", if {}", join(flags, " and "));
     }
