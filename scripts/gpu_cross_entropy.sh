@@ -2,8 +2,11 @@
 # cross_entropy and cross_entropy_bwd on the GPU machine (issue 16), in steps that fit the device
 # tool's 10-minute calls (the build directory stays on a warm machine between calls). Logs and
 # CSVs go under $OUT.
-#   scripts/gpu_cross_entropy.sh build check bench    # then, in the next call:
-#   scripts/gpu_cross_entropy.sh peers tune
+#   scripts/gpu_cross_entropy.sh build check    # then, in later calls:
+#   scripts/gpu_cross_entropy.sh bench peers
+#   scripts/gpu_cross_entropy.sh tune
+# (test_gpu, which runs every op's test specs with NVRTC and clang, is scripts/gpu_issue8.sh's
+# `tests` step.)
 # build: without LLVM (NVRTC), hiredis from .gpu-carry/hiredis, as scripts/gpu_issue8.sh.
 # check: every test spec of both ops (vocab 1 to 152064, in place, int32/int64 targets) against
 #        the fp64 reference, through kiln run --check.
