@@ -1,6 +1,7 @@
 // Memory-bound ops on the GPU: Kiln's kernels on the shapes of issue 8 (tokens 8192 and 32768;
 // hidden 4096, 8192, 16384; intermediate 14336, 29568, 53248; fp8 quantization of [tokens, 4096]
-// and [tokens, 14336] in each granularity), checked against the CPU reference
+// and [tokens, 14336] in each granularity; cross-entropy forward and backward of [8192, 128256],
+// [8192, 152064] and [16384, 32000] logits), checked against the CPU reference
 // (sampled rows) and timed with device events: median and standard deviation of the per-launch
 // time over 30 launches after 5 warm-ups. As triton.testing.do_bench times the peers: before each
 // timed launch a 256 MiB memset evicts L2 and keeps the GPU busy while the host enqueues the
@@ -11,7 +12,9 @@
 // bench/membound_peers.py times PyTorch eager, torch.compile and the device-to-device copy on the
 // same shapes in the same job, and prints the report with the ratios.
 //
-//   build/bench/bench_membound OUT.csv [--quick]
+//   build/bench/bench_membound OUT.csv [--quick] [--only LABEL_PREFIX]
+// (--quick: 8192 tokens and the 128256 vocabulary only; --only: the cases whose label starts so,
+// e.g. --only cross_entropy)
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -57,6 +60,16 @@ std::vector<Case> cases(bool quick) {
                        {"quantize_fp8", bf16, kiln::DType::e4m3, {{"rows", t}, {"cols", cols}, {"granularity", g}}},
                        t, cols});
   }
+  // Cross-entropy over Llama-3 (128256), Qwen2.5 (152064) and Llama-2 (32000) vocabularies:
+  // the forward (loss and lse), the backward into its own buffer and in place over the logits.
+  const std::pair<int64_t, int64_t> ce_shapes[] = {{8192, 128256}, {8192, 152064}, {16384, 32000}};
+  for (const auto& [t, v] : ce_shapes) {
+    if (quick && v != 128256) continue;
+    out.push_back({"cross_entropy", {"cross_entropy", bf16, bf16, {{"tokens", t}, {"vocab", v}}}, t, v});
+    out.push_back({"cross_entropy_bwd", {"cross_entropy_bwd", bf16, bf16, {{"tokens", t}, {"vocab", v}}}, t, v});
+    out.push_back({"cross_entropy_bwd_inplace",
+                   {"cross_entropy_bwd", bf16, bf16, {{"tokens", t}, {"vocab", v}, {"inplace", 1}}}, t, v});
+  }
   return out;
 }
 
@@ -64,10 +77,21 @@ std::vector<Case> cases(bool quick) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: bench_membound OUT.csv [--quick]\n");
+    std::fprintf(stderr, "usage: bench_membound OUT.csv [--quick] [--only LABEL_PREFIX]\n");
     return 2;
   }
-  const bool quick = argc > 2 && std::strcmp(argv[2], "--quick") == 0;
+  bool quick = false;
+  std::string only;
+  for (int i = 2; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--quick") == 0) {
+      quick = true;
+    } else if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) {
+      only = argv[++i];
+    } else {
+      std::fprintf(stderr, "bench_membound: unknown argument '%s'; usage: bench_membound OUT.csv [--quick] [--only LABEL_PREFIX]\n", argv[i]);
+      return 2;
+    }
+  }
   auto created = kiln::Runtime::create();
   if (!created) {
     std::fprintf(stderr, "bench_membound: %s\n", created.error().message.c_str());
@@ -85,7 +109,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::fprintf(csv, "label,rows,cols,bytes,Check,GB/s,GB/s_stddev,Time (ms)\n");
-  std::printf("%-18s %6s %6s %6s %9s %8s %9s\n", "label", "rows", "cols", "Check", "GB/s", "stddev", "ms");
+  std::printf("%-26s %6s %6s %6s %9s %8s %9s\n", "label", "rows", "cols", "Check", "GB/s", "stddev", "ms");
   std::mt19937_64 rng(std::random_device{}());
   constexpr size_t kFlushBytes = size_t{256} << 20;
   auto flush = dev->malloc(kFlushBytes);
@@ -94,6 +118,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   for (const Case& c : cases(quick)) {
+    if (c.label.rfind(only, 0) != 0) continue;
     const kiln::OpTemplate* op = *kiln::find_op(c.spec.op);
     kiln::CheckOptions co;
     co.sample_rows = 8;
@@ -125,7 +150,7 @@ int main(int argc, char** argv) {
     std::fprintf(csv, "%s,%lld,%lld,%.0f,%s,%.1f,%.1f,%.4f\n", c.label.c_str(), (long long)c.rows, (long long)c.cols,
                  bytes, pass ? "PASS" : "FAIL", gbs, std::sqrt(var), median);
     std::fflush(csv);  // a row survives a time limit
-    std::printf("%-18s %6lld %6lld %6s %9.1f %8.1f %9.4f\n", c.label.c_str(), (long long)c.rows, (long long)c.cols,
+    std::printf("%-26s %6lld %6lld %6s %9.1f %8.1f %9.4f\n", c.label.c_str(), (long long)c.rows, (long long)c.cols,
                 pass ? "PASS" : "FAIL", gbs, std::sqrt(var), median);
     std::fflush(stdout);
   }

@@ -83,8 +83,51 @@ def q_block128x128(x):
     return (xb / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).view(r, c), scale
 
 
+def ce_fwd(x, t):
+    # fp32 math, per-token loss (Kiln's cross_entropy writes loss and lse per token)
+    return F.cross_entropy(x.float(), t, ignore_index=-100, reduction="none")
+
+
+def ce_targets(rows, vocab):
+    t = torch.randint(0, vocab, (rows,), device=dev)
+    t[torch.rand(rows, device=dev) < 1 / 128] = -100  # as Kiln's inputs: about 1 in 128 ignored
+    return t
+
+
+def ce_bwd_peers(x, t, dloss):
+    """The fair backward peers (BENCHMARKS.md): eager autograd, and torch.compile of the forward
+    with its AOTAutograd backward graph timed alone."""
+    import torch._functorch.config as fc
+    fc.donated_buffer = False
+    xe = x.detach().requires_grad_(True)
+    le = ce_fwd(xe, t)
+    eager = lambda: torch.autograd.grad(le, (xe,), dloss, retain_graph=True)
+    xc = x.detach().requires_grad_(True)
+    lc = torch.compile(ce_fwd, dynamic=False)(xc, t)
+    compiled = lambda: torch.autograd.grad(lc, (xc,), dloss, retain_graph=True)
+    return eager, compiled
+
+
+def ce_step_ms(x, t):
+    """torch.compile of the mean loss, forward then its AOTAutograd backward (issue 16's 4.93 ms
+    peer): the time of one forward + backward."""
+    x = x.detach().requires_grad_(True)
+    loss_fn = torch.compile(lambda x, t: F.cross_entropy(x.float(), t, ignore_index=-100), dynamic=False)
+
+    def step():
+        x.grad = None
+        loss_fn(x, t).backward()
+    step()
+    return do_bench(step, warmup=10, rep=100)
+
+
 def inputs(label, rows, cols):
     t = lambda *s: torch.randn(*s, device=dev, dtype=bf16)
+    if label == "cross_entropy":
+        return ce_fwd, (t(rows, cols), ce_targets(rows, cols))
+    if label.startswith("cross_entropy_bwd"):
+        dloss = torch.rand(rows, device=dev) + 0.5
+        return ce_bwd_peers(t(rows, cols), ce_targets(rows, cols), dloss)
     if label == "rmsnorm":
         return rms_fwd, (t(rows, cols), t(cols))
     if label == "rmsnorm_residual":
@@ -116,10 +159,15 @@ def main():
     for r in rows:
         label, n, c, nbytes = r["label"], int(r["rows"]), int(r["cols"]), float(r["bytes"])
         fn, args = inputs(label, n, c)
-        eager_ms = do_bench(lambda: fn(*args), warmup=10, rep=100)
-        compiled = torch.compile(fn, dynamic=False)
-        compiled(*args)
-        comp_ms = do_bench(lambda: compiled(*args), warmup=10, rep=100)
+        if callable(args):  # a backward: (eager, compiled) callables, timed as they are
+            eager, compiled = fn, args
+        else:
+            eager = lambda: fn(*args)
+            compiled_fn = torch.compile(fn, dynamic=False)
+            compiled = lambda: compiled_fn(*args)
+        compiled()
+        eager_ms = do_bench(eager, warmup=10, rep=100)
+        comp_ms = do_bench(compiled, warmup=10, rep=100)
         kiln_gbs = float(r["GB/s"])
         eager_gbs, comp_gbs = nbytes / (eager_ms * 1e6), nbytes / (comp_ms * 1e6)
         out.append(dict(label=f"{label} [{n}x{c}]", Check=r["Check"], **{"GB/s": kiln_gbs, "GB/s_stddev": float(r["GB/s_stddev"]),
@@ -137,6 +185,25 @@ def main():
     for o in out:
         print(f"{o['label']:<32} {o['Check']:5} {o['GB/s']:7.0f} {o['GB/s_stddev']:6.0f} {o['Time (ms)']:8.4f} {o['eager GB/s']:7.0f} "
               f"{o['compile GB/s']:7.0f} {o['kiln/eager']:7.2f} {o['kiln/compile']:8.2f} {o['kiln/copy']:6.2f}")
+    # Cross-entropy forward + backward: Kiln's two kernels (forward, backward in place) against
+    # torch.compile of the mean loss's forward and backward together, on the same shapes.
+    ce = {}
+    for r in rows:
+        if r["label"] in ("cross_entropy", "cross_entropy_bwd_inplace"):
+            ce.setdefault((int(r["rows"]), int(r["cols"])), {})[r["label"]] = (float(r["Time (ms)"]), r["Check"])
+    for (n, c), k in ce.items():
+        if len(k) != 2:
+            continue
+        x = torch.randn(n, c, device=dev, dtype=bf16)
+        step_ms = ce_step_ms(x, ce_targets(n, c))
+        kiln_ms = k["cross_entropy"][0] + k["cross_entropy_bwd_inplace"][0]
+        check = "PASS" if all(v[1] == "PASS" for v in k.values()) else "FAIL"
+        ideal_ms = 2 * n * c * 2 / (copy_gbs * 1e6)
+        print(f"cross-entropy forward + backward [{n}x{c}] bf16: Kiln {kiln_ms:.3f} ms ({check}), torch.compile "
+              f"{step_ms:.3f} ms, kiln/compile speed-up {step_ms / kiln_ms:.2f}x; one read + one write at copy "
+              f"bandwidth {ideal_ms:.3f} ms ({ideal_ms / kiln_ms:.0%} of it)")
+        del x
+        torch.cuda.empty_cache()
     geo = lambda k: math.exp(sum(math.log(max(o[k], 1e-9)) for o in out) / len(out))
     print(f"geomean kiln/compile {geo('kiln/compile'):.3f}, kiln/eager {geo('kiln/eager'):.3f}, kiln/copy {geo('kiln/copy'):.3f}; "
           f"lowest kiln/compile {min(o['kiln/compile'] for o in out):.3f}")

@@ -25,7 +25,9 @@ uint8_t poison_byte(DType t);
 class DeviceTensors {
  public:
   /// Allocates op.tensors(spec) on `device`; inputs from op.init_inputs (fresh random values,
-  /// never zero, rounded to their dtype); outputs poisoned with poison_byte (NaN for floats).
+  /// never zero, rounded to their dtype); outputs poisoned with poison_byte (NaN for floats),
+  /// except an output written in place over an input (TensorInfo::overwrites), which shares the
+  /// input's buffer and pointer.
   /// Before allocating anything it estimates the device memory (the tensors) and the host memory
   /// (the inputs as fp32 for the CPU reference, one input's dtype copy, plus `extra_host_bytes`
   /// that the caller will need, described by `extra_host_what`) and refuses a spec that cannot fit:

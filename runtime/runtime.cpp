@@ -12,6 +12,7 @@
 #include <mutex>
 #include <shared_mutex>
 #include <unordered_map>
+#include <utility>
 
 #include "cache/cache_key.h"
 #include "cache/disk_cache.h"
@@ -118,9 +119,10 @@ class KernelImpl final : public Kernel {
     loaded_[0] = std::move(first);
     const std::vector<TensorInfo> tensors = op_->tensors(spec_);
     tensor_count_ = tensors.size();
-    for (const TensorInfo& t : tensors) {
-      tensor_dtypes_.push_back(t.dtype);
-      tensor_names_.push_back(t.name);
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      tensor_dtypes_.push_back(tensors[i].dtype);
+      tensor_names_.push_back(tensors[i].name);
+      if (tensors[i].overwrites >= 0) in_place_.emplace_back(i, static_cast<size_t>(tensors[i].overwrites));
     }
     for (const ParamInfo& p : op_->params())
       if (!p.baked) {
@@ -162,6 +164,13 @@ class KernelImpl final : public Kernel {
     // A call of size 0 launches nothing.
     if ((*plans)[0].launches.empty()) return ok();
     const std::span<void* const> tensors = buffers.first(tensor_count_);
+    for (const auto& [out, in] : in_place_)  // an output written over an input (TensorDecl::overwrites)
+      if (tensors[out] != tensors[in])
+        return make_error(Errc::invalid_argument,
+                          fmt::format("{}: '{}' is written in place over '{}' ({}): pass the '{}' buffer for both, "
+                                      "or use the op's out-of-place form",
+                                      op_->name(), tensor_names_[out], tensor_names_[in], to_string(spec_),
+                                      tensor_names_[in]));
 
     // The first variant that serves the call.
     size_t v = 0;
@@ -373,6 +382,7 @@ class KernelImpl final : public Kernel {
   std::vector<uintptr_t> align_masks_;         // [variant][tensor]: base address bits that must be 0
   std::vector<DType> tensor_dtypes_;  // of the op's tensors for the baked spec, in buffer order
   std::vector<std::string> tensor_names_;
+  std::vector<std::pair<size_t, size_t>> in_place_;  // (output, input) pairs that share one buffer
   std::vector<const ParamInfo*> runtime_params_;
   std::vector<const ScalarInfo*> scalars_;
   mutable std::atomic<const CachedPlans*> last_plans_{nullptr};

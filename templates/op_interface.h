@@ -67,6 +67,14 @@ struct TensorDecl {
   /// Whether the spec has this tensor (nullptr: always). Absent tensors take no buffer.
   bool (*present)(const KernelSpec&) = nullptr;
   std::string_view doc = {};
+  /// In-place operation: an output written over the input named here (same shape and dtype;
+  /// Liger-Kernel's cross-entropy writes dlogits over the logits, rope its outputs over q and k),
+  /// when `in_place(spec)` holds (nullptr: always). The caller passes that input's buffer for both
+  /// tensors (Kernel::launch refuses two different ones); the check path allocates one buffer,
+  /// holding the input, and compares it with the output's reference after the launch. Empty: the
+  /// output has a buffer of its own.
+  std::string_view overwrites = {};
+  bool (*in_place)(const KernelSpec&) = nullptr;
 };
 
 /// One tensor argument of a concrete spec, in signature order (inputs before outputs).
@@ -75,6 +83,9 @@ struct TensorInfo {
   DType dtype;
   std::vector<int64_t> shape;
   bool output;
+  /// An output written over an input (TensorDecl::overwrites): the input's index in tensors();
+  /// -1: the output has its own buffer.
+  int overwrites = -1;
   int64_t elements() const {
     int64_t n = 1;
     for (int64_t d : shape) n *= d;

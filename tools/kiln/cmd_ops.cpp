@@ -29,15 +29,21 @@ std::string tensor_order(const OpTemplate& op) {
     if (d.present) {
       std::vector<std::string> flags;
       for (const ParamInfo& p : op.params()) {
-        if (!p.is_bool) continue;
-        KernelSpec on;
-        on.params[std::string(p.name)] = 1;
-        KernelSpec off;
-        off.params[std::string(p.name)] = 0;
-        if (d.present(on) && !d.present(off)) flags.emplace_back(p.name);
+        if (!p.is_bool && p.choices.empty()) continue;
+        // The values of this parameter for which the tensor is present, if not all or none.
+        std::vector<std::string> when;
+        const int64_t n = p.is_bool ? 2 : static_cast<int64_t>(p.choices.size());
+        for (int64_t v = 0; v < n; ++v) {
+          KernelSpec s;
+          s.params[std::string(p.name)] = v;
+          if (d.present(s)) when.push_back(p.is_bool ? (v ? std::string(p.name) : "not " + std::string(p.name))
+                                                     : fmt::format("{}={}", p.name, p.choices[v]));
+        }
+        if (!when.empty() && static_cast<int64_t>(when.size()) < n) flags.push_back(join(when, " or "));
       }
       s += flags.empty() ? ", optional" : fmt::format(", if {}", join(flags, " and "));
     }
+    if (!d.overwrites.empty()) s += fmt::format(", written over {}", d.overwrites);
     s += ")";
     (d.role == Role::input ? ins : outs).push_back(std::move(s));
   }
@@ -91,7 +97,7 @@ nlohmann::json op_json(const OpTemplate& op) {
   nlohmann::json scalars = nlohmann::json::array();
   for (const ScalarInfo& s : op.scalars()) scalars.push_back({{"name", s.name}, {"default", s.default_value}, {"doc", s.doc}});
   nlohmann::json tensors = nlohmann::json::array();
-  for (const TensorDecl& d : op.signature())
+  for (const TensorDecl& d : op.signature()) {
     tensors.push_back({{"name", d.name},
                        {"role", d.role == Role::input ? "input" : "output"},
                        {"dtype", d.dtype_rule == DTypeRule::in    ? std::string("dtype")
@@ -99,6 +105,8 @@ nlohmann::json op_json(const OpTemplate& op) {
                                                                   : std::string(dtype_name(d.fixed))},
                        {"shape", d.shape_doc},
                        {"optional", d.present != nullptr}});
+    if (!d.overwrites.empty()) tensors.back()["overwrites"] = d.overwrites;
+  }
   nlohmann::json dtypes = nlohmann::json::object();
   for (DType in : op.dtypes()) {
     std::vector<std::string> outs;

@@ -1,0 +1,233 @@
+#include "templates/cross_entropy/cross_entropy.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "support/embedded.h"
+
+namespace kiln {
+namespace {
+constexpr std::string_view kTargetDTypes[] = {"int64", "int32"};
+constexpr std::string_view kSplitChoices[] = {"auto", "never", "always"};
+const ParamInfo kParams[] = {
+    {"tokens", "rows of the logits; a runtime argument, not baked; 0 is a no-op", false, false, 0,
+     (int64_t{1} << 31) - 1},
+    {"vocab", "classes: the logits' last dimension", true, false, 1, int64_t{1} << 24},
+    {"target_dtype", "dtype of the targets: int64 (PyTorch's) or int32", true, false, 0, 1, kTargetDTypes, 0},
+    {"ignore_index", "target value of tokens left out of the loss (loss 0)", true, false,
+     std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max(), {}, -100},
+    {"smoothing", "label smoothing with weight label_smoothing (PyTorch's definition)", true, true, 0, 1, {}, 0},
+    {"z_loss", "add z_loss_weight * lse^2 (PaLM's z-loss)", true, true, 0, 1, {}, 0},
+    {"split_rows", "several blocks per row and a second launch: auto (below 2 blocks per SM/CU), never, always",
+     true, false, 0, 2, kSplitChoices, 0},
+};
+const ScalarInfo kScalars[] = {
+    {"label_smoothing", 0.1f, "with smoothing: the weight s of the uniform distribution, in [0, 1]"},
+    {"z_loss_weight", 1e-4f, "with z_loss: the weight z of lse^2 (PaLM: 1e-4)"},
+};
+const DType kDTypes[] = {DType::bf16, DType::f16, DType::f32};
+constexpr uint32_t kFinishThreads = 64;  // FINISH_THREADS of the template
+
+std::vector<int64_t> tokens_vocab(const KernelSpec& s) { return {s.param("tokens"), s.param("vocab")}; }
+std::vector<int64_t> tokens(const KernelSpec& s) { return {s.param("tokens")}; }
+bool int64_targets(const KernelSpec& s) { return s.param("target_dtype") == 0; }
+bool int32_targets(const KernelSpec& s) { return s.param("target_dtype") == 1; }
+
+// One tensor `targets`, int64 or int32 as target_dtype says (one of the two is present).
+const TensorDecl kSignature[] = {
+    {"logits", Role::input, DTypeRule::in, DType::f32, "[tokens, vocab]", tokens_vocab},
+    {"targets", Role::input, DTypeRule::fixed, DType::i64, "[tokens]", tokens, int64_targets, "class ids (int64)"},
+    {"targets", Role::input, DTypeRule::fixed, DType::i32, "[tokens]", tokens, int32_targets, "class ids (int32)"},
+    {"loss", Role::output, DTypeRule::fixed, DType::f32, "[tokens]", tokens, nullptr, "per-token loss; 0 where ignored"},
+    {"lse", Role::output, DTypeRule::fixed, DType::f32, "[tokens]", tokens, nullptr, "log-sum-exp of each row"},
+};
+
+// A configuration of `threads` threads with `unroll` loads in flight each, and its split form:
+// SPLIT blocks per row (each at least one access per thread, at most 16), used for calls of
+// fewer than SPLIT_BELOW tokens (2 blocks per SM/CU) under split_rows=auto.
+TileConfig config_of(int64_t nvec, int64_t vec, int64_t threads, int64_t unroll, const TargetInfo& target) {
+  const int64_t split = std::clamp<int64_t>(nvec / threads, 1, 16);
+  return {{"THREADS", threads}, {"VEC", vec}, {"UNROLL", unroll}, {"SPLIT", split},
+          {"SPLIT_BELOW", split > 1 ? 2 * target.compute_units : 0}};
+}
+
+// Threads per block and loads in flight per thread for rows of `nvec` accesses: up to 512
+// threads with 4 independent 16-byte loads each (32 KiB of a row in flight per block, several
+// blocks per SM/CU), fewer for short rows.
+TileConfig row_config(int64_t vocab, int64_t vec, const TargetInfo& target) {
+  const int64_t nvec = ceil_div(vocab, vec);
+  const int64_t threads = std::clamp<int64_t>(round_up(ceil_div(nvec, 4), target.wave_size), target.wave_size, 512);
+  const int64_t unroll = std::clamp<int64_t>(ceil_div(nvec, threads), 1, 4);
+  return config_of(nvec, vec, threads, unroll, target);
+}
+
+// Workspace of the split form: one normalizer (m, s, sum_x) per token and block.
+uint64_t split_workspace(int64_t tokens, const TileConfig& c) {
+  return static_cast<uint64_t>(tokens) * static_cast<uint64_t>(c.at("SPLIT")) * 3 * sizeof(float);
+}
+}  // namespace
+
+std::span<const ParamInfo> CrossEntropyOp::params() const { return kParams; }
+std::span<const ScalarInfo> CrossEntropyOp::scalars() const { return kScalars; }
+std::span<const DType> CrossEntropyOp::dtypes() const { return kDTypes; }
+std::span<const TensorDecl> CrossEntropyOp::signature() const { return kSignature; }
+std::string_view CrossEntropyOp::device_template(const TileConfig&) const {
+  return embedded_file("templates/cross_entropy/cross_entropy.kernel");
+}
+
+std::vector<TileConfig> CrossEntropyOp::variants(const KernelSpec& spec, const TargetInfo& target) const {
+  const int64_t vocab = spec.param("vocab");
+  const int64_t vec = 16 / static_cast<int64_t>(dtype_size(spec.dtype));
+  std::vector<TileConfig> out;
+  if (vocab % vec == 0) out.push_back(row_config(vocab, vec, target));
+  out.push_back(row_config(vocab, 1, target));
+  return out;
+}
+std::vector<TileConfig> CrossEntropyOp::tuning_candidates(const KernelSpec& spec, const TargetInfo& target) const {
+  // The heuristic's, then 256 / 512 threads with 2 / 4 / 8 loads in flight each and 1024 threads
+  // with 2, where a row holds at least one whole chunk of them (`kiln run --bench` times them on
+  // the GPU). 1024 threads with 4 or 8 loads exceed the register file (64 registers a thread on
+  // sm_90a, 128 VGPRs on gfx950): with 8, 488 bytes of spills on sm_90a and 56 of scratch on
+  // gfx950 with smoothing.
+  std::vector<TileConfig> out = {choose_config(spec, target)};
+  const int64_t vec = out.front().at("VEC"), nvec = ceil_div(spec.param("vocab"), vec);
+  for (int64_t threads : {256, 512, 1024})
+    for (int64_t unroll : {2, 4, 8}) {
+      TileConfig c = config_of(nvec, vec, threads, unroll, target);
+      if (threads * unroll <= nvec && threads <= target.max_threads_per_block && threads * unroll <= 4096 &&
+          std::find(out.begin(), out.end(), c) == out.end())
+        out.push_back(std::move(c));
+    }
+  return out;
+}
+std::vector<uint32_t> CrossEntropyOp::base_alignment(const KernelSpec& spec, const TileConfig& config) const {
+  // Only the logits are read with vector loads; targets, loss and lse one element at a time.
+  std::vector<uint32_t> out(tensors(spec).size(), 1);
+  out[0] = config.at("VEC") > 1 ? 16 : 1;
+  return out;
+}
+
+std::string CrossEntropyOp::specialize(const KernelSpec& spec, const TileConfig& c) const {
+  return fmt::format(
+      "constexpr int VOCAB = {};\nconstexpr int THREADS = {}, VEC = {}, UNROLL = {}, SPLIT = {};\n"
+      "constexpr long long IGNORE_INDEX = {};\n#define SMOOTHING {}\n#define Z_LOSS {}\n"
+      "typedef {} in_t;\ntypedef {} target_t;\n",
+      spec.param("vocab"), c.at("THREADS"), c.at("VEC"), c.at("UNROLL"), c.at("SPLIT"), spec.param("ignore_index"),
+      spec.param("smoothing"), spec.param("z_loss"), device_type_name(spec.dtype),
+      device_type_name(spec.param("target_dtype") == 0 ? DType::i64 : DType::i32));
+}
+
+Plan CrossEntropyOp::plan(const KernelSpec& call, const TileConfig& c) const {
+  Plan p;
+  const int64_t n = call.param("tokens"), mode = call.param("split_rows");
+  if (n == 0) return p;
+  const bool split = mode == 2 || (mode == 0 && n < c.at("SPLIT_BELOW"));
+  const uint32_t tokens = static_cast<uint32_t>(n), threads = static_cast<uint32_t>(c.at("THREADS"));
+  if (!split) {  // one block per token
+    LaunchGeometry g;
+    g.grid.x = tokens;
+    g.block.x = threads;
+    p.launches.push_back(single_launch(call, c, g));  // logits, targets, loss, lse, tokens, s, z
+    return p;
+  }
+  // Tensors: logits 0, targets 1, loss 2, lse 3.
+  p.workspace_bytes = split_workspace(n, c);
+  Launch rows;
+  rows.kernel = "kiln_cross_entropy_split";
+  rows.geometry.grid = {tokens, static_cast<uint32_t>(c.at("SPLIT")), 1};
+  rows.geometry.block.x = threads;
+  rows.args = {KernelArg::tensor(0), KernelArg::workspace(0), KernelArg::i32(n)};
+  Launch finish;
+  finish.kernel = "kiln_cross_entropy_finish";
+  finish.geometry.grid.x = static_cast<uint32_t>(ceil_div(n, kFinishThreads));
+  finish.geometry.block.x = kFinishThreads;
+  finish.args = {KernelArg::tensor(0), KernelArg::tensor(1), KernelArg::workspace(0), KernelArg::tensor(2),
+                 KernelArg::tensor(3),  KernelArg::i32(n),    KernelArg::scalar(0),    KernelArg::scalar(1)};
+  p.launches = {std::move(rows), std::move(finish)};
+  return p;
+}
+
+void CrossEntropyOp::init_inputs(const KernelSpec& spec, std::span<const TensorInfo> inputs,
+                                 std::vector<std::vector<float>>& values, std::mt19937_64& rng) const {
+  values.assign(inputs.size(), {});
+  // Logits uniform in [-4, 4] (never 0): probabilities spread over about e^8, as trained models'.
+  std::uniform_real_distribution<float> u(-4.0f, 4.0f);
+  values[0].resize(static_cast<size_t>(inputs[0].elements()));
+  for (float& v : values[0]) {
+    v = round_to_dtype(u(rng), inputs[0].dtype);
+    if (v == 0.0f) v = 0.25f;
+  }
+  // Targets in [1, vocab) (never 0, as every input), and always the second token ignored:
+  // ignored tokens are covered whenever there are two. Of the others, one in six is ignored in
+  // test-sized calls and one in 128 in benchmark-sized ones (above 64 tokens), so that a
+  // benchmark moves nearly every byte that its GB/s counts.
+  const int64_t vocab = spec.param("vocab"), ignore = spec.param("ignore_index");
+  std::uniform_int_distribution<int64_t> cls(1, std::max<int64_t>(vocab - 1, 1));
+  std::uniform_int_distribution<int> one_in(0, spec.param("tokens") > 64 ? 127 : 5);
+  values[1].resize(static_cast<size_t>(inputs[1].elements()));
+  for (size_t i = 0; i < values[1].size(); ++i) {
+    const bool ignored = vocab == 1 || i == 1 || one_in(rng) == 0;
+    values[1][i] = static_cast<float>(ignored ? ignore : cls(rng));
+  }
+}
+
+void CrossEntropyOp::reference(const KernelSpec& spec, const Scalars& scalars, std::span<const std::vector<float>> in,
+                               std::span<const int64_t> sample, std::vector<RefOutput>& outputs) const {
+  const int64_t n = spec.param("tokens"), V = spec.param("vocab"), ignore = spec.param("ignore_index");
+  const double s = spec.param("smoothing") ? scalar(scalars, "label_smoothing") : 0.0;
+  const double z = spec.param("z_loss") ? scalar(scalars, "z_loss_weight") : 0.0;
+  outputs.assign(2, {});
+  std::vector<int64_t> rows(sample.begin(), sample.end());
+  if (rows.empty())
+    for (int64_t r = 0; r < n; ++r) rows.push_back(r);
+  outputs[0].rows = outputs[1].rows = rows;
+  for (int64_t r : rows) {
+    const float* x = &in[0][static_cast<size_t>(r * V)];
+    double m = -std::numeric_limits<double>::infinity(), sum = 0, sum_x = 0;
+    for (int64_t j = 0; j < V; ++j) m = std::max(m, double(x[j]));
+    for (int64_t j = 0; j < V; ++j) {
+      sum += std::exp(double(x[j]) - m);
+      sum_x += x[j];
+    }
+    const double lse = m + std::log(sum);
+    const int64_t t = static_cast<int64_t>(in[1][static_cast<size_t>(r)]);
+    double loss = 0;
+    if (t == ignore) loss = 0;
+    else if (t < 0 || t >= V) loss = std::numeric_limits<double>::quiet_NaN();
+    else loss = lse - (1 - s) * x[t] - s / double(V) * sum_x + z * lse * lse;
+    outputs[0].values.push_back(loss);
+    outputs[1].values.push_back(lse);
+  }
+}
+
+std::vector<TestSpec> CrossEntropyOp::test_specs(const TargetInfo&) const {
+  std::vector<TestSpec> out;
+  auto add = [&](DType t, int64_t tokens, int64_t vocab, int64_t target_dtype, int64_t smoothing, int64_t z,
+                 int64_t split, std::string_view why) {
+    out.push_back({{"cross_entropy", t, t,
+                    {{"tokens", tokens}, {"vocab", vocab}, {"target_dtype", target_dtype}, {"smoothing", smoothing},
+                     {"z_loss", z}, {"split_rows", split}}},
+                   why});
+  };
+  for (DType t : kDTypes) {
+    add(t, 3, 1, 0, 0, 0, 0, "vocab 1 (every token ignored: no class but 0)");
+    add(t, 5, 7, 1, 1, 0, 0, "vocab 7, int32 targets, label smoothing (scalar variant)");
+    add(t, 4, 1000, 0, 0, 1, 0, "vocab 1000, z-loss");
+    add(t, 3, 4099, 1, 1, 1, 0, "vocab 4099, few tokens: the split form, smoothing and z-loss (scalar variant)");
+  }
+  add(DType::f32, 3, 4099, 0, 1, 1, 1, "vocab 4099, one block per row: whole chunks and a tail");
+  add(DType::bf16, 6, 4096, 0, 1, 0, 1, "vocab 4096 bf16, one block per row, vector loads, smoothing");
+  add(DType::bf16, 5, 4096, 1, 0, 1, 0, "vocab 4096 bf16, the split form with vector loads");
+  add(DType::f16, 4, 1000, 0, 0, 0, 2, "vocab 1000, split_rows=always with one block per row (SPLIT 1)");
+  add(DType::bf16, 0, 64, 0, 0, 0, 0, "0 tokens: a no-op");
+  add(DType::bf16, 5, 32000, 0, 0, 0, 0, "vocab 32000 (Llama-2)");
+  add(DType::bf16, 3, 128256, 1, 1, 1, 0, "vocab 128256 (Llama-3), smoothing and z-loss");
+  add(DType::bf16, 300, 128256, 0, 0, 0, 0, "vocab 128256, 300 tokens (one block per row on the H100)");
+  add(DType::f32, 2, 152064, 0, 0, 0, 1, "vocab 152064 (Qwen2.5) in fp32, one block per row");
+  return out;
+}
+
+}  // namespace kiln
