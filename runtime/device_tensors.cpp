@@ -80,6 +80,10 @@ Result<DeviceTensors> DeviceTensors::make(Device& device, const OpTemplate& op, 
   for (const TensorInfo& t : d.tensors_) {
     const size_t bytes = t.bytes();
     d.bytes_ += static_cast<double>(bytes);
+    if (t.overwrites >= 0) {  // in place: the input's buffer, holding the input
+      d.ptrs_.push_back(d.ptrs_[static_cast<size_t>(t.overwrites)]);
+      continue;
+    }
     // At least one allocation unit, so that empty tensors (0 rows) still have a valid address.
     KILN_ASSIGN_OR_RETURN(void* ptr, device.malloc(std::max<size_t>(bytes, 256)));
     d.owned_.emplace_back(ptr, Free{&device});

@@ -24,7 +24,8 @@ uint8_t poison_byte(DType t);
 class DeviceTensors {
  public:
   /// Allocates op.tensors(spec) on `device`; inputs from op.init_inputs (fresh random values,
-  /// never zero, rounded to their dtype); outputs poisoned with poison_byte (NaN for floats).
+  /// never zero, rounded to their dtype); outputs poisoned with poison_byte (NaN for floats),
+  /// except an output written in place (TensorInfo::overwrites), which shares its input's buffer.
   /// Errors: Errc::driver_error (out of memory, a failed copy).
   static Result<DeviceTensors> make(Device& device, const OpTemplate& op, const KernelSpec& spec, std::mt19937_64& rng);
 

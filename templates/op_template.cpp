@@ -91,6 +91,9 @@ std::vector<TensorInfo> OpTemplate::tensors(const KernelSpec& given) const {
     if (d.present && !d.present(spec)) continue;
     const DType t = d.dtype_rule == DTypeRule::in ? spec.dtype : d.dtype_rule == DTypeRule::out ? spec.out_dtype : d.fixed;
     out.push_back({std::string(d.name), t, d.shape(spec), d.role == Role::output});
+    if (!d.overwrites.empty() && (!d.in_place || d.in_place(spec)))
+      for (size_t i = 0; i + 1 < out.size(); ++i)
+        if (out[i].name == d.overwrites && !out[i].output) out.back().overwrites = static_cast<int>(i);
   }
   return out;
 }

@@ -79,6 +79,13 @@ struct TensorDecl {
   /// Whether the spec has this tensor (nullptr: always). Absent tensors take no buffer.
   bool (*present)(const KernelSpec&) = nullptr;
   std::string_view doc = {};
+  /// In-place operation: an output that the kernel writes over the input named here (same shape
+  /// and dtype), when `in_place(spec)` holds (nullptr: always). The caller passes that input's
+  /// buffer for both tensors; DeviceTensors does so (no poison: the buffer holds the input), and
+  /// check_on_device compares the buffer after the launch with the reference computed from the
+  /// input's host copy. Empty: the output has a buffer of its own.
+  std::string_view overwrites = {};
+  bool (*in_place)(const KernelSpec&) = nullptr;
 };
 
 /// One tensor argument of a concrete spec, in signature order (inputs before outputs).
@@ -87,6 +94,9 @@ struct TensorInfo {
   DType dtype;
   std::vector<int64_t> shape;
   bool output;
+  /// An output written in place: the index in tensors(spec) of the input whose buffer it shares
+  /// (TensorDecl::overwrites); -1: a buffer of its own.
+  int overwrites = -1;
   int64_t elements() const {
     int64_t n = 1;
     for (int64_t d : shape) n *= d;
