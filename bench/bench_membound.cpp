@@ -1,6 +1,6 @@
 // Memory-bound ops on the GPU: Kiln's kernels on the shapes of issue 8 (tokens 8192 and 32768;
 // hidden 4096, 8192, 16384; intermediate 14336, 29568, 53248; fp8 quantization of [tokens, 4096]
-// and [tokens, 14336] in each granularity), checked against the CPU reference
+// and [tokens, 14336] in each granularity; RoPE and embedding of Llama-3.1-8B, issue 16), checked against the CPU reference
 // (sampled rows) and timed with device events: median and standard deviation of the per-launch
 // time over 30 launches after 5 warm-ups. As triton.testing.do_bench times the peers: before each
 // timed launch a 256 MiB memset evicts L2 and keeps the GPU busy while the host enqueues the
@@ -12,6 +12,7 @@
 // same shapes in the same job, and prints the report with the ratios.
 //
 //   build/bench/bench_membound OUT.csv [--quick]
+//   build/bench/bench_membound --list [--quick]     the cases, without a GPU
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -56,6 +57,21 @@ std::vector<Case> cases(bool quick) {
         out.push_back({std::string("quantize_fp8_") + granularities[g],
                        {"quantize_fp8", bf16, kiln::DType::e4m3, {{"rows", t}, {"cols", cols}, {"granularity", g}}},
                        t, cols});
+    // RoPE of Llama-3.1-8B's q [t, 32, 128] and k [t, 8, 128] in one launch (cols: (32 + 8) x 128):
+    // cos/sin computed in the kernel (theta 500000, llama3 scaling, one sequence of t tokens), or
+    // read from an fp32 cache [8192, 64] at int32 positions; the backward with computed cos/sin.
+    const std::map<std::string, int64_t> rope = {{"tokens", t},         {"heads", 32},  {"kv_heads", 8},
+                                           {"head_dim", 128},     {"batch", 1},   {"rope_theta", 500000},
+                                           {"scaling", 1}};
+    const std::map<std::string, int64_t> rope_cache = {{"tokens", t},   {"heads", 32},  {"kv_heads", 8}, {"head_dim", 128},
+                                                 {"positions", 1}, {"cos_sin", 1}, {"max_pos", 8192}};
+    out.push_back({"rope", {"rope", bf16, bf16, rope}, t, 40 * 128});
+    out.push_back({"rope_cache", {"rope", bf16, bf16, rope_cache}, t, 40 * 128});
+    out.push_back({"rope_bwd", {"rope_bwd", bf16, bf16, rope}, t, 40 * 128});
+    // Embedding of Llama-3.1-8B: W [128256, 4096], t int64 ids; dW in fp32.
+    const std::map<std::string, int64_t> emb = {{"tokens", t}, {"vocab", 128256}, {"hidden", 4096}, {"ids_dtype", 1}};
+    out.push_back({"embedding", {"embedding", bf16, bf16, emb}, t, 4096});
+    out.push_back({"embedding_bwd", {"embedding_bwd", bf16, bf16, emb}, t, 4096});
   }
   return out;
 }
@@ -63,11 +79,16 @@ std::vector<Case> cases(bool quick) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2) {
-    std::fprintf(stderr, "usage: bench_membound OUT.csv [--quick]\n");
-    return 2;
+  const bool list = argc > 1 && std::strcmp(argv[1], "--list") == 0;
+  if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0) {
+    std::fprintf(stderr, "usage: bench_membound OUT.csv [--quick]\n       bench_membound --list [--quick]  (the cases; needs no GPU)\n");
+    return argc < 2 ? 2 : 0;
   }
   const bool quick = argc > 2 && std::strcmp(argv[2], "--quick") == 0;
+  if (list) {
+    for (const Case& c : cases(quick)) std::printf("%-28s %s\n", c.label.c_str(), kiln::to_string(c.spec).c_str());
+    return 0;
+  }
   auto created = kiln::Runtime::create();
   if (!created) {
     std::fprintf(stderr, "bench_membound: %s\n", created.error().message.c_str());

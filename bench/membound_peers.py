@@ -83,6 +83,59 @@ def q_block128x128(x):
     return (xb / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).view(r, c), scale
 
 
+# RoPE as transformers' Llama applies it (modeling_llama.apply_rotary_pos_emb, rotate-half) on
+# q [tokens, 32, 128] and k [tokens, 8, 128], with cos/sin [tokens, 128] precomputed in bf16 by
+# LlamaRotaryEmbedding (theta 500000, Llama-3.1 scaling), as the model does once per step.
+ROPE_HEADS, ROPE_KV_HEADS, ROPE_DIM = 32, 8, 128
+
+
+def rotate_half(x):
+    x1 = x[..., : x.shape[-1] // 2]
+    x2 = x[..., x.shape[-1] // 2 :]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+    cos = cos.unsqueeze(unsqueeze_dim)
+    sin = sin.unsqueeze(unsqueeze_dim)
+    return (q * cos) + (rotate_half(q) * sin), (k * cos) + (rotate_half(k) * sin)
+
+
+def rope_cos_sin(tokens, dim=ROPE_DIM, theta=500000.0):
+    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    factor, low, high, old = 8.0, 1.0, 4.0, 8192  # _compute_llama3_parameters
+    wavelen = 2 * math.pi / inv_freq
+    llama = torch.where(wavelen > old / low, inv_freq / factor, inv_freq)
+    smooth = (old / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * llama / factor + smooth * llama
+    medium = ~(wavelen < old / high) * ~(wavelen > old / low)
+    inv_freq = torch.where(medium, smoothed, llama).to(dev)
+    freqs = torch.arange(tokens, device=dev).float()[:, None] * inv_freq[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(bf16), emb.sin().to(bf16)
+
+
+def rope_bwd(q, k, cos, sin, dq, dk):
+    q = q.detach().requires_grad_(True)
+    k = k.detach().requires_grad_(True)
+    qo, ko = apply_rotary_pos_emb(q, k, cos, sin)
+    return torch.autograd.grad((qo, ko), (q, k), (dq, dk))
+
+
+# Embedding of Llama-3.1-8B: W [128256, 4096] bf16, int64 ids; the backward is autograd's
+# (embedding_dense_backward, deterministic; dW in W's dtype, bf16, where Kiln writes fp32).
+EMB_VOCAB = 128256
+
+
+def emb_fwd(ids, w):
+    return F.embedding(ids, w)
+
+
+def emb_bwd(ids, w, dy):
+    w = w.detach().requires_grad_(True)
+    return torch.autograd.grad(F.embedding(ids, w), (w,), dy)
+
+
 def inputs(label, rows, cols):
     t = lambda *s: torch.randn(*s, device=dev, dtype=bf16)
     if label == "rmsnorm":
@@ -99,6 +152,18 @@ def inputs(label, rows, cols):
         fn = {"tensorwise": q_tensorwise, "rowwise": q_rowwise, "block1x128": q_block1x128,
               "block128x128": q_block128x128}[label[len("quantize_fp8_"):]]
         return fn, (t(rows, cols),)
+    if label in ("rope", "rope_cache", "rope_bwd"):
+        q, k = t(rows, ROPE_HEADS, ROPE_DIM), t(rows, ROPE_KV_HEADS, ROPE_DIM)
+        cos, sin = rope_cos_sin(rows)
+        if label == "rope_bwd":
+            return rope_bwd, (q, k, cos, sin, t(rows, ROPE_HEADS, ROPE_DIM), t(rows, ROPE_KV_HEADS, ROPE_DIM))
+        return apply_rotary_pos_emb, (q, k, cos, sin)
+    if label in ("embedding", "embedding_bwd"):
+        ids = torch.randint(0, EMB_VOCAB, (rows,), device=dev, dtype=torch.int64)
+        w = t(EMB_VOCAB, cols)
+        if label == "embedding_bwd":
+            return emb_bwd, (ids, w, t(rows, cols))
+        return emb_fwd, (ids, w)
     raise ValueError(label)
 
 
