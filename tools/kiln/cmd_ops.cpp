@@ -26,7 +26,8 @@ std::string tensor_order(const OpTemplate& op) {
                         : d.dtype_rule == DTypeRule::out ? "out_dtype"
                                                          : std::string(dtype_name(d.fixed));
     std::string s = fmt::format("{} {} ({}", d.name, d.shape_doc, dtype);
-    if (d.present) {
+    // The boolean parameters that turn `holds` on.
+    auto flags_of = [&](bool (*holds)(const KernelSpec&)) {
       std::vector<std::string> flags;
       for (const ParamInfo& p : op.params()) {
         if (!p.is_bool) continue;
@@ -34,9 +35,17 @@ std::string tensor_order(const OpTemplate& op) {
         on.params[std::string(p.name)] = 1;
         KernelSpec off;
         off.params[std::string(p.name)] = 0;
-        if (d.present(on) && !d.present(off)) flags.emplace_back(p.name);
+        if (holds(on) && !holds(off)) flags.emplace_back(p.name);
       }
+      return flags;
+    };
+    if (d.present) {
+      const std::vector<std::string> flags = flags_of(d.present);
       s += flags.empty() ? ", optional" : fmt::format(", if {}", join(flags, " and "));
+    }
+    if (!d.overwrites.empty()) {  // in place: "q_out ... (out_dtype, over q if inplace)"
+      const std::vector<std::string> flags = d.in_place ? flags_of(d.in_place) : std::vector<std::string>{};
+      s += fmt::format(", over {}{}", d.overwrites, flags.empty() ? "" : " if " + join(flags, " and "));
     }
     s += ")";
     (d.role == Role::input ? ins : outs).push_back(std::move(s));
