@@ -11,8 +11,10 @@
 // bench/membound_peers.py times PyTorch eager, torch.compile and the device-to-device copy on the
 // same shapes in the same job, and prints the report with the ratios.
 //
-//   build/bench/bench_membound OUT.csv [--quick]
-//   build/bench/bench_membound --list [--quick]     the cases, without a GPU
+//   build/bench/bench_membound OUT.csv [--quick] [--only rope,embedding]
+//   build/bench/bench_membound --list [--quick] [--only ...]     the cases, without a GPU
+#include <CLI/CLI.hpp>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -79,15 +81,27 @@ std::vector<Case> cases(bool quick) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool list = argc > 1 && std::strcmp(argv[1], "--list") == 0;
-  if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0) {
-    std::fprintf(stderr, "usage: bench_membound OUT.csv [--quick]\n       bench_membound --list [--quick]  (the cases; needs no GPU)\n");
-    return argc < 2 ? 2 : 0;
-  }
-  const bool quick = argc > 2 && std::strcmp(argv[2], "--quick") == 0;
+  CLI::App app{"Kiln's memory-bound ops on the GPU, checked and timed (peers: bench/membound_peers.py)"};
+  std::string out_csv;
+  bool quick = false, list = false;
+  std::vector<std::string> only;
+  app.add_option("out", out_csv, "CSV file to write (label,rows,cols,bytes,Check,GB/s,GB/s_stddev,Time (ms))");
+  app.add_flag("--quick", quick, "tokens 8192 only");
+  app.add_flag("--list", list, "print the cases and exit (needs no GPU)");
+  app.add_option("--only", only, "run only the cases whose label starts with one of these (comma-separated)")
+      ->delimiter(',');
+  CLI11_PARSE(app, argc, argv);
+  std::vector<Case> todo;
+  for (Case& c : cases(quick))
+    if (only.empty() || std::any_of(only.begin(), only.end(), [&](const std::string& o) { return c.label.rfind(o, 0) == 0; }))
+      todo.push_back(std::move(c));
   if (list) {
-    for (const Case& c : cases(quick)) std::printf("%-28s %s\n", c.label.c_str(), kiln::to_string(c.spec).c_str());
+    for (const Case& c : todo) std::printf("%-28s %s\n", c.label.c_str(), kiln::to_string(c.spec).c_str());
     return 0;
+  }
+  if (out_csv.empty()) {
+    std::fprintf(stderr, "bench_membound: give the CSV file to write (--help)\n");
+    return 2;
   }
   auto created = kiln::Runtime::create();
   if (!created) {
@@ -100,9 +114,9 @@ int main(int argc, char** argv) {
     std::printf("bench_membound: no GPU, nothing to time\n");
     return 0;
   }
-  std::FILE* csv = std::fopen(argv[1], "w");
+  std::FILE* csv = std::fopen(out_csv.c_str(), "w");
   if (!csv) {
-    std::perror(argv[1]);
+    std::perror(out_csv.c_str());
     return 1;
   }
   std::fprintf(csv, "label,rows,cols,bytes,Check,GB/s,GB/s_stddev,Time (ms)\n");
@@ -114,7 +128,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bench_membound: %s\n", flush.error().message.c_str());
     return 1;
   }
-  for (const Case& c : cases(quick)) {
+  for (const Case& c : todo) {
     const kiln::OpTemplate* op = *kiln::find_op(c.spec.op);
     kiln::CheckOptions co;
     co.sample_rows = 8;
