@@ -42,12 +42,34 @@ const ParamInfo kParams[] = {
     {"max_pos", "rows of the cos/sin caches (runtime; with cos_sin = cache); positions are clamped to [0, max_pos - 1]",
      false, false, 1, kMaxInt, {}, 8192},
     {"inplace", "1: the outputs are written over the inputs (pass the same buffers)", true, true, 0, 1, {}, 0},
+    {"q_row_stride", "elements between the starts of consecutive tokens' rows of q and q_out (runtime; a view of a "
+                     "fused qkv buffer, rotated in place); 0: contiguous, heads * head_dim",
+     false, false, 0, kMaxInt, {}, 0},
+    {"k_row_stride", "elements between the starts of consecutive tokens' rows of k and k_out (runtime; in place); "
+                     "0: contiguous, kv_heads * head_dim",
+     false, false, 0, kMaxInt, {}, 0},
 };
 const DType kDTypes[] = {DType::bf16, DType::f16, DType::f32};
 
 int64_t rotary(const KernelSpec& s) { return s.param("rotary_dim") ? s.param("rotary_dim") : s.param("head_dim"); }
-std::vector<int64_t> q_shape(const KernelSpec& s) { return {s.param("tokens"), s.param("heads"), s.param("head_dim")}; }
-std::vector<int64_t> k_shape(const KernelSpec& s) { return {s.param("tokens"), s.param("kv_heads"), s.param("head_dim")}; }
+// Row strides of q (and q_out) and k (and k_out) in elements: the parameter, or the contiguous row.
+int64_t q_stride(const KernelSpec& s) {
+  return s.param("q_row_stride") ? s.param("q_row_stride") : s.param("heads") * s.param("head_dim");
+}
+int64_t k_stride(const KernelSpec& s) {
+  return s.param("k_row_stride") ? s.param("k_row_stride") : s.param("kv_heads") * s.param("head_dim");
+}
+// With a row stride, the tensor is the memory the kernel spans, [tokens, stride]: the check path
+// allocates it, and the reference keeps the columns past heads * head_dim (which the kernel does
+// not touch) at their input values.
+std::vector<int64_t> q_shape(const KernelSpec& s) {
+  if (s.param("q_row_stride")) return {s.param("tokens"), s.param("q_row_stride")};
+  return {s.param("tokens"), s.param("heads"), s.param("head_dim")};
+}
+std::vector<int64_t> k_shape(const KernelSpec& s) {
+  if (s.param("k_row_stride")) return {s.param("tokens"), s.param("k_row_stride")};
+  return {s.param("tokens"), s.param("kv_heads"), s.param("head_dim")};
+}
 std::vector<int64_t> cu_shape(const KernelSpec& s) { return {s.param("batch") + 1}; }
 std::vector<int64_t> pos_shape(const KernelSpec& s) { return {s.param("tokens")}; }
 std::vector<int64_t> cache_shape(const KernelSpec& s) { return {s.param("max_pos"), rotary(s) / 2}; }
@@ -57,9 +79,11 @@ bool from_cache(const KernelSpec& s) { return s.param("cos_sin") == 1; }
 bool in_place(const KernelSpec& s) { return s.param("inplace") != 0; }
 
 // Tensors: q, k, cu_seqlens | positions, [cos, sin], q_out, k_out.
+constexpr std::string_view kQDoc = "[tokens, heads, head_dim]; [tokens, q_row_stride] with a stride";
+constexpr std::string_view kKDoc = "[tokens, kv_heads, head_dim]; [tokens, k_row_stride] with a stride";
 const TensorDecl kSignature[] = {
-    {"q", Role::input, DTypeRule::in, DType::f32, "[tokens, heads, head_dim]", q_shape},
-    {"k", Role::input, DTypeRule::in, DType::f32, "[tokens, kv_heads, head_dim]", k_shape},
+    {"q", Role::input, DTypeRule::in, DType::f32, kQDoc, q_shape},
+    {"k", Role::input, DTypeRule::in, DType::f32, kKDoc, k_shape},
     {"cu_seqlens", Role::input, DTypeRule::fixed, DType::i32, "[batch + 1]", cu_shape, from_cu_seqlens,
      "start of each packed sequence, then the total: 0 = c0 <= c1 <= ... <= c_batch = tokens"},
     {"positions", Role::input, DTypeRule::fixed, DType::i32, "[tokens]", pos_shape, from_tensor, "position of each token"},
@@ -67,9 +91,8 @@ const TensorDecl kSignature[] = {
      "cos(pos * inv_freq[i])"},
     {"sin", Role::input, DTypeRule::fixed, DType::f32, "[max_pos, rotary_dim/2]", cache_shape, from_cache,
      "sin(pos * inv_freq[i])"},
-    {"q_out", Role::output, DTypeRule::out, DType::f32, "[tokens, heads, head_dim]", q_shape, nullptr, "", "q", in_place},
-    {"k_out", Role::output, DTypeRule::out, DType::f32, "[tokens, kv_heads, head_dim]", k_shape, nullptr, "", "k",
-     in_place},
+    {"q_out", Role::output, DTypeRule::out, DType::f32, kQDoc, q_shape, nullptr, "", "q", in_place},
+    {"k_out", Role::output, DTypeRule::out, DType::f32, kKDoc, k_shape, nullptr, "", "k", in_place},
 };
 
 // As transformers' RotaryEmbedding (rope_init_fn, modeling_rope_utils.py): every step in fp32.
@@ -138,6 +161,26 @@ Result<void> RopeOp::check(const KernelSpec& spec, const TargetInfo&) const {
                       fmt::format("{}: rope_theta and scaling apply to cos_sin = computed; with cos_sin = cache the "
                                   "tables hold the angles: leave them out",
                                   name()));
+  const int64_t vec = vector_width(s);
+  for (const auto& [param, heads_param] : {std::pair{"q_row_stride", "heads"}, std::pair{"k_row_stride", "kv_heads"}}) {
+    const int64_t stride = s.param(param), row = s.param(heads_param) * D;
+    if (stride == 0) continue;
+    if (stride < row)
+      return make_error(Errc::invalid_argument,
+                        fmt::format("{}: {} = {} is less than {} * head_dim = {}: rows would overlap; give at least "
+                                    "{} (0: contiguous)",
+                                    name(), param, stride, heads_param, row, row));
+    if (!s.param("inplace"))
+      return make_error(Errc::invalid_argument,
+                        fmt::format("{}: {} = {} needs inplace = 1: a strided view is rotated in place (the outputs "
+                                    "take the inputs' strides); out of place, leave the strides 0",
+                                    name(), param, stride));
+    if (stride % vec != 0)
+      return make_error(Errc::invalid_argument,
+                        fmt::format("{}: {} = {} is not a multiple of {} elements (16 bytes), which the 16-byte "
+                                    "kernel of this head_dim and rotary_dim needs at every row; give a multiple of {}",
+                                    name(), param, stride, vec, vec));
+  }
   return ok();
 }
 
@@ -186,8 +229,10 @@ Plan RopeOp::plan(const KernelSpec& call, const TileConfig& c) const {
   LaunchGeometry g;
   g.grid.x = static_cast<uint32_t>(call.param("tokens"));
   g.block.x = static_cast<uint32_t>(c.at("THREADS"));
-  Launch l = single_launch(call, c, g);  // the tensors, then tokens, batch, max_pos
+  Launch l = single_launch(call, c, g);  // the tensors, then tokens, batch, max_pos, the row strides
   l.kernel = kKernel;
+  l.args[l.args.size() - 2] = KernelArg::i32(q_stride(call));  // 0 resolved to the contiguous row
+  l.args[l.args.size() - 1] = KernelArg::i32(k_stride(call));
   p.launches.push_back(std::move(l));
   return p;
 }
@@ -252,18 +297,21 @@ void RopeOp::reference(const KernelSpec& spec, const Scalars&, std::span<const s
       sn[i] *= kSign;
     }
     for (int which = 0; which < 2; ++which) {
-      const int64_t heads = which == 0 ? Hq : Hkv;
-      const std::vector<float>& x = in[static_cast<size_t>(which)];
+      const int64_t heads = which == 0 ? Hq : Hkv, stride = which == 0 ? q_stride(spec) : k_stride(spec);
+      // The token's row: heads * D elements, then (with a row stride) columns the kernel leaves
+      // alone, which keep their input values (the output is the input's buffer: in place).
+      const float* row = &in[static_cast<size_t>(which)][static_cast<size_t>(t * stride)];
+      std::vector<double> y(row, row + stride);
       for (int64_t h = 0; h < heads; ++h) {
-        const float* xr = &x[static_cast<size_t>((t * heads + h) * D)];
-        std::vector<double> y(xr, xr + D);
+        const float* xr = row + h * D;
+        double* yr = &y[static_cast<size_t>(h * D)];
         for (int64_t i = 0; i < half; ++i) {
           const int64_t i1 = interleaved ? 2 * i : i, i2 = interleaved ? 2 * i + 1 : i + half;
-          y[i1] = double(xr[i1]) * cs[i] - double(xr[i2]) * sn[i];
-          y[i2] = double(xr[i2]) * cs[i] + double(xr[i1]) * sn[i];
+          yr[i1] = double(xr[i1]) * cs[i] - double(xr[i2]) * sn[i];
+          yr[i2] = double(xr[i2]) * cs[i] + double(xr[i1]) * sn[i];
         }
-        outputs[which].values.insert(outputs[which].values.end(), y.begin(), y.end());
       }
+      outputs[which].values.insert(outputs[which].values.end(), y.begin(), y.end());
     }
   }
   outputs[0].rows = rows;
@@ -276,6 +324,7 @@ std::vector<TestSpec> RopeOp::test_specs(const TargetInfo&) const {
     DType t;
     int64_t tokens, hq, hkv, d, r, interleaved, positions, batch, cos_sin, theta, scaling, max_pos, inplace;
     std::string_view why;
+    int64_t q_row_stride = 0, k_row_stride = 0;
   };
   const P cases[] = {
       {DType::bf16, 17, 4, 2, 64, 0, 0, 0, 3, 0, 10000, 0, 0, 0, "rotate-half, cu_seqlens of 3 sequences, vector"},
@@ -288,11 +337,20 @@ std::vector<TestSpec> RopeOp::test_specs(const TargetInfo&) const {
       {DType::f32, 6, 2, 2, 32, 16, 1, 1, 1, 1, 0, 0, 40, 1, "in place, interleaved partial, cache"},
       {DType::bf16, 0, 4, 2, 64, 0, 0, 0, 1, 0, 10000, 0, 0, 0, "0 tokens: a no-op"},
       {DType::bf16, 3, 32, 8, 128, 0, 0, 1, 1, 0, 500000, 1, 0, 0, "Llama-3.1-8B heads, positions tensor"},
+      // Views of a fused qkv [tokens, (Hq + 2 Hkv) D], rotated in place: rows (4 + 2*2) * 64 apart.
+      {DType::bf16, 5, 4, 2, 64, 0, 0, 0, 2, 0, 10000, 0, 0, 1,
+       "in place, q and k rows of a fused qkv (stride 512), vector", 512, 512},
+      {DType::f16, 4, 2, 1, 80, 40, 0, 1, 1, 0, 500000, 1, 0, 1,
+       "in place, odd row strides 163 and 81, partial rotate-half (scalar)", 163, 81},
+      {DType::f32, 3, 2, 1, 32, 0, 1, 1, 1, 1, 0, 0, 16, 1, "in place, interleaved, cache, k strided (q contiguous)", 0,
+       4 * 32},
   };
   for (const P& c : cases) {
     KernelSpec s{"rope", c.t, c.t,
                  {{"tokens", c.tokens}, {"heads", c.hq}, {"kv_heads", c.hkv}, {"head_dim", c.d}, {"rotary_dim", c.r},
                   {"interleaved", c.interleaved}, {"positions", c.positions}, {"inplace", c.inplace}}};
+    if (c.q_row_stride) s.params["q_row_stride"] = c.q_row_stride;
+    if (c.k_row_stride) s.params["k_row_stride"] = c.k_row_stride;
     if (c.positions == 0) s.params["batch"] = c.batch;
     if (c.cos_sin == 1) {
       s.params["cos_sin"] = 1;
@@ -304,6 +362,14 @@ std::vector<TestSpec> RopeOp::test_specs(const TargetInfo&) const {
     out.push_back({std::move(s), c.why});
   }
   return out;
+}
+
+double RopeOp::bytes(const KernelSpec& spec) const {
+  // The rows the kernel reads and writes, not the columns between them.
+  KernelSpec contiguous = spec;
+  contiguous.params.erase("q_row_stride");
+  contiguous.params.erase("k_row_stride");
+  return OpTemplate::bytes(contiguous);
 }
 
 std::string RopeOp::short_form(const KernelSpec& given) const {

@@ -12,10 +12,13 @@ namespace kiln {
 /// (computed: from rope_theta and scaling in the kernel; cache: read from cos/sin tables),
 /// rope_theta (the base, an integer, default 10000), scaling (none, or llama3: Llama-3.1's
 /// frequency scaling, factor 8, low_freq_factor 1, high_freq_factor 4, original context 8192),
-/// max_pos (runtime; rows of the cos/sin caches), inplace (q_out and k_out are q and k).
-/// Tensors: q [tokens, Hq, D], k [tokens, Hkv, D] (dtype), cu_seqlens int32 [batch + 1] or
-/// positions int32 [tokens], cos and sin fp32 [max_pos, R/2] (with cos_sin = cache) ->
-/// q_out [tokens, Hq, D], k_out [tokens, Hkv, D] (dtype; written over q and k with inplace).
+/// max_pos (runtime; rows of the cos/sin caches), inplace (q_out and k_out are q and k),
+/// q_row_stride, k_row_stride (runtime; elements between consecutive tokens' rows of q and q_out,
+/// k and k_out, with inplace: views of a fused qkv buffer; 0, the default: contiguous).
+/// Tensors: q [tokens, Hq, D], k [tokens, Hkv, D] (dtype; [tokens, q_row_stride] and
+/// [tokens, k_row_stride] with strides), cu_seqlens int32 [batch + 1] or positions int32
+/// [tokens], cos and sin fp32 [max_pos, R/2] (with cos_sin = cache) -> q_out, k_out (q's and
+/// k's shapes, dtype; written over q and k with inplace).
 /// bf16/fp16/fp32, computed in fp32. docs/rope.md gives the conventions and the numerics.
 class RopeOp final : public OpTemplate {
  public:
@@ -38,6 +41,7 @@ class RopeOp final : public OpTemplate {
   void reference(const KernelSpec& spec, const Scalars& scalars, std::span<const std::vector<float>> inputs,
                  std::span<const int64_t> rows, std::vector<RefOutput>& outputs) const override;
   std::vector<TestSpec> test_specs(const TargetInfo& target) const override;
+  double bytes(const KernelSpec& spec) const override;
   std::string short_form(const KernelSpec& spec) const override;
 
  protected:
