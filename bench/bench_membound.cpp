@@ -1,7 +1,7 @@
 // Memory-bound ops on the GPU: Kiln's kernels on the shapes of issue 8 (tokens 8192 and 32768;
 // hidden 4096, 8192, 16384; intermediate 14336, 29568, 53248; fp8 quantization of [tokens, 4096]
-// and [tokens, 14336] in each granularity; cross-entropy forward and backward of [8192, 128256],
-// [8192, 152064] and [16384, 32000] logits), checked against the CPU reference
+// and [tokens, 14336] in each granularity; RoPE and embedding of Llama-3.1-8B, issue 16; cross-entropy
+// forward and backward of [8192, 128256], [8192, 152064] and [16384, 32000] logits), checked against the CPU reference
 // (sampled rows) and timed with device events: median and standard deviation of the per-launch
 // time over 30 launches after 5 warm-ups. As triton.testing.do_bench times the peers: before each
 // timed launch a 256 MiB memset evicts L2 and keeps the GPU busy while the host enqueues the
@@ -12,9 +12,10 @@
 // bench/membound_peers.py times PyTorch eager, torch.compile and the device-to-device copy on the
 // same shapes in the same job, and prints the report with the ratios.
 //
-//   build/bench/bench_membound OUT.csv [--quick] [--only LABEL_PREFIX]
-// (--quick: 8192 tokens and the 128256 vocabulary only; --only: the cases whose label starts so,
-// e.g. --only cross_entropy)
+//   build/bench/bench_membound OUT.csv [--quick] [--only rope,embedding]
+//   build/bench/bench_membound --list [--quick] [--only ...]     the cases, without a GPU
+#include <CLI/CLI.hpp>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -59,6 +60,21 @@ std::vector<Case> cases(bool quick) {
         out.push_back({std::string("quantize_fp8_") + granularities[g],
                        {"quantize_fp8", bf16, kiln::DType::e4m3, {{"rows", t}, {"cols", cols}, {"granularity", g}}},
                        t, cols});
+    // RoPE of Llama-3.1-8B's q [t, 32, 128] and k [t, 8, 128] in one launch (cols: (32 + 8) x 128):
+    // cos/sin computed in the kernel (theta 500000, llama3 scaling, one sequence of t tokens), or
+    // read from an fp32 cache [8192, 64] at int32 positions; the backward with computed cos/sin.
+    const std::map<std::string, int64_t> rope = {{"tokens", t},         {"heads", 32},  {"kv_heads", 8},
+                                           {"head_dim", 128},     {"batch", 1},   {"rope_theta", 500000},
+                                           {"scaling", 1}};
+    const std::map<std::string, int64_t> rope_cache = {{"tokens", t},   {"heads", 32},  {"kv_heads", 8}, {"head_dim", 128},
+                                                 {"positions", 1}, {"cos_sin", 1}, {"max_pos", 8192}};
+    out.push_back({"rope", {"rope", bf16, bf16, rope}, t, 40 * 128});
+    out.push_back({"rope_cache", {"rope", bf16, bf16, rope_cache}, t, 40 * 128});
+    out.push_back({"rope_bwd", {"rope_bwd", bf16, bf16, rope}, t, 40 * 128});
+    // Embedding of Llama-3.1-8B: W [128256, 4096], t int64 ids; dW in fp32.
+    const std::map<std::string, int64_t> emb = {{"tokens", t}, {"vocab", 128256}, {"hidden", 4096}, {"ids_dtype", 1}};
+    out.push_back({"embedding", {"embedding", bf16, bf16, emb}, t, 4096});
+    out.push_back({"embedding_bwd", {"embedding_bwd", bf16, bf16, emb}, t, 4096});
   }
   // Cross-entropy over Llama-3 (128256), Qwen2.5 (152064) and Llama-2 (32000) vocabularies:
   // the forward (loss and lse), the backward into its own buffer and in place over the logits.
@@ -76,21 +92,27 @@ std::vector<Case> cases(bool quick) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2) {
-    std::fprintf(stderr, "usage: bench_membound OUT.csv [--quick] [--only LABEL_PREFIX]\n");
-    return 2;
+  CLI::App app{"Kiln's memory-bound ops on the GPU, checked and timed (peers: bench/membound_peers.py)"};
+  std::string out_csv;
+  bool quick = false, list = false;
+  std::vector<std::string> only;
+  app.add_option("out", out_csv, "CSV file to write (label,rows,cols,bytes,Check,GB/s,GB/s_stddev,Time (ms))");
+  app.add_flag("--quick", quick, "tokens 8192 only");
+  app.add_flag("--list", list, "print the cases and exit (needs no GPU)");
+  app.add_option("--only", only, "run only the cases whose label starts with one of these (comma-separated)")
+      ->delimiter(',');
+  CLI11_PARSE(app, argc, argv);
+  std::vector<Case> todo;
+  for (Case& c : cases(quick))
+    if (only.empty() || std::any_of(only.begin(), only.end(), [&](const std::string& o) { return c.label.rfind(o, 0) == 0; }))
+      todo.push_back(std::move(c));
+  if (list) {
+    for (const Case& c : todo) std::printf("%-28s %s\n", c.label.c_str(), kiln::to_string(c.spec).c_str());
+    return 0;
   }
-  bool quick = false;
-  std::string only;
-  for (int i = 2; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--quick") == 0) {
-      quick = true;
-    } else if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) {
-      only = argv[++i];
-    } else {
-      std::fprintf(stderr, "bench_membound: unknown argument '%s'; usage: bench_membound OUT.csv [--quick] [--only LABEL_PREFIX]\n", argv[i]);
-      return 2;
-    }
+  if (out_csv.empty()) {
+    std::fprintf(stderr, "bench_membound: give the CSV file to write (--help)\n");
+    return 2;
   }
   auto created = kiln::Runtime::create();
   if (!created) {
@@ -103,9 +125,9 @@ int main(int argc, char** argv) {
     std::printf("bench_membound: no GPU, nothing to time\n");
     return 0;
   }
-  std::FILE* csv = std::fopen(argv[1], "w");
+  std::FILE* csv = std::fopen(out_csv.c_str(), "w");
   if (!csv) {
-    std::perror(argv[1]);
+    std::perror(out_csv.c_str());
     return 1;
   }
   std::fprintf(csv, "label,rows,cols,bytes,Check,GB/s,GB/s_stddev,Time (ms)\n");
@@ -117,8 +139,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bench_membound: %s\n", flush.error().message.c_str());
     return 1;
   }
-  for (const Case& c : cases(quick)) {
-    if (c.label.rfind(only, 0) != 0) continue;
+  for (const Case& c : todo) {
     const kiln::OpTemplate* op = *kiln::find_op(c.spec.op);
     kiln::CheckOptions co;
     co.sample_rows = 8;

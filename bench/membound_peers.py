@@ -13,6 +13,7 @@ import os
 import sys
 
 import torch
+import torch._functorch.config
 import torch.nn.functional as F
 from triton.testing import do_bench
 
@@ -119,6 +120,75 @@ def ce_step_ms(x, t):
         loss_fn(x, t).backward()
     step()
     return do_bench(step, warmup=10, rep=100)
+# RoPE as transformers' Llama applies it (modeling_llama.apply_rotary_pos_emb, rotate-half) on
+# q [tokens, 32, 128] and k [tokens, 8, 128], with cos/sin [tokens, 128] precomputed in bf16 by
+# LlamaRotaryEmbedding (theta 500000, Llama-3.1 scaling), as the model does once per step.
+ROPE_HEADS, ROPE_KV_HEADS, ROPE_DIM = 32, 8, 128
+
+
+def rotate_half(x):
+    x1 = x[..., : x.shape[-1] // 2]
+    x2 = x[..., x.shape[-1] // 2 :]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+    cos = cos.unsqueeze(unsqueeze_dim)
+    sin = sin.unsqueeze(unsqueeze_dim)
+    return (q * cos) + (rotate_half(q) * sin), (k * cos) + (rotate_half(k) * sin)
+
+
+def rope_cos_sin(tokens, dim=ROPE_DIM, theta=500000.0):
+    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    factor, low, high, old = 8.0, 1.0, 4.0, 8192  # _compute_llama3_parameters
+    wavelen = 2 * math.pi / inv_freq
+    llama = torch.where(wavelen > old / low, inv_freq / factor, inv_freq)
+    smooth = (old / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * llama / factor + smooth * llama
+    medium = ~(wavelen < old / high) * ~(wavelen > old / low)
+    inv_freq = torch.where(medium, smoothed, llama).to(dev)
+    freqs = torch.arange(tokens, device=dev).float()[:, None] * inv_freq[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(bf16), emb.sin().to(bf16)
+
+
+# Embedding of Llama-3.1-8B: W [128256, 4096] bf16, int64 ids; the backward is autograd's
+# (embedding_dense_backward, deterministic; dW in W's dtype, bf16, where Kiln writes fp32).
+EMB_VOCAB = 128256
+
+
+def emb_fwd(ids, w):
+    return F.embedding(ids, w)
+
+
+def emb_fwd_of_w(w, ids):
+    return F.embedding(ids, w)
+
+
+# The backward peers of rope_bwd and embedding_bwd as BENCHMARKS.md asks: the forward run once
+# (eager, or compiled with its AOTAutograd backward), then only the backward timed,
+# autograd.grad(..., retain_graph=True) on the saved graph.
+torch._functorch.config.donated_buffer = False
+
+
+def backward_inputs(label, rows, cols):
+    """(forward, leaves, other inputs, output gradients), or None for a forward-timed label."""
+    t = lambda *s: torch.randn(*s, device=dev, dtype=bf16)
+    if label == "rope_bwd":
+        cos, sin = rope_cos_sin(rows)
+        return (apply_rotary_pos_emb, (t(rows, ROPE_HEADS, ROPE_DIM), t(rows, ROPE_KV_HEADS, ROPE_DIM)), (cos, sin),
+                (t(rows, ROPE_HEADS, ROPE_DIM), t(rows, ROPE_KV_HEADS, ROPE_DIM)))
+    if label == "embedding_bwd":
+        ids = torch.randint(0, EMB_VOCAB, (rows,), device=dev, dtype=torch.int64)
+        return emb_fwd_of_w, (t(EMB_VOCAB, cols),), (ids,), (t(rows, cols),)
+    return None
+
+
+def time_backward(fwd, leaves, rest, grads):
+    leaves = tuple(x.detach().requires_grad_(True) for x in leaves)
+    outs = fwd(*leaves, *rest)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    return do_bench(lambda: torch.autograd.grad(outs, leaves, grads, retain_graph=True), warmup=10, rep=100)
 
 
 def inputs(label, rows, cols):
@@ -142,6 +212,13 @@ def inputs(label, rows, cols):
         fn = {"tensorwise": q_tensorwise, "rowwise": q_rowwise, "block1x128": q_block1x128,
               "block128x128": q_block128x128}[label[len("quantize_fp8_"):]]
         return fn, (t(rows, cols),)
+    if label in ("rope", "rope_cache"):
+        q, k = t(rows, ROPE_HEADS, ROPE_DIM), t(rows, ROPE_KV_HEADS, ROPE_DIM)
+        cos, sin = rope_cos_sin(rows)
+        return apply_rotary_pos_emb, (q, k, cos, sin)
+    if label == "embedding":
+        ids = torch.randint(0, EMB_VOCAB, (rows,), device=dev, dtype=torch.int64)
+        return emb_fwd, (ids, t(EMB_VOCAB, cols))
     raise ValueError(label)
 
 
@@ -158,16 +235,22 @@ def main():
     out = []
     for r in rows:
         label, n, c, nbytes = r["label"], int(r["rows"]), int(r["cols"]), float(r["bytes"])
-        fn, args = inputs(label, n, c)
-        if callable(args):  # a backward: (eager, compiled) callables, timed as they are
-            eager, compiled = fn, args
+        bwd = backward_inputs(label, n, c)
+        if bwd:
+            fwd, leaves, rest, grads = bwd
+            eager_ms = time_backward(fwd, leaves, rest, grads)
+            comp_ms = time_backward(torch.compile(fwd, dynamic=False), leaves, rest, grads)
         else:
-            eager = lambda: fn(*args)
-            compiled_fn = torch.compile(fn, dynamic=False)
-            compiled = lambda: compiled_fn(*args)
-        compiled()
-        eager_ms = do_bench(eager, warmup=10, rep=100)
-        comp_ms = do_bench(compiled, warmup=10, rep=100)
+            fn, args = inputs(label, n, c)
+            if callable(args):  # a backward: (eager, compiled) callables, timed as they are
+                eager, compiled = fn, args
+            else:
+                eager = lambda: fn(*args)
+                compiled_fn = torch.compile(fn, dynamic=False)
+                compiled = lambda: compiled_fn(*args)
+            compiled()
+            eager_ms = do_bench(eager, warmup=10, rep=100)
+            comp_ms = do_bench(compiled, warmup=10, rep=100)
         kiln_gbs = float(r["GB/s"])
         eager_gbs, comp_gbs = nbytes / (eager_ms * 1e6), nbytes / (comp_ms * 1e6)
         out.append(dict(label=f"{label} [{n}x{c}]", Check=r["Check"], **{"GB/s": kiln_gbs, "GB/s_stddev": float(r["GB/s_stddev"]),

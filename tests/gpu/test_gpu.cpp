@@ -6,12 +6,14 @@
 // the same variable points the clang tests at it (tools/gpu_check.sh does both halves).
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <random>
 #include <thread>
 
 #include "cache/tuning.h"
 #include "kiln/kiln.h"
+#include "runtime/device_tensors.h"
 #include "templates/registry.h"
 #include "test_util.h"
 
@@ -195,6 +197,38 @@ TEST(GpuRuntime, TypedOpsAndLaunchesFromManyThreads) {
       << bad.error().message;
   (void)dev.free(x);
   (void)dev.free(y);
+}
+
+// embedding_bwd's dW is bitwise the same on every run: 8192 tokens over 1000 ids (a quarter of
+// them over 8 ids: hundreds of tokens per row), hidden 4096, five launches on the same inputs.
+// A dW accumulated with float atomics would differ in the last bits between runs.
+TEST(GpuEmbedding, TheBackwardIsBitwiseDeterministic) {
+  testing::TempDir scratch;
+  RuntimeOptions o;
+  o.cache_dir = scratch.path();
+  auto rt = std::move(Runtime::create(o)).value();
+  if (!rt->device()) GTEST_SKIP() << "no GPU: no NVIDIA or AMD device found";
+  Device& dev = *rt->device();
+  const KernelSpec spec{"embedding_bwd", DType::bf16, DType::bf16,
+                        {{"tokens", 8192}, {"vocab", 1000}, {"hidden", 4096}, {"ids_dtype", 1}}};
+  const OpTemplate* op = *find_op(spec.op);
+  std::mt19937_64 rng(std::random_device{}());
+  auto tensors = DeviceTensors::make(dev, *op, op->with_defaults(spec), rng);
+  ASSERT_TRUE(tensors.ok()) << tensors.error().message;
+  auto k = rt->kernel(spec);
+  ASSERT_TRUE(k.ok()) << k.error().message;
+  const size_t bytes = 1000 * 4096 * 4;
+  void* dw = tensors->pointers()[2];
+  std::vector<uint8_t> first(bytes), again(bytes);
+  for (int run = 0; run < 5; ++run) {
+    ASSERT_TRUE(dev.memset(dw, static_cast<uint8_t>(0xff - run), bytes).ok());
+    ASSERT_TRUE((*k)->launch(spec, tensors->pointers()).ok());
+    ASSERT_TRUE(dev.synchronize().ok());
+    ASSERT_TRUE(dev.copy_to_host(run == 0 ? first.data() : again.data(), dw, bytes).ok());
+    if (run > 0) {
+      EXPECT_EQ(std::memcmp(first.data(), again.data(), bytes), 0) << "dW of run " << run << " differs";
+    }
+  }
 }
 
 TEST(GpuRuntime, AnUnalignedViewFallsBackFromTmaToTheCpAsyncKernel) {

@@ -55,6 +55,13 @@ TEST(OpContract, TestSpecsValidateAndPlansMatchTheSignature) {
       EXPECT_FALSE(!tensor.output && seen_output) << "inputs come before outputs: " << tensor.name;
       seen_output |= tensor.output;
       for (int64_t d : tensor.shape) EXPECT_GE(d, 0) << tensor.name;
+      if (tensor.overwrites >= 0) {  // in place: over an input of the same shape and dtype
+        ASSERT_TRUE(tensor.output) << tensor.name;
+        const TensorInfo& in = tensors[static_cast<size_t>(tensor.overwrites)];
+        EXPECT_FALSE(in.output) << tensor.name << " overwrites " << in.name;
+        EXPECT_EQ(in.shape, tensor.shape) << tensor.name << " overwrites " << in.name;
+        EXPECT_EQ(in.dtype, tensor.dtype) << tensor.name << " overwrites " << in.name;
+      }
     }
     EXPECT_TRUE(seen_output) << "an op writes something";
     const std::vector<TileConfig> variants = op.variants(op.baked_spec(spec), t);
@@ -97,7 +104,8 @@ TEST(OpContract, ReferencesFillEveryOutputWithFiniteValues) {
       for (size_t i = 0; i < inputs.size(); ++i) {
         ASSERT_EQ(int64_t(values[i].size()), inputs[i].elements()) << inputs[i].name;
         for (float v : values[i]) {
-          ASSERT_NE(v, 0.0f) << inputs[i].name << ": inputs are never zero";
+          // Index tensors (ids, positions, cu_seqlens) hold 0 where it is a valid index.
+          if (!is_integer(inputs[i].dtype)) ASSERT_NE(v, 0.0f) << inputs[i].name << ": inputs are never zero";
           ASSERT_EQ(v, round_to_dtype(v, inputs[i].dtype)) << inputs[i].name << ": inputs are rounded to their dtype";
         }
       }

@@ -239,6 +239,59 @@ TEST(Templates, RmsNormAndSwiGluReferences) {
   EXPECT_NEAR(refs[0].values[1], 2.0 / (1.0 + std::exp(-2.0)) * 3.0, 1e-12);
 }
 
+// rope on views of a fused qkv buffer: row strides, in place.
+KernelSpec rope_spec(std::string op, DType t, int64_t head_dim, int64_t rotary_dim, int64_t q_stride, int64_t k_stride,
+                     int64_t inplace) {
+  return {std::move(op), t, t,
+          {{"tokens", 2}, {"heads", 1}, {"kv_heads", 1}, {"head_dim", head_dim}, {"rotary_dim", rotary_dim},
+           {"positions", 1}, {"cos_sin", 1}, {"max_pos", 2}, {"inplace", inplace}, {"q_row_stride", q_stride},
+           {"k_row_stride", k_stride}}};
+}
+
+TEST(Templates, RopeRowStridesAreValidated) {
+  const TargetInfo& t = target("gfx942");
+  for (const char* op_name : {"rope", "rope_bwd"}) {
+    const OpTemplate* op = *find_op(op_name);
+    // bf16, head_dim 64: the 16-byte kernel (8 elements).
+    EXPECT_TRUE(op->validate(rope_spec(op_name, DType::bf16, 64, 0, 512, 512, 1), t).ok());
+    EXPECT_TRUE(op->validate(rope_spec(op_name, DType::bf16, 64, 0, 0, 64, 1), t).ok());
+    auto r = op->validate(rope_spec(op_name, DType::bf16, 64, 0, 63, 0, 1), t);
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.error().message.find("q_row_stride = 63 is less than heads * head_dim = 64"), std::string::npos)
+        << r.error().message;
+    r = op->validate(rope_spec(op_name, DType::bf16, 64, 0, 0, 516, 1), t);
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.error().message.find("k_row_stride = 516 is not a multiple of 8"), std::string::npos)
+        << r.error().message;
+    r = op->validate(rope_spec(op_name, DType::bf16, 64, 0, 512, 0, 0), t);
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.error().message.find("q_row_stride = 512 needs inplace = 1"), std::string::npos) << r.error().message;
+    // fp16, head_dim 80, rotary 40: the scalar kernel takes any stride.
+    EXPECT_TRUE(op->validate(rope_spec(op_name, DType::f16, 80, 40, 163, 81, 1), t).ok());
+  }
+}
+
+TEST(Templates, RopeReferenceWithRowStridesKeepsTheColumnsBetweenRows) {
+  for (const char* op_name : {"rope", "rope_bwd"}) {
+    const OpTemplate* op = *find_op(op_name);
+    const double sign = std::string(op_name) == "rope" ? 1 : -1;
+    // head_dim 2; q rows 3 apart (one column between rows), k contiguous (2, given).
+    // Token 0 at position 0 (cos 1, sin 0): unchanged. Token 1 at position 1 (cos 0, sin 1):
+    // (x1, x2) -> (-x2 sin, x1 sin), sin = +-1.
+    const KernelSpec spec = op->with_defaults(rope_spec(op_name, DType::f32, 2, 0, 3, 2, 1));
+    const auto tensors = op->tensors(spec);
+    EXPECT_EQ(tensors[0].shape, (std::vector<int64_t>{2, 3}));
+    EXPECT_EQ(tensors[1].shape, (std::vector<int64_t>{2, 2}));
+    EXPECT_EQ(op->bytes(spec), op->bytes(rope_spec(op_name, DType::f32, 2, 0, 0, 0, 1)));
+    std::vector<std::vector<float>> in = {{1, 2, 9, 3, 4, 8}, {5, 6, 7, 1}, {0, 1}, {1, 0}, {0, 1}};
+    std::vector<RefOutput> refs;
+    op->reference(spec, {}, in, {}, refs);
+    ASSERT_EQ(refs.size(), 2u);
+    EXPECT_EQ(refs[0].values, (std::vector<double>{1, 2, 9, -4 * sign, 3 * sign, 8}));
+    EXPECT_EQ(refs[1].values, (std::vector<double>{5, 6, -1 * sign, 7 * sign}));
+  }
+}
+
 TEST(Templates, BakedSpecDropsRuntimeParameters) {
   const OpTemplate* norm = *find_op("rmsnorm");
   const KernelSpec baked = norm->baked_spec(rmsnorm_spec(8192, 4096));

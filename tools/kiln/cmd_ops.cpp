@@ -26,24 +26,32 @@ std::string tensor_order(const OpTemplate& op) {
                         : d.dtype_rule == DTypeRule::out ? "out_dtype"
                                                          : std::string(dtype_name(d.fixed));
     std::string s = fmt::format("{} {} ({}", d.name, d.shape_doc, dtype);
-    if (d.present) {
+    // The values of the boolean and enumerated parameters for which `holds` is true, where not all
+    // or none of them are.
+    auto flags_of = [&](bool (*holds)(const KernelSpec&)) {
       std::vector<std::string> flags;
       for (const ParamInfo& p : op.params()) {
         if (!p.is_bool && p.choices.empty()) continue;
-        // The values of this parameter for which the tensor is present, if not all or none.
         std::vector<std::string> when;
         const int64_t n = p.is_bool ? 2 : static_cast<int64_t>(p.choices.size());
         for (int64_t v = 0; v < n; ++v) {
           KernelSpec s;
           s.params[std::string(p.name)] = v;
-          if (d.present(s)) when.push_back(p.is_bool ? (v ? std::string(p.name) : "not " + std::string(p.name))
+          if (holds(s)) when.push_back(p.is_bool ? (v ? std::string(p.name) : "not " + std::string(p.name))
                                                      : fmt::format("{}={}", p.name, p.choices[v]));
         }
         if (!when.empty() && static_cast<int64_t>(when.size()) < n) flags.push_back(join(when, " or "));
       }
+      return flags;
+    };
+    if (d.present) {
+      const std::vector<std::string> flags = flags_of(d.present);
       s += flags.empty() ? ", optional" : fmt::format(", if {}", join(flags, " and "));
     }
-    if (!d.overwrites.empty()) s += fmt::format(", written over {}", d.overwrites);
+    if (!d.overwrites.empty()) {  // in place: "q_out ... (out_dtype, written over q if inplace)"
+      const std::vector<std::string> flags = d.in_place ? flags_of(d.in_place) : std::vector<std::string>{};
+      s += fmt::format(", written over {}{}", d.overwrites, flags.empty() ? "" : " if " + join(flags, " and "));
+    }
     s += ")";
     (d.role == Role::input ? ins : outs).push_back(std::move(s));
   }

@@ -1,0 +1,170 @@
+#include "templates/embedding_bwd/embedding_bwd.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "support/embedded.h"
+
+namespace kiln {
+namespace {
+constexpr std::string_view kIdTypes[] = {"int32", "int64"};
+const ParamInfo kParams[] = {
+    {"tokens", "tokens (ids); a runtime argument, not baked; 0 writes dW = 0", false, false, 0, (int64_t{1} << 31) - 1},
+    {"vocab", "rows of dW", true, false, 1, (int64_t{1} << 31) - 2},
+    {"hidden", "columns of dy and dW", true, false, 1, int64_t{1} << 20},
+    {"ids_dtype", "dtype of ids: int32 or int64 (default, as PyTorch's token ids)", true, false, 0, 1, kIdTypes, 1},
+};
+const DType kDTypes[] = {DType::bf16, DType::f16, DType::f32};
+std::vector<int64_t> tokens(const KernelSpec& s) { return {s.param("tokens")}; }
+std::vector<int64_t> vocab_hidden(const KernelSpec& s) { return {s.param("vocab"), s.param("hidden")}; }
+std::vector<int64_t> tokens_hidden(const KernelSpec& s) { return {s.param("tokens"), s.param("hidden")}; }
+bool ids32(const KernelSpec& s) { return s.param("ids_dtype") == 0; }
+bool ids64(const KernelSpec& s) { return s.param("ids_dtype") == 1; }
+// ids is one of two declarations (int32 or int64): a tensor's dtype is fixed per declaration.
+const TensorDecl kSignature[] = {
+    {"ids", Role::input, DTypeRule::fixed, DType::i32, "[tokens]", tokens, ids32, "token ids (ids_dtype = int32)"},
+    {"ids", Role::input, DTypeRule::fixed, DType::i64, "[tokens]", tokens, ids64, "token ids (ids_dtype = int64)"},
+    {"dy", Role::input, DTypeRule::in, DType::f32, "[tokens, hidden]", tokens_hidden, nullptr, "gradient of y"},
+    {"dW", Role::output, DTypeRule::fixed, DType::f32, "[vocab, hidden]", vocab_hidden},
+};
+// Threads of the counting-sort launches (zero, rank, scan, offset, scatter); a power of two.
+constexpr int64_t kAux = 256;
+
+// The sum launch: up to 256 threads of at most 2 accesses each per block (as the elementwise
+// row ops), a block per (id, column chunk).
+TileConfig row_config(int64_t columns, int64_t vec, const TargetInfo& target) {
+  const int64_t nvec = ceil_div(columns, vec);
+  const int64_t threads = std::clamp<int64_t>(round_up(ceil_div(nvec, 2), target.wave_size), target.wave_size, 256);
+  const int64_t items = std::clamp<int64_t>(ceil_div(nvec, threads), 1, 2);
+  return {{"THREADS", threads}, {"VEC", vec}, {"ITEMS", items}};
+}
+
+// The workspace: int32 count [vocab], start [vocab + 1], rank [tokens], sorted [tokens],
+// tiles [ceil(vocab / kAux)], each at a 256-byte boundary.
+struct Workspace {
+  int64_t count, start, rank, sorted, tiles, bytes;
+};
+Workspace workspace(int64_t vocab, int64_t tokens) {
+  Workspace w;
+  w.count = 0;
+  w.start = round_up(vocab * 4, 256);
+  w.rank = w.start + round_up((vocab + 1) * 4, 256);
+  w.sorted = w.rank + round_up(tokens * 4, 256);
+  w.tiles = w.sorted + round_up(tokens * 4, 256);
+  w.bytes = w.tiles + ceil_div(vocab, kAux) * 4;
+  return w;
+}
+}  // namespace
+
+std::span<const ParamInfo> EmbeddingBwdOp::params() const { return kParams; }
+std::span<const DType> EmbeddingBwdOp::dtypes() const { return kDTypes; }
+std::span<const TensorDecl> EmbeddingBwdOp::signature() const { return kSignature; }
+std::string_view EmbeddingBwdOp::device_template(const TileConfig&) const {
+  return embedded_file("templates/embedding_bwd/embedding_bwd.kernel");
+}
+
+std::vector<TileConfig> EmbeddingBwdOp::variants(const KernelSpec& spec, const TargetInfo& target) const {
+  const int64_t hidden = spec.param("hidden"), vec = 16 / static_cast<int64_t>(dtype_size(spec.dtype));
+  std::vector<TileConfig> out;
+  if (hidden % vec == 0) out.push_back(row_config(hidden, vec, target));
+  out.push_back(row_config(hidden, 1, target));
+  return out;
+}
+std::vector<uint32_t> EmbeddingBwdOp::base_alignment(const KernelSpec& spec, const TileConfig& config) const {
+  std::vector<uint32_t> a = vector_variant_alignment(config, tensors(spec).size(), {0});  // ids: one at a time
+  if (config.at("VEC") > 1) a[2] = static_cast<uint32_t>(4 * config.at("VEC"));  // dW: VEC fp32 per access
+  return a;
+}
+
+std::string EmbeddingBwdOp::specialize(const KernelSpec& given, const TileConfig& c) const {
+  const KernelSpec spec = with_defaults(given);
+  return fmt::format("constexpr long long VOCAB = {};\nconstexpr int HIDDEN = {};\n"
+                     "constexpr int THREADS = {}, VEC = {}, ITEMS = {}, AUX = {};\ntypedef {} id_t;\ntypedef {} in_t;\n",
+                     spec.param("vocab"), spec.param("hidden"), c.at("THREADS"), c.at("VEC"), c.at("ITEMS"), kAux,
+                     spec.param("ids_dtype") ? "long long" : "int", device_type_name(spec.dtype));
+}
+
+Plan EmbeddingBwdOp::plan(const KernelSpec& call, const TileConfig& c) const {
+  Plan p;
+  const int64_t V = call.param("vocab"), H = call.param("hidden"), T = call.param("tokens");
+  const Workspace w = workspace(V, T);
+  p.workspace_bytes = static_cast<uint64_t>(w.bytes);
+  auto launch = [&](const char* kernel, int64_t grid_x, int64_t grid_y, int64_t block, std::vector<KernelArg> args) {
+    Launch l;
+    l.kernel = kernel;
+    l.geometry.grid.x = static_cast<uint32_t>(grid_x);
+    l.geometry.grid.y = static_cast<uint32_t>(grid_y);
+    l.geometry.block.x = static_cast<uint32_t>(block);
+    l.args = std::move(args);
+    p.launches.push_back(std::move(l));
+  };
+  using A = KernelArg;
+  const int64_t tiles = ceil_div(V, kAux);
+  // Tensors: ids 0, dy 1, dW 2.
+  launch("kiln_embedding_bwd_zero", tiles, 1, kAux, {A::workspace(w.count)});
+  if (T > 0) launch("kiln_embedding_bwd_rank", 1, 1, kAux, {A::tensor(0), A::workspace(w.count), A::workspace(w.rank), A::i32(T)});
+  launch("kiln_embedding_bwd_scan", tiles, 1, kAux, {A::workspace(w.count), A::workspace(w.start), A::workspace(w.tiles)});
+  launch("kiln_embedding_bwd_offset", tiles, 1, kAux, {A::workspace(w.start), A::workspace(w.tiles)});
+  if (T > 0)
+    launch("kiln_embedding_bwd_scatter", ceil_div(T, kAux), 1, kAux,
+           {A::tensor(0), A::workspace(w.start), A::workspace(w.rank), A::workspace(w.sorted), A::i32(T)});
+  launch("kiln_embedding_bwd_sum", V, ceil_div(ceil_div(H, c.at("VEC")), c.at("THREADS") * c.at("ITEMS")), c.at("THREADS"),
+         {A::tensor(1), A::workspace(w.start), A::workspace(w.sorted), A::tensor(2)});
+  return p;
+}
+
+// Token ids as a training batch has them: a quarter from a few frequent ids (repeated ids),
+// the rest uniform over the vocabulary (most ids never seen when vocab > tokens), and every 61st
+// token (from the 31st) out of range, alternately -1 and vocab (no contribution).
+static void embedding_ids(int64_t vocab, std::vector<float>& ids, std::mt19937_64& rng) {
+  std::uniform_int_distribution<int64_t> any(0, vocab - 1), hot(0, std::min<int64_t>(vocab, 8) - 1);
+  std::uniform_int_distribution<int> quarter(0, 3);
+  for (size_t t = 0; t < ids.size(); ++t) {
+    int64_t id = quarter(rng) == 0 ? hot(rng) : any(rng);
+    if (t % 61 == 30) id = (t / 61) % 2 ? vocab : -1;
+    ids[t] = static_cast<float>(id);
+  }
+}
+
+void EmbeddingBwdOp::init_inputs(const KernelSpec& spec, std::span<const TensorInfo> inputs,
+                                 std::vector<std::vector<float>>& values, std::mt19937_64& rng) const {
+  OpTemplate::init_inputs(spec, inputs, values, rng);
+  embedding_ids(spec.param("vocab"), values[0], rng);
+}
+
+void EmbeddingBwdOp::reference(const KernelSpec& spec, const Scalars&, std::span<const std::vector<float>> in,
+                               std::span<const int64_t> sample, std::vector<RefOutput>& outputs) const {
+  const int64_t n = spec.param("tokens"), V = spec.param("vocab"), H = spec.param("hidden");
+  outputs.assign(1, {});
+  RefOutput& dw = outputs[0];
+  dw.rows.assign(sample.begin(), sample.end());
+  if (dw.rows.empty())
+    for (int64_t v = 0; v < V; ++v) dw.rows.push_back(v);
+  std::vector<int64_t> slot(static_cast<size_t>(V), -1);  // id -> place in dw.rows
+  for (size_t i = 0; i < dw.rows.size(); ++i) slot[static_cast<size_t>(dw.rows[i])] = static_cast<int64_t>(i);
+  dw.values.assign(dw.rows.size() * static_cast<size_t>(H), 0.0);
+  for (int64_t t = 0; t < n; ++t) {
+    const int64_t id = static_cast<int64_t>(in[0][static_cast<size_t>(t)]);
+    if (id < 0 || id >= V || slot[static_cast<size_t>(id)] < 0) continue;
+    double* row = &dw.values[static_cast<size_t>(slot[static_cast<size_t>(id)] * H)];
+    for (int64_t c = 0; c < H; ++c) row[c] += in[1][static_cast<size_t>(t * H + c)];
+  }
+}
+
+std::vector<TestSpec> EmbeddingBwdOp::test_specs(const TargetInfo&) const {
+  std::vector<TestSpec> out;
+  auto add = [&](DType t, int64_t tokens, int64_t vocab, int64_t hidden, int64_t ids, std::string_view why) {
+    out.push_back(
+        {{"embedding_bwd", t, t, {{"tokens", tokens}, {"vocab", vocab}, {"hidden", hidden}, {"ids_dtype", ids}}}, why});
+  };
+  add(DType::bf16, 300, 40, 64, 1, "int64 ids, many repeats, out of range; two rank chunks");
+  add(DType::f16, 70, 300, 7, 0, "int32 ids, hidden 7 (scalar), ids never seen; two scan tiles");
+  add(DType::f32, 33, 100, 100, 1, "fp32, hidden 100 (vector of 4)");
+  add(DType::bf16, 5, 9, 1, 0, "hidden 1");
+  add(DType::bf16, 0, 10, 64, 1, "0 tokens: dW = 0");
+  add(DType::bf16, 6, 12, 4096, 1, "Llama hidden 4096");
+  return out;
+}
+
+}  // namespace kiln
