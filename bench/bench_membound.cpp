@@ -49,6 +49,13 @@ std::vector<Case> cases(bool quick) {
       out.push_back({"rmsnorm_residual", {"rmsnorm", bf16, bf16, {{"rows", t}, {"hidden", h}, {"residual", 1}, {"save_rstd", 1}}}, t, h});
       out.push_back({"rmsnorm_bwd", {"rmsnorm_bwd", bf16, bf16, {{"rows", t}, {"hidden", h}}}, t, h});
     }
+    // rmsnorm_bwd with the residual stream's gradient added to dx (a Llama step's backward at each
+    // norm): [8192, 4096] only, the Llama-3.1-8B step's shape.
+    if (t == 8192)
+      out.push_back({"rmsnorm_bwd_dres",
+                     {"rmsnorm_bwd", bf16, bf16, {{"rows", t}, {"hidden", 4096}, {"residual_grad", 1}}},
+                     t,
+                     4096});
     for (int64_t i : inters) {
       out.push_back({"swiglu", {"swiglu", bf16, bf16, {{"rows", t}, {"intermediate", i}}}, t, i});
       out.push_back({"swiglu_bwd", {"swiglu_bwd", bf16, bf16, {{"rows", t}, {"intermediate", i}}}, t, i});

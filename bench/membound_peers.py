@@ -6,6 +6,10 @@ copy on the same shapes and byte counts; prints the BENCHMARKS.md memory-bound r
 
 Bytes per case are Kiln's (every input read once, every output written once), so the ratios are
 ratios of times. Timing: triton.testing.do_bench (median).
+
+Cases in BACKWARD_ALONE (rmsnorm_bwd_dres) are timed as BENCHMARKS.md asks of a backward op's peer:
+the forward is run once (eager, or compiled with torch.compile so that AOTAutograd compiles its
+backward graph) and only the backward, torch.autograd.grad(..., retain_graph=True), is timed.
 """
 import csv
 import math
@@ -39,6 +43,34 @@ def rms_bwd(x, g, dy):
     g = g.detach().requires_grad_(True)
     y = F.rms_norm(x, (x.shape[-1],), g, 1e-5)
     return torch.autograd.grad(y, (x, g), dy)
+
+
+def rms_dres_fwd(x, g, c):
+    # The residual connection around a pre-norm block, h = x + f(rmsnorm(x)), cut at the norm: y
+    # goes on into f (its gradient dy), h = x + c carries the residual stream (its gradient dres).
+    # x's gradient is then rmsnorm's dx + dres: eager runs rmsnorm backward and an add;
+    # torch.compile's backward graph fuses the add into its rmsnorm backward.
+    return F.rms_norm(x, (x.shape[-1],), g, 1e-5), x + c
+
+
+# label -> forward, its inputs (the first `leaves` are the leaves whose gradients are asked for),
+# and the gradients of its outputs.
+def backward_alone(label, rows, cols):
+    t = lambda *s: torch.randn(*s, device=dev, dtype=bf16)
+    if label == "rmsnorm_bwd_dres":
+        x, g = t(rows, cols).requires_grad_(True), t(cols).requires_grad_(True)
+        return rms_dres_fwd, (x, g, t(rows, cols)), 2, (t(rows, cols), t(rows, cols))
+    return None
+
+
+def time_backward_alone(fwd, args, leaves, grads, compiled):
+    if compiled:
+        torch._functorch.config.donated_buffer = False  # the backward graph runs repeatedly
+        fwd = torch.compile(fwd, dynamic=False)
+    outs = fwd(*args)
+    run = lambda: torch.autograd.grad(outs, args[:leaves], grads, retain_graph=True)
+    run()
+    return do_bench(run, warmup=10, rep=100)
 
 
 def swiglu_fwd(x):
@@ -236,10 +268,15 @@ def main():
     for r in rows:
         label, n, c, nbytes = r["label"], int(r["rows"]), int(r["cols"]), float(r["bytes"])
         bwd = backward_inputs(label, n, c)
+        alone = backward_alone(label, n, c)
         if bwd:
             fwd, leaves, rest, grads = bwd
             eager_ms = time_backward(fwd, leaves, rest, grads)
             comp_ms = time_backward(torch.compile(fwd, dynamic=False), leaves, rest, grads)
+        elif alone is not None:
+            fwd, args, leaves, grads = alone
+            eager_ms = time_backward_alone(fwd, args, leaves, grads, compiled=False)
+            comp_ms = time_backward_alone(fwd, args, leaves, grads, compiled=True)
         else:
             fn, args = inputs(label, n, c)
             if callable(args):  # a backward: (eager, compiled) callables, timed as they are

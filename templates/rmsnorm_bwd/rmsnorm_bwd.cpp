@@ -13,6 +13,8 @@ const ParamInfo kParams[] = {
     {"rows", "rows (tokens); a runtime argument, not baked; 0 is a no-op", false, false, 0, (int64_t{1} << 31) - 1},
     {"hidden", "normalized (last) dimension", true, false, 1, 65536},
     {"recompute_rstd", "recompute rstd from x and eps instead of reading it (default 0)", true, true, 0, 1, {}, 0},
+    {"residual_grad", "add dres, the residual stream's gradient, to dx in the same pass (default 0)", true, true, 0, 1,
+     {}, 0},
 };
 const ScalarInfo kScalars[] = {{"eps", 1e-5f, "with recompute_rstd: added to mean(x^2)"}};
 const DType kDTypes[] = {DType::bf16, DType::f16, DType::f32};
@@ -21,12 +23,15 @@ std::vector<int64_t> rows_hidden(const KernelSpec& s) { return {s.param("rows"),
 std::vector<int64_t> hidden(const KernelSpec& s) { return {s.param("hidden")}; }
 std::vector<int64_t> rows(const KernelSpec& s) { return {s.param("rows")}; }
 bool reads_rstd(const KernelSpec& s) { return s.param("recompute_rstd") == 0; }
+bool adds_dres(const KernelSpec& s) { return s.param("residual_grad") != 0; }
 
 const TensorDecl kSignature[] = {
     {"dy", Role::input, DTypeRule::in, DType::f32, "[rows, hidden]", rows_hidden},
     {"x", Role::input, DTypeRule::in, DType::f32, "[rows, hidden]", rows_hidden},
     {"gamma", Role::input, DTypeRule::in, DType::f32, "[hidden]", hidden},
     {"rstd", Role::input, DTypeRule::fixed, DType::f32, "[rows]", rows, reads_rstd, "saved by rmsnorm save_rstd"},
+    {"dres", Role::input, DTypeRule::in, DType::f32, "[rows, hidden]", rows_hidden, adds_dres,
+     "with residual_grad: the gradient along the residual connection, added to dx"},
     {"dx", Role::output, DTypeRule::out, DType::f32, "[rows, hidden]", rows_hidden},
     {"dgamma", Role::output, DTypeRule::out, DType::f32, "[hidden]", hidden},
 };
@@ -92,11 +97,15 @@ constexpr BwdKnobs kTuningKnobs[] = {
 // partial last access (hidden 1000: an address per access, no immediate offsets) 167-168, and
 // row threads that are not a power of two (hidden 5120: 160) 167; under a cap of 128-136 clang's
 // code spilled 16-32 bytes there, so these count 12 and 4 registers more per access.
+// residual_grad stages dres like dy and x: one more access per stage, and 3 registers more per
+// access: at hidden 4096 bf16 (ITEMS 4, PREFETCH 1, 384 threads, a cap of 170) NVRTC took 168
+// registers, but clang's code spilled 20 bytes; counted so, the block has 256 threads there.
 int64_t estimated_registers(int64_t items, int64_t vec, int64_t in_size, int64_t prefetch, bool gamma_lds,
-                            bool partial, bool pow2) {
+                            bool partial, bool pow2, bool dres) {
   const int64_t access = std::max<int64_t>(1, vec * in_size / 4);  // registers of one access
   const int64_t irregular = (partial ? 12 : 0) + (pow2 ? 0 : 4);
-  return items * (vec + 2 * (prefetch + 1) * access + (gamma_lds ? 0 : access) + irregular) + 30;
+  const int64_t staged = dres ? 3 * (prefetch + 1) * access + 3 : 2 * (prefetch + 1) * access;
+  return items * (vec + staged + (gamma_lds ? 0 : access) + irregular) + 30;
 }
 // Blocks of `threads` threads with `regs` registers each that fit one compute unit's register
 // file. The compilers allocate registers for a block in groups of 4 wavefronts (ptxas: 480
@@ -109,7 +118,8 @@ int64_t blocks_that_fit(int64_t threads, int64_t regs, const TargetInfo& target)
   return std::min<int64_t>(32 * target.wave_size / threads, 4 * target.wave_size * 512 / (lanes * regs));
 }
 
-TileConfig bwd_config(int64_t hidden, int64_t vec, DType dtype, const TargetInfo& target, const BwdKnobs& k) {
+TileConfig bwd_config(int64_t hidden, int64_t vec, DType dtype, bool dres, const TargetInfo& target,
+                      const BwdKnobs& k) {
   const int64_t in_size = static_cast<int64_t>(dtype_size(dtype));
   const int64_t nvec = ceil_div(hidden, vec);
   const int64_t wave = target.wave_size;
@@ -121,7 +131,7 @@ TileConfig bwd_config(int64_t hidden, int64_t vec, DType dtype, const TargetInfo
   const bool gamma_lds = nvec * vec * in_size <= 32768;
   // The prefetch wanted, unless a single row's threads would not fit the register file with it.
   int64_t prefetch = k.prefetch;
-  auto regs = [&] { return estimated_registers(items, vec, in_size, prefetch, gamma_lds, partial, pow2); };
+  auto regs = [&] { return estimated_registers(items, vec, in_size, prefetch, gamma_lds, partial, pow2, dres); };
   while (prefetch > 0 && blocks_that_fit(row_threads, regs(), target) < 1) --prefetch;
   // Rows per block: block_threads wanted, no more than the registers hold (the launch bound then
   // gives the compiler the registers it needs).
@@ -148,16 +158,17 @@ int64_t vector_width(const KernelSpec& spec) {
 
 std::vector<TileConfig> RmsNormBwdOp::variants(const KernelSpec& spec, const TargetInfo& target) const {
   std::vector<TileConfig> out = {choose_config(spec, target)};
-  if (out.front().at("VEC") > 1) out.push_back(bwd_config(spec.param("hidden"), 1, spec.dtype, target, kDefaultKnobs));
+  if (out.front().at("VEC") > 1)
+    out.push_back(bwd_config(spec.param("hidden"), 1, spec.dtype, adds_dres(spec), target, kDefaultKnobs));
   return out;
 }
 TileConfig RmsNormBwdOp::choose_config(const KernelSpec& spec, const TargetInfo& target) const {
-  return bwd_config(spec.param("hidden"), vector_width(spec), spec.dtype, target, kDefaultKnobs);
+  return bwd_config(spec.param("hidden"), vector_width(spec), spec.dtype, adds_dres(spec), target, kDefaultKnobs);
 }
 std::vector<TileConfig> RmsNormBwdOp::tuning_candidates(const KernelSpec& spec, const TargetInfo& target) const {
   std::vector<TileConfig> out = {choose_config(spec, target)};
   for (const BwdKnobs& k : kTuningKnobs) {
-    TileConfig c = bwd_config(spec.param("hidden"), vector_width(spec), spec.dtype, target, k);
+    TileConfig c = bwd_config(spec.param("hidden"), vector_width(spec), spec.dtype, adds_dres(spec), target, k);
     if (std::find(out.begin(), out.end(), c) == out.end()) out.push_back(std::move(c));
   }
   return out;
@@ -169,9 +180,10 @@ std::vector<uint32_t> RmsNormBwdOp::base_alignment(const KernelSpec& spec, const
 std::string RmsNormBwdOp::specialize(const KernelSpec& spec, const TileConfig& c) const {
   return fmt::format("constexpr int HIDDEN = {};\nconstexpr int VEC = {}, ITEMS = {}, ROW_THREADS = {}, ROWS = {};\n"
                      "#define PREFETCH {}\n#define GAMMA_LDS {}\nconstexpr int REDUCE_COLS = {}, REDUCE_LANES = {};\n"
-                     "#define RECOMPUTE_RSTD {}\ntypedef {} in_t;\ntypedef {} out_t;\n",
+                     "#define RECOMPUTE_RSTD {}\n#define RESIDUAL_GRAD {}\ntypedef {} in_t;\ntypedef {} out_t;\n",
                      spec.param("hidden"), c.at("VEC"), c.at("ITEMS"), c.at("ROW_THREADS"), c.at("ROWS"),
                      c.at("PREFETCH"), c.at("GAMMA_LDS"), kReduceCols, kReduceLanes, spec.param("recompute_rstd"),
+                     spec.param("residual_grad"),
                      device_type_name(spec.dtype), device_type_name(spec.out_dtype));
 }
 
@@ -179,9 +191,10 @@ Plan RmsNormBwdOp::plan(const KernelSpec& call, const TileConfig& c) const {
   Plan p;
   const int64_t n_rows = call.param("rows"), H = call.param("hidden");
   const int64_t blocks = row_blocks(n_rows, c);
-  const bool recompute = call.param("recompute_rstd") != 0;
-  // Tensors in signature order: dy, x, gamma, [rstd], dx, dgamma.
-  const uint32_t dx = recompute ? 3 : 4, dgamma = dx + 1;
+  const bool recompute = call.param("recompute_rstd") != 0, dres = adds_dres(call);
+  // Tensors in signature order: dy, x, gamma, [rstd], [dres], dx, dgamma.
+  const uint32_t dres_index = recompute ? 3 : 4;
+  const uint32_t dx = dres_index + (dres ? 1 : 0), dgamma = dx + 1;
   p.workspace_bytes = static_cast<uint64_t>(std::max<int64_t>(blocks, 1) * round_up(H, 4)) * 4;
   Launch rows_pass;
   rows_pass.kernel = "kiln_rmsnorm_bwd";
@@ -189,6 +202,7 @@ Plan RmsNormBwdOp::plan(const KernelSpec& call, const TileConfig& c) const {
   rows_pass.geometry.block.x = static_cast<uint32_t>(c.at("ROW_THREADS") * c.at("ROWS"));
   rows_pass.args = {KernelArg::tensor(0), KernelArg::tensor(1), KernelArg::tensor(2)};
   if (!recompute) rows_pass.args.push_back(KernelArg::tensor(3));
+  if (dres) rows_pass.args.push_back(KernelArg::tensor(dres_index));
   rows_pass.args.insert(rows_pass.args.end(), {KernelArg::tensor(dx), KernelArg::workspace(0), KernelArg::i32(n_rows),
                                                KernelArg::i32(blocks), KernelArg::scalar(0)});
   Launch reduce;
@@ -222,6 +236,7 @@ void RmsNormBwdOp::reference(const KernelSpec& spec, const Scalars& scalars, std
   const bool recompute = spec.param("recompute_rstd") != 0;
   const double eps = scalar(scalars, "eps");
   const std::vector<float>&dy = in[0], &x = in[1], &gamma = in[2];
+  const std::vector<float>* dres = adds_dres(spec) ? &in[recompute ? 3 : 4] : nullptr;
   outputs.assign(2, {});
   std::vector<int64_t> rows(sample.begin(), sample.end());
   if (rows.empty())
@@ -245,8 +260,10 @@ void RmsNormBwdOp::reference(const KernelSpec& spec, const Scalars& scalars, std
       ++next;
       double dot = 0;
       for (int64_t c = 0; c < H; ++c) dot += double(dyr[c]) * gamma[c] * xr[c];
+      const float* dresr = dres ? &(*dres)[static_cast<size_t>(r * H)] : nullptr;
       for (int64_t c = 0; c < H; ++c)
-        outputs[0].values.push_back(rstd * gamma[c] * dyr[c] - xr[c] * rstd * rstd * rstd / H * dot);
+        outputs[0].values.push_back(rstd * gamma[c] * dyr[c] - xr[c] * rstd * rstd * rstd / H * dot +
+                                    (dresr ? double(dresr[c]) : 0.0));
     }
   }
   outputs[1].values = std::move(dgamma);
@@ -262,8 +279,12 @@ Gate RmsNormBwdOp::gate(const KernelSpec& spec, const TensorInfo& output) const 
 
 std::vector<TestSpec> RmsNormBwdOp::test_specs(const TargetInfo&) const {
   std::vector<TestSpec> out;
-  auto add = [&](DType t, int64_t rows, int64_t hidden, int recompute, std::string_view why) {
-    out.push_back({{"rmsnorm_bwd", t, t, {{"rows", rows}, {"hidden", hidden}, {"recompute_rstd", recompute}}}, why});
+  auto add = [&](DType t, int64_t rows, int64_t hidden, int recompute, std::string_view why, int dres = 0) {
+    out.push_back({{"rmsnorm_bwd",
+                    t,
+                    t,
+                    {{"rows", rows}, {"hidden", hidden}, {"recompute_rstd", recompute}, {"residual_grad", dres}}},
+                   why});
   };
   for (DType t : kDTypes) {
     add(t, 3, 1, 0, "hidden 1");
@@ -273,10 +294,18 @@ std::vector<TestSpec> RmsNormBwdOp::test_specs(const TargetInfo&) const {
         "5 rows, hidden 1000: a partial row block past the first four rows (issue 19: an emulator crash, "
         "fixed in the emulator)");
     add(t, 6, 4096, 0, "hidden 4096, vector loads");
+    // residual_grad: dres staged with dy and x, added to dx before the output conversion.
+    add(t, 5, 1, 0, "residual_grad, hidden 1", 1);
+    add(t, 5, 7, 1, "residual_grad, hidden 7, rstd recomputed (dres is tensor 3; scalar variant)", 1);
+    add(t, 5, 1000, 0, "residual_grad, 5 rows, hidden 1000: the partial row block of issue 19", 1);
+    add(t, 6, 4096, 0, "residual_grad, hidden 4096, vector loads", 1);
   }
   add(DType::bf16, 0, 64, 0, "0 rows: a no-op");
   add(DType::bf16, 1, 64, 1, "1 row");
   add(DType::bf16, 700, 5120, 0, "more rows than row blocks");
+  add(DType::bf16, 0, 64, 0, "residual_grad, 0 rows: a no-op", 1);
+  add(DType::bf16, 700, 5120, 0, "residual_grad, more rows than row blocks (the prefetch carries dres)", 1);
+  add(DType::f16, 8191, 1000, 1, "residual_grad, 8191 rows, rstd recomputed: several slots per block", 1);
   add(DType::bf16, 8191, 1000, 1, "8191 rows: several row slots per block through the prefetch, the last one partial");
   return out;
 }

@@ -6,11 +6,16 @@
 namespace kiln {
 
 /// Parameters: rows (runtime; 0 is a no-op), hidden (baked), recompute_rstd (0/1, baked,
-/// default 0: rstd is an input, as the forward's save_rstd wrote it; 1: recomputed from x and eps).
-/// Tensors: dy [rows, hidden], x [rows, hidden], gamma [hidden] (dtype), rstd [rows] (fp32, unless
-/// recompute_rstd) -> dx [rows, hidden], dgamma [hidden] (dtype).
-///   dx = rstd * gamma * dy - x * rstd^3 / hidden * sum_j(dy_j * gamma_j * x_j)
-///   dgamma = sum over rows of dy * x * rstd
+/// default 0: rstd is an input, as the forward's save_rstd wrote it; 1: recomputed from x and eps),
+/// residual_grad (0/1, baked, default 0: 1 adds dres to dx in the same pass).
+/// Tensors, in this order: dy [rows, hidden], x [rows, hidden], gamma [hidden] (dtype), rstd [rows]
+/// (fp32, unless recompute_rstd), dres [rows, hidden] (dtype, with residual_grad) -> dx [rows, hidden],
+/// dgamma [hidden] (dtype).
+///   dx = rstd * gamma * dy - x * rstd^3 / hidden * sum_j(dy_j * gamma_j * x_j) [+ dres]
+///   dgamma = sum over rows of dy * x * rstd (dres does not enter it)
+/// dres is the gradient arriving along the residual connection around the norm (a pre-norm
+/// decoder's h = x + f(rmsnorm(x))): with it dx is the residual stream's whole gradient, added in
+/// fp32 before the conversion to the output dtype, without a separate pass over [rows, hidden].
 /// Two launches: a persistent row pass (each block owns a fixed set of rows, several at a time,
 /// and loads the next rows while it reduces the current ones) that writes dx and per-block fp32
 /// partial sums of dgamma into the workspace, then their reduction in a fixed order: dgamma is

@@ -188,6 +188,46 @@ TEST(Templates, RmsNormBwdConfigAndPlanCoverEveryRow) {
   }
 }
 
+// residual_grad: the row pass takes dres after dy, x, gamma (and rstd) and writes the dx after it;
+// the reduction writes dgamma, the last tensor. The heuristic keeps the prefetch at the Llama
+// hidden sizes, with fewer rows per block where dres's staged buffers take registers.
+TEST(Templates, RmsNormBwdResidualGradPassesDresAndKeepsThePrefetch) {
+  const OpTemplate* op = *find_op("rmsnorm_bwd");
+  const TargetInfo& sm90 = target("sm_90a");
+  for (int recompute = 0; recompute < 2; ++recompute) {
+    SCOPED_TRACE(recompute);
+    const KernelSpec spec{"rmsnorm_bwd",
+                          DType::bf16,
+                          DType::bf16,
+                          {{"rows", 8192}, {"hidden", 4096}, {"recompute_rstd", recompute}, {"residual_grad", 1}}};
+    const auto tensors = op->tensors(op->with_defaults(spec));
+    ASSERT_EQ(tensors.size(), recompute ? 6u : 7u);
+    const uint32_t dres = recompute ? 3 : 4;
+    EXPECT_EQ(tensors[dres].name, "dres");
+    const TileConfig c = op->choose_config(spec, sm90);
+    const Plan p = op->plan(op->with_defaults(spec), c);
+    ASSERT_EQ(p.launches.size(), 2u);
+    std::vector<uint32_t> row_tensors;
+    for (const KernelArg& a : p.launches[0].args)
+      if (a.kind == KernelArg::Kind::tensor) row_tensors.push_back(a.index);
+    std::vector<uint32_t> expect = {0, 1, 2};
+    if (!recompute) expect.push_back(3);
+    expect.insert(expect.end(), {dres, dres + 1});
+    EXPECT_EQ(row_tensors, expect);
+    EXPECT_EQ(tensors[dres + 1].name, "dx");
+    EXPECT_EQ(p.launches[1].args[1].index, dres + 2);  // dgamma
+    EXPECT_EQ(tensors[dres + 2].name, "dgamma");
+  }
+  for (int64_t h : {4096, 8192}) {
+    SCOPED_TRACE(h);
+    const KernelSpec spec{"rmsnorm_bwd", DType::bf16, DType::bf16, {{"rows", 8192}, {"hidden", h}, {"residual_grad", 1}}};
+    const TileConfig c = op->choose_config(spec, sm90);
+    EXPECT_EQ(c.at("PREFETCH"), 1);
+    EXPECT_EQ(c.at("ITEMS"), 4);
+    EXPECT_EQ(c.at("ROW_THREADS") * c.at("ROWS"), 256);
+  }
+}
+
 TEST(Templates, GemmReferenceMatchesHandComputedProducts) {
   const OpTemplate* gemm = *find_op("gemm");
   // op(A) = [[1,2],[3,4]], op(B) = [[5,6],[7,8]]: C = [[19,22],[43,50]] in every layout.
