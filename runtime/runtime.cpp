@@ -292,11 +292,15 @@ class KernelImpl final : public Kernel {
     int64_t sizes[kMaxArgs];
     size_t n = 0;
     for (const ParamInfo* p : runtime_params_) {
+      // An optional runtime parameter left out takes its default (attention's seqlen_q with
+      // layout=thd); a required one must be given.
       auto it = call.params.find(runtime_names_[n]);
-      if (it == call.params.end() || it->second < p->min_value || it->second > p->max_value)
+      const bool given = it != call.params.end();
+      const int64_t value = given ? it->second : p->default_value.value_or(0);
+      if ((!given && !p->default_value) || value < p->min_value || value > p->max_value)
         return make_error(Errc::invalid_argument, fmt::format("{}: the call needs runtime parameter '{}' in [{}, {}]",
                                                               op_->name(), p->name, p->min_value, p->max_value));
-      sizes[n++] = it->second;
+      sizes[n++] = value;
     }
     // The fast path: the plans of the last sizes, read through an atomic pointer (no lock, no
     // reference count). Plans are immutable and live as long as the kernel.
