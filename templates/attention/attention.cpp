@@ -41,8 +41,8 @@ Result<void> AttentionOp::check(const KernelSpec& spec, const TargetInfo&) const
 //    tiles of BN rows through LDS, THREADS threads (THREADS / BM per query row). BM = 16 for head
 //    dims above 128 keeps Q, K, V and P within 48 KiB of static shared memory (44 KiB at 256/256).
 //  - MFMA (attention_mfma.kernel, gfx942 and gfx950): WAVES wavefronts of 32 query rows each,
-//    32-key tiles; 2 waves up to head dim 128 (40 KiB of LDS), 1 above (53 KiB at 256/256, within
-//    gfx942's 64 KiB). MFMA_K 8 (gfx942's 32x32x8) or 16 (gfx950's 32x32x16).
+//    32-key tiles; 2 waves up to head dim 128 (45 KiB of LDS at 128/128), 1 above (55 KiB at
+//    256/256, within gfx942's 64 KiB). MFMA_K 8 (gfx942's 32x32x8) or 16 (gfx950's 32x32x16).
 // The first variant of a target is its kernel; the portable one follows on AMD (same alignment,
 // so it serves as a tuning candidate, not as a fallback).
 namespace {
@@ -53,7 +53,6 @@ TileConfig portable_config(const KernelSpec& spec) {
   const int64_t dmax = std::max(spec.param("head_dim"), ah::dim_v(spec));
   return {{"BM", dmax <= 128 ? 32 : 16}, {"BN", 32}, {"THREADS", 128}};
 }
-constexpr bool kMfmaReady = false;  // attention_mfma.kernel: not yet checked in the emulator
 bool has_mfma(const TargetInfo& t) { return t.vendor == Vendor::amd && (t.name == "gfx942" || t.name == "gfx950"); }
 }  // namespace
 
@@ -64,14 +63,13 @@ std::vector<TileConfig> AttentionOp::variants(const KernelSpec& spec, const Targ
 }
 
 TileConfig AttentionOp::choose_config(const KernelSpec& spec, const TargetInfo& target) const {
-  if (!has_mfma(target) || !kMfmaReady) return portable_config(spec);
+  if (!has_mfma(target)) return portable_config(spec);
   const int64_t dmax = std::max(spec.param("head_dim"), ah::dim_v(spec));
   return {{"MFMA", 1}, {"WAVES", dmax <= 128 ? 2 : 1}, {"BN", 32}, {"MFMA_K", target.name == "gfx950" ? 16 : 8}};
 }
 
 std::string_view AttentionOp::device_template(const TileConfig& c) const {
-  (void)c;
-  return embedded_file("templates/attention/attention.kernel");
+  return embedded_file(mfma(c) ? "templates/attention/attention_mfma.kernel" : "templates/attention/attention.kernel");
 }
 
 std::string AttentionOp::specialize(const KernelSpec& spec, const TileConfig& c) const {
