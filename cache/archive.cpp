@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -29,6 +30,14 @@
 namespace fs = std::filesystem;
 
 namespace kiln {
+
+Result<FileSystemSpace> file_system_space(const std::string& dir) {
+  struct statvfs v{};
+  if (::statvfs(dir.c_str(), &v) != 0)
+    return make_error(Errc::io_error, "cannot measure the free space of " + errno_message(dir));
+  const uint64_t unit = v.f_frsize ? v.f_frsize : v.f_bsize;
+  return FileSystemSpace{static_cast<uint64_t>(v.f_bavail) * unit, static_cast<uint64_t>(v.f_blocks) * unit};
+}
 
 #if !KILN_WITH_LIBARCHIVE
 
@@ -327,6 +336,41 @@ Result<ImportReport> import_cache(const DiskCache& cache, const std::string& pat
   TreeGuard remove_staging(staging);
   const std::string staged_entries = staging + "/v1/entries";
 
+  // What staging may write: the smallest of the fixed bound, the decompression-ratio bound and
+  // the free space of the cache's file system less the margin that stays free for others.
+  const auto mib = [](uint64_t b) { return fmt::format("{:.1f} MiB", static_cast<double>(b) / (1 << 20)); };
+  const uint64_t archive_bytes = static_cast<uint64_t>(std::max<off_t>(ast.st_size, 0));
+  const uint64_t ratio_bytes =
+      std::max(limits.ratio_floor_bytes, static_cast<uint64_t>(limits.max_ratio * static_cast<double>(archive_bytes)));
+  auto space = limits.space ? limits.space(root + "/v1/tmp") : file_system_space(root + "/v1/tmp");
+  if (!space) return space.take_error();
+  const uint64_t margin = std::max(limits.min_free_bytes,
+                                   static_cast<uint64_t>(limits.min_free_fraction * static_cast<double>(space->size)));
+  const uint64_t space_bytes = space->available > margin ? space->available - margin : 0;
+  // Refuses the archive if `more` bytes would take staging past a bound; checked before writing.
+  auto within_bounds = [&](uint64_t staged, uint64_t more) -> Result<void> {
+    const uint64_t after = staged + more;
+    if (after > limits.max_total_bytes)
+      return make_error(Errc::corrupt, fmt::format("'{}' unpacks to more than {} bytes, over the limit of an import; "
+                                                   "refusing the archive (nothing was imported)",
+                                                   path, limits.max_total_bytes));
+    if (after > ratio_bytes)
+      return make_error(Errc::corrupt,
+                        fmt::format("'{}' unpacks to more than {} bytes ({}) from {} bytes, over the decompression-ratio "
+                                    "limit of {:g}x (a decompression bomb, or not a kiln cache archive); refusing the "
+                                    "archive (nothing was imported)",
+                                    path, ratio_bytes, mib(ratio_bytes), archive_bytes, limits.max_ratio));
+    if (after > space_bytes)
+      return make_error(Errc::io_error,
+                        fmt::format("'{}' unpacks to more than the cache's file system can take: {} of it are free "
+                                    "under '{}' and an import leaves {} free for other processes (max({}, {:g}% of its "
+                                    "{})), so staging may write {}; refusing the archive (nothing was imported; free "
+                                    "space there, e.g. 'kiln cache gc', or import into another --cache-dir)",
+                                    path, mib(space->available), root, mib(margin), mib(limits.min_free_bytes),
+                                    limits.min_free_fraction * 100, mib(space->size), mib(space_bytes)));
+    return {};
+  };
+
   ImportReport report;
   std::map<std::string, std::set<std::string>> staged;  // key -> file names
   std::string manifest_text, signature_text;
@@ -360,6 +404,8 @@ Result<ImportReport> import_cache(const DiskCache& cache, const std::string& pat
     if (member->kind == Member::a_directory) continue;
     if (archive_entry_size_is_set(e) && static_cast<uint64_t>(archive_entry_size(e)) > limits.max_member_bytes)
       return refuse(fmt::format("is {} bytes, over the limit of {} bytes", archive_entry_size(e), limits.max_member_bytes));
+    if (archive_entry_size_is_set(e) && archive_entry_size(e) > 0)
+      KILN_TRY(within_bounds(staged_bytes, static_cast<uint64_t>(archive_entry_size(e))));
     if (members > limits.max_members)
       return make_error(Errc::corrupt, fmt::format("'{}' has more than {} members, over the limit; refusing the archive "
                                                    "(nothing was imported)",
@@ -398,14 +444,12 @@ Result<ImportReport> import_cache(const DiskCache& cache, const std::string& pat
       if (n == 0) break;
       if (n < 0) return make_error(Errc::corrupt, fmt::format("{}: {}", damaged, archive_message(a.get())));
       total += static_cast<uint64_t>(n);
-      staged_bytes += static_cast<uint64_t>(n);
       if (total > limits.max_member_bytes)
         return refuse(fmt::format("is over the limit of {} bytes", limits.max_member_bytes));
-      // The whole archive is bounded too: a small compressed file must not fill the disk.
-      if (staged_bytes > limits.max_total_bytes)
-        return make_error(Errc::corrupt, fmt::format("'{}' unpacks to more than {} bytes, over the limit of an import; "
-                                                     "refusing the archive (nothing was imported)",
-                                                     path, limits.max_total_bytes));
+      // The whole archive is bounded too, before these bytes are written: a small compressed file
+      // must not fill the disk (a member's declared size can lie).
+      KILN_TRY(within_bounds(staged_bytes, static_cast<uint64_t>(n)));
+      staged_bytes += static_cast<uint64_t>(n);
       if (in_memory) {
         if (in_memory == &signature_text && total > kMaxSignatureBytes) return refuse("is too large for a signature");
         in_memory->append(buf.data(), static_cast<size_t>(n));

@@ -10,8 +10,9 @@
 //                                                   "files": {name: {"sha256", "bytes"}}}]}
 // Export writes only entries that verify (as a cache load does), to a new file of a private name
 // beside FILE (created exclusively, never through a planted symlink), renamed to FILE when complete. Import is paranoid about the layout: any member outside it (an absolute path, "..", a
-// link, a device, an unknown file name, a member over 256 MiB, more than 4 GiB unpacked in all: see
-// ImportLimits) refuses the whole archive, as does a damaged or truncated one. The members are extracted into a private directory under the
+// link, a device, an unknown file name, a member over 256 MiB, more than 4 GiB unpacked in all, more
+// than the cache's file system can hold with a margin left free, more than 64 times the archive's
+// own size: see ImportLimits) refuses the whole archive, as does a damaged or truncated one. The members are extracted into a private directory under the
 // destination cache's v1/tmp/, laid out as a cache of its own, and every entry is verified there
 // with the checks of a cache load (SHA-256 and size of every file, code-object header, key and
 // target), plus: the key is the SHA-256 of the entry's key fields, the entry holds exactly the
@@ -26,6 +27,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -74,10 +76,36 @@ struct ImportReport {
   std::string signer;                      ///< The trusted key that signed it (hex), when keys were given.
 };
 
-/// Bounds of an import: what an archive may unpack to before it is refused as a whole.
+/// Space of a file system, in bytes (statvfs: f_bavail and f_blocks, times f_frsize).
+struct FileSystemSpace {
+  uint64_t available = 0;  ///< Free to an unprivileged user.
+  uint64_t size = 0;       ///< The whole file system.
+};
+
+/// The space of the file system that holds `dir` (statvfs(3)); Errc::io_error if it fails.
+Result<FileSystemSpace> file_system_space(const std::string& dir);
+
+/// Bounds of an import: what an archive may unpack to before it is refused as a whole. Every
+/// bound is checked before the bytes that would cross it are written (a member's declared size
+/// first, then each block as it is decompressed), so a refused import never wrote more than its
+/// budget; the staging directory is removed.
 struct ImportLimits {
   uint64_t max_member_bytes = uint64_t{256} << 20;  ///< One member (a code object, a source).
   uint64_t max_total_bytes = uint64_t{4} << 30;     ///< All members together, as staged on disk.
+  /// Decompression ratio: all members together may unpack to at most this many times the
+  /// archive file's size (a real cache archive compresses 2-6x; a zstd bomb of zeros,
+  /// thousands of times), or `ratio_floor_bytes`, whichever is larger. Errc::corrupt beyond it.
+  double max_ratio = 64;
+  uint64_t ratio_floor_bytes = uint64_t{16} << 20;
+  /// Free space: staging may use the available space of the cache's file system (measured once,
+  /// when the import starts) less a margin that stays free for every other process on it:
+  /// max(`min_free_bytes`, `min_free_fraction` of the file system's size). Errc::io_error beyond it,
+  /// naming the figures.
+  uint64_t min_free_bytes = uint64_t{64} << 20;
+  double min_free_fraction = 0.02;
+  /// How the free space is measured: file_system_space() of the cache's v1/tmp/ when empty. Tests
+  /// inject a smaller file system here.
+  std::function<Result<FileSystemSpace>(const std::string& dir)> space;
   size_t max_members = 1'000'000;                   ///< Members of any kind (directories included).
   /// Not empty (KILN_TRUSTED_KEYS): the archive must be signed by one of these keys, or it is
   /// refused as a whole (Errc::corrupt), unsigned or mis-signed alike.
@@ -87,7 +115,9 @@ struct ImportLimits {
 /// Adds the entries of the archive `path` to `cache` (see above).
 /// Errors (nothing is added, nothing is left behind): Errc::unsupported (no libarchive), io_error
 /// (unreadable archive, cache not writable), corrupt (not an archive, damaged or truncated, a
-/// member outside the layout, no or malformed manifest.json).
+/// member outside the layout, no or malformed manifest.json, over a size or ratio bound of
+/// `limits`), io_error also when the archive unpacks to more than the cache's file system can take
+/// (with the margin of `limits`).
 Result<ImportReport> import_cache(const DiskCache& cache, const std::string& path, const ImportLimits& limits = {});
 
 }  // namespace kiln

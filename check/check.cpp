@@ -7,7 +7,9 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <new>
 #include <random>
+#include <stdexcept>
 
 #include "runtime/device_tensors.h"
 #include "templates/registry.h"
@@ -65,12 +67,31 @@ OutputCheck compare(const TensorInfo& t, const uint8_t* out, const RefOutput& re
 
 }  // namespace
 
-Result<CheckReport> check_on_device(Runtime& rt, const KernelSpec& spec, const CheckOptions& options) {
+namespace {
+
+Result<CheckReport> check_unguarded(Runtime& rt, const KernelSpec& spec, const CheckOptions& options) {
   Device* device = rt.device();
   if (!device) return make_error(Errc::driver_unavailable, "no GPU: checking a kernel needs a device");
   KILN_ASSIGN_OR_RETURN(const OpTemplate* op, find_op(spec.op));
   KILN_TRY(op->validate(spec, device->target()));
   const KernelSpec full = op->with_defaults(spec);
+
+  // Host memory beyond the inputs (DeviceTensors estimates those): each output read back, one at
+  // a time, and the reference values (fp64) of the rows compared. Refused before compiling.
+  const double sampled = options.sample_rows > 0 && options.sample_rows < op->sample_dimension(full)
+                             ? static_cast<double>(options.sample_rows) / static_cast<double>(op->sample_dimension(full))
+                             : 1.0;
+  double readback = 0, reference_bytes = 0;
+  for (const TensorInfo& t : op->tensors(full)) {
+    if (!t.output) continue;
+    double elements = 1;
+    for (int64_t d : t.shape) elements *= static_cast<double>(d);
+    readback = std::max(readback, elements * static_cast<double>(dtype_size(t.dtype)));
+    reference_bytes += elements * sampled * sizeof(double);
+  }
+  const double extra_host = readback + reference_bytes;
+  const char* extra_what = "an output read back and the fp64 reference of the rows compared";
+  KILN_TRY(DeviceTensors::check_fits(*device, *op, full, extra_host, extra_what));
 
   CheckReport report;
   report.spec = to_string(spec);
@@ -85,7 +106,7 @@ Result<CheckReport> check_on_device(Runtime& rt, const KernelSpec& spec, const C
   (void)again;
 
   std::mt19937_64 rng(options.seed ? options.seed : std::random_device{}());
-  KILN_ASSIGN_OR_RETURN(DeviceTensors tensors, DeviceTensors::make(*device, *op, full, rng));
+  KILN_ASSIGN_OR_RETURN(DeviceTensors tensors, DeviceTensors::make(*device, *op, full, rng, extra_host, extra_what));
   report.bytes = op->bytes(full);
   report.flops = op->flops(full);
   const std::span<void* const> ptrs = tensors.pointers();
@@ -148,44 +169,67 @@ Result<CheckReport> check_on_device(Runtime& rt, const KernelSpec& spec, const C
   return report;
 }
 
+// Sizes come from users: an allocation that fails is an error, never an exception out of the library.
+template <class F>
+auto guarded(const KernelSpec& spec, F&& body) -> decltype(body()) {
+  try {
+    return body();
+  } catch (const std::bad_alloc&) {
+    return make_error(Errc::invalid_argument,
+                      fmt::format("{}: out of host memory (a host allocation failed); give smaller sizes", to_string(spec)));
+  } catch (const std::length_error&) {
+    return make_error(Errc::invalid_argument,
+                      fmt::format("{}: a host buffer would be larger than this host allows; give smaller sizes",
+                                  to_string(spec)));
+  }
+}
+
+}  // namespace
+
+Result<CheckReport> check_on_device(Runtime& rt, const KernelSpec& spec, const CheckOptions& options) {
+  return guarded(spec, [&] { return check_unguarded(rt, spec, options); });
+}
+
 Result<std::vector<ReferenceOutput>> reference(const KernelSpec& spec, const std::map<std::string, float>& scalars,
                                                std::span<const std::vector<float>> inputs, std::span<const int64_t> rows) {
-  KILN_ASSIGN_OR_RETURN(const OpTemplate* op, find_op(spec.op));
-  // Any target will do: the reference does not depend on it (an fp8 spec picks one that converts it).
-  const TargetInfo* target = &all_targets().front();
-  for (const TargetInfo& t : all_targets())
-    if (op->validate(spec, t)) {
-      target = &t;
-      break;
+  return guarded(spec, [&]() -> Result<std::vector<ReferenceOutput>> {
+    KILN_ASSIGN_OR_RETURN(const OpTemplate* op, find_op(spec.op));
+    // Any target will do: the reference does not depend on it (an fp8 spec picks one that converts it).
+    const TargetInfo* target = &all_targets().front();
+    for (const TargetInfo& t : all_targets())
+      if (op->validate(spec, t)) {
+        target = &t;
+        break;
+      }
+    KILN_TRY(op->validate(spec, *target));
+    const KernelSpec full = op->with_defaults(spec);
+    const auto tensors = op->tensors(full);
+    size_t n_inputs = 0;
+    std::vector<std::string> outputs;
+    for (const auto& t : tensors) {
+      if (t.output) {
+        outputs.push_back(t.name);
+        continue;
+      }
+      if (n_inputs >= inputs.size() || static_cast<int64_t>(inputs[n_inputs].size()) != t.elements())
+        return make_error(Errc::invalid_argument, fmt::format("{}: input '{}' needs {} values", spec.op, t.name, t.elements()));
+      ++n_inputs;
     }
-  KILN_TRY(op->validate(spec, *target));
-  const KernelSpec full = op->with_defaults(spec);
-  const auto tensors = op->tensors(full);
-  size_t n_inputs = 0;
-  std::vector<std::string> outputs;
-  for (const auto& t : tensors) {
-    if (t.output) {
-      outputs.push_back(t.name);
-      continue;
-    }
-    if (n_inputs >= inputs.size() || static_cast<int64_t>(inputs[n_inputs].size()) != t.elements())
-      return make_error(Errc::invalid_argument, fmt::format("{}: input '{}' needs {} values", spec.op, t.name, t.elements()));
-    ++n_inputs;
-  }
-  if (n_inputs != inputs.size())
-    return make_error(Errc::invalid_argument, fmt::format("{}: takes {} inputs, got {}", spec.op, n_inputs, inputs.size()));
-  const int64_t out_rows = op->sample_dimension(full);
-  for (int64_t r : rows)
-    if (r < 0 || r >= out_rows)
-      return make_error(Errc::invalid_argument, fmt::format("{}: row {} is outside [0, {})", spec.op, r, out_rows));
-  std::vector<int64_t> sorted(rows.begin(), rows.end());
-  std::sort(sorted.begin(), sorted.end());
-  std::vector<RefOutput> refs;
-  op->reference(full, scalars, inputs, sorted, refs);
-  std::vector<ReferenceOutput> out;
-  for (size_t i = 0; i < refs.size() && i < outputs.size(); ++i)
-    out.push_back({outputs[i], std::move(refs[i].rows), std::move(refs[i].values)});
-  return out;
+    if (n_inputs != inputs.size())
+      return make_error(Errc::invalid_argument, fmt::format("{}: takes {} inputs, got {}", spec.op, n_inputs, inputs.size()));
+    const int64_t out_rows = op->sample_dimension(full);
+    for (int64_t r : rows)
+      if (r < 0 || r >= out_rows)
+        return make_error(Errc::invalid_argument, fmt::format("{}: row {} is outside [0, {})", spec.op, r, out_rows));
+    std::vector<int64_t> sorted(rows.begin(), rows.end());
+    std::sort(sorted.begin(), sorted.end());
+    std::vector<RefOutput> refs;
+    op->reference(full, scalars, inputs, sorted, refs);
+    std::vector<ReferenceOutput> out;
+    for (size_t i = 0; i < refs.size() && i < outputs.size(); ++i)
+      out.push_back({outputs[i], std::move(refs[i].rows), std::move(refs[i].values)});
+    return out;
+  });
 }
 
 std::string format_report(const CheckReport& r) {

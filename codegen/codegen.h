@@ -2,12 +2,14 @@
 //
 // The source is, in order: a header comment naming the spec, the target prelude
 // (codegen/preludes/<amdgpu|nvptx>.prelude: thread indices, barriers, shuffles, conversions, math),
-// the target-neutral helpers (common.prelude), the baked constants of the spec and its tile
-// configuration, and the op's device template. Codegen is deterministic: the same spec and target
+// the parts of the device-code library that the template includes (templates/lib/library.h: each
+// once, dependencies first), the baked constants of the spec and its tile configuration, and the
+// op's device template (its library lines replaced by comments). Codegen is deterministic: the same spec and target
 // give the same bytes (no time stamps, no paths).
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "kiln/result.h"
 #include "kiln/spec.h"
@@ -17,8 +19,9 @@
 namespace kiln {
 
 /// Version of Kiln's generated-code conventions, printed in the source's first line (and so
-/// hashed with it).
-inline constexpr int kCodegenVersion = 2;
+/// hashed with it). Bump it when the layout of the generated text changes. 3: the device-code
+/// library (templates/lib/) replaces common.prelude.
+inline constexpr int kCodegenVersion = 3;
 
 struct KernelSource {
   KernelSpec spec;             ///< The baked spec (runtime parameters removed).
@@ -26,8 +29,9 @@ struct KernelSource {
   const TargetInfo* target = nullptr;
   TileConfig config;           ///< The heuristic's choice (or the one asked for), baked into the text.
   std::string kernel_name;     ///< The `extern "C"` entry point.
+  std::vector<std::string> library_parts;  ///< The library parts in `text`, in order.
   std::string text;            ///< The complete source.
-  std::string template_sha256; ///< SHA-256 of prelude + common helpers + device template.
+  std::string template_sha256; ///< SHA-256 of prelude + library parts + device template.
   std::string source_sha256;   ///< SHA-256 of `text`: what the cache key hashes.
 };
 
@@ -36,7 +40,7 @@ struct KernelSource {
 /// (else Errc::invalid_argument, listing them).
 Result<KernelSource> generate(const KernelSpec& spec, const TargetInfo& target, const TileConfig* config = nullptr);
 
-/// The template hash of KernelSource: SHA-256 of the target prelude, the common helpers and the
+/// The template hash of KernelSource: SHA-256 of the target prelude, the library parts and the
 /// op's device template for `config`.
 std::string template_sha256(const OpTemplate& op, const TargetInfo& target, const TileConfig& config);
 

@@ -12,11 +12,13 @@ OUT=build-fuzz
 mkdir -p "$OUT/obj" "$OUT/crashes"
 command -v "$CXX" >/dev/null || { echo "fuzz: $CXX not found (apt-get install clang-22 libclang-rt-22-dev)"; exit 1; }
 
-# The ops, as CMake collects them: every folder under templates/ (its .cpp and .kernel files).
-op_dirs=(templates/*/)
+# The ops, as CMake collects them: every folder under templates/ but the library, lib/ (the .cpp
+# and .kernel files of both).
+op_dirs=()
+for d in templates/*/; do [[ $d == templates/lib/ ]] || op_dirs+=("$d"); done
 kernels=$(ls templates/*/*.kernel | tr '\n' ';')
 cmake -DOUT="$OUT/embedded.cpp" -DROOT="$PWD" \
-  "-DFILES=codegen/preludes/amdgpu.prelude;codegen/preludes/nvptx.prelude;codegen/preludes/common.prelude;${kernels}models/models.json" \
+  "-DFILES=codegen/preludes/amdgpu.prelude;codegen/preludes/nvptx.prelude;${kernels}models/models.json" \
   -P cmake/embed.cmake
 mkdir -p "$OUT/generated"
 {
@@ -25,7 +27,7 @@ mkdir -p "$OUT/generated"
 } >"$OUT/generated/op_headers.h.new"
 cmp -s "$OUT/generated/op_headers.h.new" "$OUT/generated/op_headers.h" || mv "$OUT/generated/op_headers.h.new" "$OUT/generated/op_headers.h"
 SOURCES=(support/dtype.cpp support/dynlib.cpp support/env.cpp support/fs.cpp support/log.cpp support/sha256.cpp
-  templates/op_template.cpp templates/registry.cpp templates/*/*.cpp
+  templates/op_interface.cpp templates/op_codegen.cpp templates/op_testing.cpp templates/op_template.cpp templates/registry.cpp templates/*/*.cpp
   codegen/targets.cpp codegen/codegen.cpp codegen/code_object.cpp manifest/manifest.cpp cache/disk_cache.cpp cache/cache_key.cpp
   runtime/compile/compiler.cpp runtime/compile/nvrtc_compiler.cpp runtime/compile/clang_options.cpp
   runtime/driver/nvrtc_api.cpp "$OUT/embedded.cpp")
@@ -34,7 +36,7 @@ FLAGS=(-std=c++20 -O1 -g -fsanitize=fuzzer-no-link,address,undefined -fno-saniti
 objs=()
 for src in "${SOURCES[@]}"; do
   obj="$OUT/obj/$(echo "$src" | tr '/' '_').o"
-  if [[ ! -f $obj || $src -nt $obj || templates/op_template.h -nt $obj || include/kiln/dtype.h -nt $obj ]]; then "$CXX" "${FLAGS[@]}" -c "$src" -o "$obj" & fi
+  if [[ ! -f $obj || $src -nt $obj || templates/op_template.h -nt $obj || templates/op_codegen.h -nt $obj || include/kiln/dtype.h -nt $obj ]]; then "$CXX" "${FLAGS[@]}" -c "$src" -o "$obj" & fi
   objs+=("$obj")
   while (( $(jobs -r | wc -l) >= $(nproc) )); do wait -n; done
 done

@@ -7,6 +7,7 @@
 
 #include "kiln/device.h"
 #include "runtime/compile/compiler.h"
+#include "support/memory.h"
 #include "templates/op_template.h"
 
 namespace kiln {
@@ -35,6 +36,10 @@ class LoadedModule {
 class DeviceImpl : public Device {
  public:
   virtual Result<std::unique_ptr<LoadedModule>> load(const CodeObject& code, const std::string& kernel) = 0;
+  /// Device memory free now (cuMemGetInfo / hipMemGetInfo; the emulator's is the host's
+  /// MemAvailable), to refuse a request that cannot fit before allocating it; nullopt when the
+  /// driver cannot say.
+  virtual std::optional<MemoryLimit> free_memory() { return std::nullopt; }
 };
 
 /// Opens NVIDIA device `ordinal` through libcuda (primary context). Errors name what is missing.

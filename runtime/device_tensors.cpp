@@ -1,7 +1,16 @@
 #include "runtime/device_tensors.h"
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <new>
+#include <stdexcept>
+
+#include "runtime/device_impl.h"
+#include "support/memory.h"
 
 namespace kiln {
 
@@ -68,10 +77,87 @@ double decode_value(const uint8_t* data, size_t i, DType t) {
 
 uint8_t poison_byte(DType t) { return t == DType::e4m3fnuz || t == DType::e5m2fnuz ? 0x80 : 0xff; }
 
+namespace {
+
+// Elements and bytes in double: hostile sizes overflow 64-bit products.
+double elements_of(const TensorInfo& t) {
+  double n = 1;
+  for (int64_t d : t.shape) n *= static_cast<double>(d);
+  return n;
+}
+
+std::string bytes_text(double bytes) {
+  return bytes >= 1.8e19 ? fmt::format("{:.3g} bytes", bytes) : format_bytes(static_cast<uint64_t>(bytes));
+}
+
+// Refuses a spec whose tensors cannot fit the device's free memory or whose host copies cannot fit
+// what this process may still allocate, before anything is allocated.
+Result<void> check_memory(Device& device, const KernelSpec& spec, const std::vector<TensorInfo>& tensors,
+                          double extra_host_bytes, std::string_view extra_host_what) {
+  double device_bytes = 0, host_inputs = 0, largest_input = 0;
+  std::vector<std::string> parts;
+  for (const TensorInfo& t : tensors) {
+    const double bytes = elements_of(t) * static_cast<double>(dtype_size(t.dtype));
+    device_bytes += std::max(bytes, 256.0);
+    parts.push_back(fmt::format("{} {}", t.name, bytes_text(bytes)));
+    if (!t.output) {
+      host_inputs += elements_of(t) * 4;
+      largest_input = std::max(largest_input, bytes);
+    }
+  }
+  const std::string what = to_string(spec);
+  if (auto* impl = dynamic_cast<DeviceImpl*>(&device)) {
+    if (auto free = impl->free_memory(); free && device_bytes > static_cast<double>(free->bytes))
+      return make_error(Errc::invalid_argument,
+                        fmt::format("{}: its tensors need {} of device memory ({}), more than {}; give smaller sizes",
+                                    what, bytes_text(device_bytes), fmt::join(parts, ", "), free->source));
+  }
+  const double host_bytes = host_inputs + largest_input + extra_host_bytes;
+  if (auto limit = host_memory_limit(); limit && host_bytes > static_cast<double>(limit->bytes)) {
+    std::string how = fmt::format("the inputs as fp32 for the CPU reference {}, one input's {} copy {}",
+                                  bytes_text(host_inputs), "dtype", bytes_text(largest_input));
+    if (extra_host_bytes > 0) how += fmt::format(", {} {}", extra_host_what, bytes_text(extra_host_bytes));
+    return make_error(Errc::invalid_argument,
+                      fmt::format("{}: running it needs {} of host memory ({}), more than this process may still "
+                                  "take: {}; give smaller sizes",
+                                  what, bytes_text(host_bytes), how, limit->source));
+  }
+  return ok();
+}
+
+}  // namespace
+
+Result<void> DeviceTensors::check_fits(Device& device, const OpTemplate& op, const KernelSpec& spec,
+                                       double extra_host_bytes, std::string_view extra_host_what) {
+  try {
+    return check_memory(device, spec, op.tensors(spec), extra_host_bytes, extra_host_what);
+  } catch (const std::bad_alloc&) {
+    return make_error(Errc::invalid_argument, fmt::format("{}: out of host memory; give smaller sizes", to_string(spec)));
+  }
+}
+
 Result<DeviceTensors> DeviceTensors::make(Device& device, const OpTemplate& op, const KernelSpec& spec,
-                                          std::mt19937_64& rng) {
+                                          std::mt19937_64& rng, double extra_host_bytes,
+                                          std::string_view extra_host_what) {
+  // Sizes come from users: estimate before allocating, and turn a failed host allocation into an
+  // error (no exception leaves the library).
+  try {
+    std::vector<TensorInfo> tensors = op.tensors(spec);
+    KILN_TRY(check_memory(device, spec, tensors, extra_host_bytes, extra_host_what));
+    return make_checked(device, op, spec, rng, std::move(tensors));
+  } catch (const std::bad_alloc&) {
+    return make_error(Errc::invalid_argument,
+                      fmt::format("{}: out of host memory while making its inputs; give smaller sizes", to_string(spec)));
+  } catch (const std::length_error&) {
+    return make_error(Errc::invalid_argument,
+                      fmt::format("{}: its tensors are too large for this host; give smaller sizes", to_string(spec)));
+  }
+}
+
+Result<DeviceTensors> DeviceTensors::make_checked(Device& device, const OpTemplate& op, const KernelSpec& spec,
+                                                  std::mt19937_64& rng, std::vector<TensorInfo> tensors) {
   DeviceTensors d;
-  d.tensors_ = op.tensors(spec);
+  d.tensors_ = std::move(tensors);
   std::vector<TensorInfo> inputs;
   for (const TensorInfo& t : d.tensors_)
     if (!t.output) inputs.push_back(t);

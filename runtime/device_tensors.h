@@ -5,6 +5,7 @@
 #include <memory>
 #include <random>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "kiln/device.h"
@@ -25,8 +26,18 @@ class DeviceTensors {
  public:
   /// Allocates op.tensors(spec) on `device`; inputs from op.init_inputs (fresh random values,
   /// never zero, rounded to their dtype); outputs poisoned with poison_byte (NaN for floats).
-  /// Errors: Errc::driver_error (out of memory, a failed copy).
-  static Result<DeviceTensors> make(Device& device, const OpTemplate& op, const KernelSpec& spec, std::mt19937_64& rng);
+  /// Before allocating anything it estimates the device memory (the tensors) and the host memory
+  /// (the inputs as fp32 for the CPU reference, one input's dtype copy, plus `extra_host_bytes`
+  /// that the caller will need, described by `extra_host_what`) and refuses a spec that cannot fit:
+  /// the device's free memory where the driver tells it (cuMemGetInfo, hipMemGetInfo), and
+  /// host_memory_limit() (MemAvailable, RLIMIT_AS, RLIMIT_DATA).
+  /// Errors: Errc::invalid_argument (does not fit: the message gives the figures and the limit;
+  /// or host allocation failed), Errc::driver_error (out of device memory, a failed copy).
+  static Result<DeviceTensors> make(Device& device, const OpTemplate& op, const KernelSpec& spec, std::mt19937_64& rng,
+                                    double extra_host_bytes = 0, std::string_view extra_host_what = {});
+  /// The estimate of make() alone, for callers that refuse a spec before compiling it.
+  static Result<void> check_fits(Device& device, const OpTemplate& op, const KernelSpec& spec,
+                                 double extra_host_bytes = 0, std::string_view extra_host_what = {});
 
   /// Device pointers in the op's tensor order: the `buffers` of Kernel::launch.
   std::span<void* const> pointers() const { return ptrs_; }
@@ -38,6 +49,8 @@ class DeviceTensors {
   double bytes() const { return bytes_; }
 
  private:
+  static Result<DeviceTensors> make_checked(Device& device, const OpTemplate& op, const KernelSpec& spec,
+                                            std::mt19937_64& rng, std::vector<TensorInfo> tensors);
   struct Free {
     Device* device;
     void operator()(void* p) const { (void)device->free(p); }

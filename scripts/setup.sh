@@ -8,7 +8,8 @@
 #   - The CUDA toolkit (NVRTC, nvJitLink, cuda.h) is expected at /usr/local/cuda; Kiln dlopens
 #     NVRTC and nvJitLink at run time and needs only cuda.h/nvrtc.h/nvJitLink.h to build.
 # Set KILN_SKIP_APT=1 to skip the package step, KILN_SKIP_VENV=1 to skip .venv, KILN_WITH_LLVM=OFF to
-# build without LLVM.
+# build without LLVM, KILN_BUILD_DIR to build somewhere other than ./build (CI builds the no-LLVM
+# configuration into build-nollvm next to the default one).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -38,5 +39,6 @@ if [[ ! -f /usr/local/cuda/include/cuda.h ]]; then
   exit 1
 fi
 
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKILN_WITH_LLVM="${KILN_WITH_LLVM:-ON}"
-ninja -C build -j "$(nproc)"
+build_dir="${KILN_BUILD_DIR:-build}"
+cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKILN_WITH_LLVM="${KILN_WITH_LLVM:-ON}"
+ninja -C "$build_dir" -j "$(nproc)"

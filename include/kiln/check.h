@@ -61,7 +61,12 @@ struct CheckReport {
 };
 
 /// Allocates the op's tensors on the runtime's device, runs the kernel of `spec` and compares it.
-/// Errors: driver_unavailable (no GPU), anything kernel() or launch() returns.
+/// Before compiling or allocating, it estimates the device memory (every tensor) and the host
+/// memory (the inputs as fp32 and one dtype copy, an output read back, the fp64 reference of the
+/// rows compared) and refuses a spec that does not fit the device's free memory (where the driver
+/// tells it) or what this process may still allocate (MemAvailable, RLIMIT_AS, RLIMIT_DATA).
+/// Errors: driver_unavailable (no GPU), invalid_argument (does not fit: the message gives the
+/// bytes needed and the limit; or a host allocation failed), anything kernel() or launch() returns.
 Result<CheckReport> check_on_device(Runtime& runtime, const KernelSpec& spec, const CheckOptions& options = {});
 
 /// One output of the op's CPU reference.
@@ -75,7 +80,8 @@ struct ReferenceOutput {
 /// results: computes `spec`'s outputs from host copies of its input tensors (in the op's tensor
 /// order, values as float), one ReferenceOutput per output tensor. `rows` (optional) asks for only
 /// those rows of row-shaped outputs (an op may compute more, and reports which).
-/// Errors: Errc::unknown (op), invalid_argument (spec, wrong input count/sizes, a row outside).
+/// Errors: Errc::unknown (op), invalid_argument (spec, wrong input count/sizes, a row outside, a
+/// host allocation that failed).
 Result<std::vector<ReferenceOutput>> reference(const KernelSpec& spec, const std::map<std::string, float>& scalars,
                                                std::span<const std::vector<float>> inputs,
                                                std::span<const int64_t> rows = {});

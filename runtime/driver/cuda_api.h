@@ -25,7 +25,8 @@ namespace kiln {
   REQUIRED(cuMemFree) REQUIRED(cuMemcpyHtoD) REQUIRED(cuMemcpyDtoH) REQUIRED(cuMemsetD8)                   \
   REQUIRED(cuStreamCreate) REQUIRED(cuStreamDestroy) REQUIRED(cuStreamSynchronize) REQUIRED(cuEventCreate) \
   REQUIRED(cuEventDestroy) REQUIRED(cuEventRecord) REQUIRED(cuEventSynchronize)                            \
-  REQUIRED(cuEventElapsedTime) OPTIONAL(cuTensorMapEncodeTiled) OPTIONAL(cuLaunchKernelEx)
+  REQUIRED(cuEventElapsedTime) OPTIONAL(cuTensorMapEncodeTiled) OPTIONAL(cuLaunchKernelEx)                \
+  OPTIONAL(cuMemGetInfo)
 
 struct CudaApi {
   KILN_SYMBOL_TABLE(KILN_CUDA_SYMBOLS)

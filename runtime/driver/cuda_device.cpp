@@ -143,6 +143,13 @@ class CudaDevice final : public DeviceImpl {
   const TargetInfo& target() const override { return *target_; }
   int compute_units() const override { return sms_; }
 
+  std::optional<MemoryLimit> free_memory() override {
+    size_t free_bytes = 0, total_bytes = 0;
+    if (!api_->cuMemGetInfo || !bind() || api_->cuMemGetInfo(&free_bytes, &total_bytes) != CUDA_SUCCESS)
+      return std::nullopt;
+    return MemoryLimit{free_bytes, fmt::format("the free memory of {} ({} of {}, cuMemGetInfo)", name_,
+                                               format_bytes(free_bytes), format_bytes(total_bytes))};
+  }
   Result<void*> malloc(size_t bytes) override {
     KILN_TRY(bind());
     CUdeviceptr p = 0;

@@ -22,7 +22,7 @@ namespace kiln {
   REQUIRED(hipModuleLaunchKernel) REQUIRED(hipExtMallocWithFlags) REQUIRED(hipFree) REQUIRED(hipMemcpyHtoD) \
   REQUIRED(hipMemcpyDtoH) REQUIRED(hipMemset) REQUIRED(hipStreamSynchronize) REQUIRED(hipDeviceSynchronize) \
   REQUIRED(hipEventCreate) REQUIRED(hipEventDestroy) REQUIRED(hipEventRecord) REQUIRED(hipEventSynchronize) \
-  REQUIRED(hipEventElapsedTime)
+  REQUIRED(hipEventElapsedTime) OPTIONAL(hipMemGetInfo)
 
 struct HipApi {
   KILN_SYMBOL_TABLE(KILN_HIP_SYMBOLS)

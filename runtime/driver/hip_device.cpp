@@ -46,6 +46,14 @@ class HipDevice final : public DeviceImpl {
   std::string name() const override { return name_; }
   const TargetInfo& target() const override { return *target_; }
   int compute_units() const override { return cus_; }
+  std::optional<MemoryLimit> free_memory() override {
+    size_t free_bytes = 0, total_bytes = 0;
+    if (!api_->hipMemGetInfo || api_->hipSetDevice(ordinal_) != hipSuccess ||
+        api_->hipMemGetInfo(&free_bytes, &total_bytes) != hipSuccess)
+      return std::nullopt;
+    return MemoryLimit{free_bytes, fmt::format("the free memory of {} ({} of {}, hipMemGetInfo)", name(),
+                                               format_bytes(free_bytes), format_bytes(total_bytes))};
+  }
   Result<void*> malloc(size_t bytes) override {
     KILN_HIP(*api_, hipSetDevice(ordinal_));
     void* p = nullptr;

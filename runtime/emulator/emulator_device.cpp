@@ -91,6 +91,11 @@ class EmulatorDevice final : public DeviceImpl {
   const TargetInfo& target() const override { return *target_; }
   int compute_units() const override { return target_->compute_units; }
 
+  std::optional<MemoryLimit> free_memory() override {
+    auto host = host_available_memory();  // the emulator's device memory is the host's
+    if (host) host->source += " (the emulator keeps device memory in host memory)";
+    return host;
+  }
   Result<void*> malloc(size_t bytes) override {
     KILN_ASSIGN_OR_RETURN(auto reply, process_->call(EmulatorProcess::kMalloc, bytes_of(bytes), {},
                                                      fmt::format("malloc of {} bytes", bytes)));
@@ -234,7 +239,9 @@ Result<std::unique_ptr<DeviceImpl>> start_emulator(const TargetInfo* target) {
   if (config.emulator_dir.empty() || !is_file(config.emulator_dir + "/test/mockgpu/amd/emu.py"))
     return make_error(Errc::driver_unavailable,
                       fmt::format("no AMD emulator at '{}' (test/mockgpu/amd/emu.py is missing): set "
-                                  "KILN_AMD_EMULATOR to the folder of tinygrad's CDNA emulator",
+                                  "KILN_AMD_EMULATOR to the folder of tinygrad's CDNA emulator (six files of "
+                                  "https://github.com/tinygrad/tinygrad at commit a9069c177a with Kiln's patches; "
+                                  "docs/emulator.md, 'Getting the emulator', says how to make it)",
                                   config.emulator_dir));
   config.python = e.emulator_python;
 #ifdef KILN_DEFAULT_EMULATOR_PYTHON

@@ -6,8 +6,8 @@
 #include <cmath>
 
 #include "support/embedded.h"
-#include "templates/quantize_fp8/quantize_fp8.h"
-#include "templates/swiglu/swiglu.h"
+#include "templates/lib/fp8_scaling.h"
+#include "templates/lib/elementwise_row.h"
 
 namespace kiln {
 namespace {
@@ -39,9 +39,6 @@ std::string_view DequantizeFp8Op::device_template(const TileConfig&) const {
 std::vector<TileConfig> DequantizeFp8Op::variants(const KernelSpec& spec, const TargetInfo& target) const {
   // 16 bytes of the output per access (8 fp8 codes in for bf16/fp16, 4 for fp32).
   return elementwise_row_variants(spec.param("cols"), spec.out_dtype, target);
-}
-TileConfig DequantizeFp8Op::choose_config(const KernelSpec& spec, const TargetInfo& target) const {
-  return variants(spec, target).front();
 }
 std::vector<uint32_t> DequantizeFp8Op::base_alignment(const KernelSpec& spec, const TileConfig& config) const {
   return vector_variant_alignment(config, tensors(spec).size(), {1});  // scale: scalar loads

@@ -49,10 +49,11 @@ bool flag(const TileConfig& c, const char* key) {
 }  // namespace
 
 std::string_view GemmOp::device_template(const TileConfig& c) const {
-  // The Hopper kernels share their WGMMA pieces (wgmma.kernel), placed before their own text.
-  static const std::string tma = std::string(embedded_file("templates/gemm/wgmma.kernel")) + "\n" +
+  // The Hopper kernels share their WGMMA pieces (gemm_sm90_common.kernel, on the library's
+  // WGMMA), placed before their own text.
+  static const std::string tma = std::string(embedded_file("templates/gemm/gemm_sm90_common.kernel")) + "\n" +
                                  std::string(embedded_file("templates/gemm/gemm_sm90_tma.kernel"));
-  static const std::string cp_async = std::string(embedded_file("templates/gemm/wgmma.kernel")) + "\n" +
+  static const std::string cp_async = std::string(embedded_file("templates/gemm/gemm_sm90_common.kernel")) + "\n" +
                                       std::string(embedded_file("templates/gemm/gemm_sm90.kernel"));
   // The AMD matrix-core kernel shares the portable kernel's tile, tail and epilogue pieces.
   static const std::string mfma = std::string(embedded_file("templates/gemm/gemm_common.kernel")) + "\n" +
@@ -298,6 +299,26 @@ void GemmOp::reference(const KernelSpec& spec, const Scalars&, std::span<const s
       }
     }
   }
+}
+
+std::vector<ModelLine> GemmOp::throughput_model(const KernelSpec& spec, const TileConfig& config,
+                                                const TargetInfo& target, int registers_per_lane) const {
+  if (!config.count("MFMA") || !config.at("MFMA")) return {};
+  std::vector<ModelLine> out;
+  const MfmaModel m = mfma_model(spec, config, target, registers_per_lane);
+  out.push_back({"model", fmt::format("modelled, not measured: {:.4g} TFLOP/s on {} ({:.0f} peak; {}-bound; {} tiles in {} "
+                                      "rounds of {} per CU; per k-tile {:.0f} MFMA / {:.0f} LDS / {:.0f} L2 cycles; "
+                                      "{} MFMA per wave per k-tile); see docs/amd-gemm-model.md",
+                                      m.tflops, m.device, m.peak_tflops, m.bound, m.tiles, m.rounds, m.blocks_per_cu,
+                                      m.mfma_cycles, m.lds_cycles, m.global_cycles, m.mfma_per_k_tile)});
+  std::string all;
+  for (const TileConfig& c : mfma_configs(target)) {
+    const MfmaModel o = mfma_model(spec, c, target);  // registers estimated
+    all += fmt::format("{}{}x{}x{} {} waves {:.4g}", all.empty() ? "" : ", ", c.at("BM"), c.at("BN"), c.at("BK"),
+                       c.at("THREADS") / 64, o.tflops);
+  }
+  out.push_back({"model, all", "modelled, not measured, TFLOP/s: " + all});
+  return out;
 }
 
 }  // namespace kiln

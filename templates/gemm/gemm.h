@@ -54,6 +54,9 @@ class GemmOp final : public OpTemplate {
   std::vector<TestSpec> test_specs(const TargetInfo& target) const override;
   /// "MxNxK NT" (transposes of A and B).
   std::string short_form(const KernelSpec& spec) const override;
+  /// The MFMA configurations' modelled throughput (gemm_mfma.h, docs/amd-gemm-model.md).
+  std::vector<ModelLine> throughput_model(const KernelSpec& spec, const TileConfig& config, const TargetInfo& target,
+                                          int registers_per_lane) const override;
 
   /// The TMA tensor maps of a TMA configuration (A, B, C), in tensor order; empty otherwise.
   std::vector<TensorMapInfo> tensor_maps(const KernelSpec& spec, const TileConfig& config) const;

@@ -9,12 +9,11 @@
 
 namespace kiln {
 namespace {
-constexpr std::string_view kGranularities[] = {"tensorwise", "rowwise", "block1x128", "block128x128"};
 const ParamInfo kParams[] = {
     {"rows", "rows (tokens); a runtime argument, not baked; 0 is a no-op", false, false, 0, (int64_t{1} << 31) - 1},
     {"cols", "columns (the last dimension)", true, false, 1, int64_t{1} << 22},
     {"granularity", "what one fp32 scale covers: the tensor, a row, 1x128 or 128x128 elements", true, false, 0, 3,
-     kGranularities},
+     fp8_granularity_names()},
     {"transpose", "also write qt = quantized x^T [cols, rows] (tensorwise and block128x128; default 0)", true, true, 0, 1,
      {}, 0},
 };
@@ -45,31 +44,6 @@ int64_t amax_partials(int64_t rows, int64_t cols, int64_t vec) {
 }
 }  // namespace
 
-std::span<const std::string_view> fp8_granularity_names() { return kGranularities; }
-
-std::vector<int64_t> fp8_scale_shape(const KernelSpec& s) {
-  const int64_t rows = s.param("rows"), cols = s.param("cols");
-  switch (s.param("granularity")) {
-    case kTensorwise: return {1};
-    case kRowwise: return {rows};
-    case kBlock1x128: return {rows, ceil_div(cols, 128)};
-    default: return {ceil_div(rows, 128), ceil_div(cols, 128)};
-  }
-}
-
-int64_t fp8_scale_index(int64_t granularity, int64_t cols, int64_t r, int64_t c) {
-  switch (granularity) {
-    case kTensorwise: return 0;
-    case kRowwise: return r;
-    case kBlock1x128: return r * ceil_div(cols, 128) + c / 128;
-    default: return r / 128 * ceil_div(cols, 128) + c / 128;
-  }
-}
-
-std::pair<DType, DType> fp8_test_formats(const TargetInfo& target) {
-  return {fp8_for_target(DType::e4m3, target), fp8_for_target(DType::e5m2, target)};
-}
-
 std::span<const ParamInfo> QuantizeFp8Op::params() const { return kParams; }
 std::span<const DType> QuantizeFp8Op::dtypes() const { return kDTypes; }
 bool QuantizeFp8Op::supports_out_dtype(DType in, DType out) const { return is_float16_or_32(in) && is_fp8(out); }
@@ -91,7 +65,7 @@ Result<void> QuantizeFp8Op::check(const KernelSpec& spec, const TargetInfo&) con
                       fmt::format("quantize_fp8: transpose=1 needs a scale shared by the rows and the columns of x "
                                   "(granularity tensorwise or block128x128); with {} the scales of x^T would differ "
                                   "from those of x: quantize x^T with its own call instead",
-                                  kGranularities[g]));
+                                  fp8_granularity_names()[static_cast<size_t>(g)]));
   if (g == kRowwise && s.param("cols") > kRowwiseMaxCols)
     return make_error(Errc::invalid_argument,
                       fmt::format("quantize_fp8: rowwise keeps a row in registers: cols = {} must be at most {}; use "
@@ -118,10 +92,6 @@ std::vector<TileConfig> QuantizeFp8Op::variants(const KernelSpec& spec, const Ta
     }
   }
   return out;
-}
-
-TileConfig QuantizeFp8Op::choose_config(const KernelSpec& spec, const TargetInfo& target) const {
-  return variants(spec, target).front();
 }
 
 std::vector<uint32_t> QuantizeFp8Op::base_alignment(const KernelSpec& spec, const TileConfig& config) const {

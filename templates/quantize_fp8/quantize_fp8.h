@@ -3,22 +3,10 @@
 // and Primus-Turbo use them), and an optional transposed fp8 output for the wgrad GEMM.
 #pragma once
 
+#include "templates/lib/fp8_scaling.h"
 #include "templates/op_template.h"
 
 namespace kiln {
-
-/// Values of the `granularity` parameter of quantize_fp8 and dequantize_fp8.
-enum Fp8Granularity : int64_t { kTensorwise = 0, kRowwise = 1, kBlock1x128 = 2, kBlock128x128 = 3 };
-/// Their names, in value order: "tensorwise", "rowwise", "block1x128", "block128x128".
-std::span<const std::string_view> fp8_granularity_names();
-/// The fp32 scale tensor's shape for a spec with rows, cols and granularity:
-/// tensorwise [1]; rowwise [rows]; block1x128 [rows, ceil(cols/128)];
-/// block128x128 [ceil(rows/128), ceil(cols/128)].
-std::vector<int64_t> fp8_scale_shape(const KernelSpec& spec);
-/// The index into the scale tensor of element (r, c).
-int64_t fp8_scale_index(int64_t granularity, int64_t cols, int64_t r, int64_t c);
-/// The test formats of a target: {e4m3, e5m2} in the encodings it converts (FNUZ on gfx942).
-std::pair<DType, DType> fp8_test_formats(const TargetInfo& target);
 
 /// Parameters: rows (runtime; 0 is a no-op), cols (baked), granularity (baked: tensorwise,
 /// rowwise, block1x128, block128x128), transpose (0/1, baked, default 0).
@@ -53,7 +41,6 @@ class QuantizeFp8Op final : public OpTemplate {
   bool supports_out_dtype(DType in, DType out) const override;
   std::span<const TensorDecl> signature() const override;
   std::vector<TileConfig> variants(const KernelSpec& spec, const TargetInfo& target) const override;
-  TileConfig choose_config(const KernelSpec& spec, const TargetInfo& target) const override;
   std::string_view device_template(const TileConfig& config) const override;
   std::string specialize(const KernelSpec& spec, const TileConfig& config) const override;
   std::string_view kernel_name(const TileConfig& config) const override;

@@ -6,7 +6,6 @@
 #include <cmath>
 
 #include "support/embedded.h"
-#include "templates/swiglu/swiglu.h"
 
 namespace kiln {
 namespace {
@@ -51,10 +50,6 @@ TileConfig norm_row_config(int64_t hidden, int64_t vec, const TargetInfo& target
   const int64_t nvec = ceil_div(hidden, vec);
   const int64_t threads = std::clamp<int64_t>(round_up(ceil_div(nvec, 4), target.wave_size), target.wave_size, 1024);
   return {{"THREADS", threads}, {"VEC", vec}, {"ITEMS", ceil_div(nvec, threads)}};
-}
-
-TileConfig RmsNormOp::choose_config(const KernelSpec& spec, const TargetInfo& target) const {
-  return variants(spec, target).front();
 }
 
 std::vector<TileConfig> RmsNormOp::variants(const KernelSpec& spec, const TargetInfo& target) const {

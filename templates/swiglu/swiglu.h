@@ -18,7 +18,6 @@ class SwiGluOp final : public OpTemplate {
   std::span<const DType> dtypes() const override;
   std::span<const TensorDecl> signature() const override;
   std::vector<TileConfig> variants(const KernelSpec& spec, const TargetInfo& target) const override;
-  TileConfig choose_config(const KernelSpec& spec, const TargetInfo& target) const override;
   std::string_view device_template(const TileConfig& config) const override;
   std::string specialize(const KernelSpec& spec, const TileConfig& config) const override;
   std::string_view kernel_name(const TileConfig&) const override { return "kiln_swiglu"; }
@@ -28,17 +27,5 @@ class SwiGluOp final : public OpTemplate {
                  std::span<const int64_t> rows, std::vector<RefOutput>& outputs) const override;
   std::vector<TestSpec> test_specs(const TargetInfo& target) const override;
 };
-
-/// The elementwise-row configuration shared by swiglu and swiglu_bwd: VEC elements per access
-/// (16 bytes, or 1), THREADS per block, ITEMS accesses per thread; grid (rows, chunks of a row).
-TileConfig elementwise_row_config(int64_t columns, int64_t vec, const TargetInfo& target);
-/// Variants for rows of `columns` elements of dtype `t`: vector loads when columns is a
-/// multiple of a 16-byte vector, then scalar loads.
-std::vector<TileConfig> elementwise_row_variants(int64_t columns, DType t, const TargetInfo& target);
-/// The test specs of an elementwise-row op over [rows, I] (swiglu, swiglu_bwd): I 1, 7, 100, 1024
-/// in each dtype, 0 rows, and I 18944.
-std::vector<TestSpec> elementwise_row_test_specs(std::string_view op);
-/// The launch geometry of an elementwise-row config over `rows` rows of `columns`.
-LaunchGeometry elementwise_row_geometry(int64_t rows, int64_t columns, const TileConfig& config);
 
 }  // namespace kiln

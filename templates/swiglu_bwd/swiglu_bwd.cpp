@@ -5,7 +5,7 @@
 #include <cmath>
 
 #include "support/embedded.h"
-#include "templates/swiglu/swiglu.h"
+#include "templates/lib/elementwise_row.h"
 
 namespace kiln {
 namespace {
@@ -31,9 +31,6 @@ std::string_view SwiGluBwdOp::device_template(const TileConfig&) const {
 }
 std::vector<TileConfig> SwiGluBwdOp::variants(const KernelSpec& spec, const TargetInfo& target) const {
   return elementwise_row_variants(spec.param("intermediate"), spec.dtype, target);
-}
-TileConfig SwiGluBwdOp::choose_config(const KernelSpec& spec, const TargetInfo& target) const {
-  return variants(spec, target).front();
 }
 std::vector<uint32_t> SwiGluBwdOp::base_alignment(const KernelSpec& spec, const TileConfig& config) const {
   return vector_variant_alignment(config, tensors(spec).size());

@@ -14,6 +14,11 @@
 #include <fstream>
 #include <thread>
 
+#if KILN_TEST_WITH_LIBARCHIVE
+#include <archive.h>
+#include <archive_entry.h>
+#endif
+
 #include "cache/archive.h"
 #include "cache/disk_cache.h"
 #include "kiln/runtime.h"
@@ -284,6 +289,116 @@ TEST(CacheFaults, AnImportIsBoundedInTotalStagedBytes) {
   EXPECT_EQ(count(dst / "v1/tmp"), 0u) << "the staging directory is removed";
   EXPECT_TRUE(import_cache(*to, src / "a.tar.zst").ok()) << "the default limits accept it";
 }
+
+// An import leaves the cache's file system a margin: an archive that unpacks to more than the
+// free space less that margin is refused before staging writes past it (the free space is
+// injected: a small file system simulated on this one).
+TEST(CacheFaults, AnImportIsBoundedByTheFreeSpaceOfTheCache) {
+  if (!archive_supported()) GTEST_SKIP() << "built without libarchive";
+  TempDir src, dst;
+  const char* target = testing::compilable_target();
+  {
+    auto rt = compile_only_runtime(src.path());
+    ASSERT_TRUE(rt->compile(gemm_spec(64, 64, 32, false, true), target).ok());
+    ASSERT_TRUE(rt->compile(gemm_spec(64, 64, 48, false, true), target).ok());
+  }
+  auto from = std::move(DiskCache::open(src.path())).value();
+  auto exported = export_cache(*from, src / "a.tar.zst");
+  ASSERT_TRUE(exported.ok()) << exported.error().message;
+  auto to = std::move(DiskCache::open(dst.path())).value();
+  ImportLimits limits;
+  std::string measured;
+  const uint64_t room = exported->entry_bytes / 2;  // half of what the archive unpacks to
+  limits.space = [&](const std::string& dir) -> Result<FileSystemSpace> {
+    measured = dir;
+    return FileSystemSpace{limits.min_free_bytes + room, uint64_t{1} << 30};  // 2% of 1 GiB < 64 MiB
+  };
+  auto r = import_cache(*to, src / "a.tar.zst", limits);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code, Errc::io_error);
+  EXPECT_NE(r.error().message.find("unpacks to more than the cache's file system can take"), std::string::npos)
+      << r.error().message;
+  EXPECT_NE(r.error().message.find("leaves 64.0 MiB free"), std::string::npos) << r.error().message;
+  EXPECT_EQ(measured, dst.path() + "/v1/tmp") << "the space measured is the cache's";
+  EXPECT_TRUE(to->list(false).empty()) << "nothing is imported";
+  EXPECT_EQ(count(dst / "v1/tmp"), 0u) << "the staging directory is removed";
+
+  // The margin scales with the file system: 2% of 16 GiB is more than 64 MiB.
+  limits.space = [&](const std::string&) -> Result<FileSystemSpace> {
+    return FileSystemSpace{limits.min_free_bytes + (uint64_t{64} << 20), uint64_t{16} << 30};
+  };
+  r = import_cache(*to, src / "a.tar.zst", limits);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code, Errc::io_error);
+
+  // With room for it, the same archive imports.
+  limits.space = [&](const std::string&) -> Result<FileSystemSpace> {
+    return FileSystemSpace{limits.min_free_bytes + 4 * exported->entry_bytes + 65536, uint64_t{1} << 30};
+  };
+  r = import_cache(*to, src / "a.tar.zst", limits);
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(r->imported.size(), 2u);
+}
+
+#if KILN_TEST_WITH_LIBARCHIVE
+// Writes a tar.zst holding one member `name` of `bytes` zero bytes: a decompression bomb.
+void write_zero_archive(const std::string& path, const std::string& name, uint64_t bytes) {
+  archive* a = archive_write_new();
+  ASSERT_EQ(archive_write_set_format_pax_restricted(a), ARCHIVE_OK);
+  ASSERT_EQ(archive_write_add_filter_zstd(a), ARCHIVE_OK);
+  ASSERT_EQ(archive_write_set_filter_option(a, "zstd", "compression-level", "19"), ARCHIVE_OK);
+  ASSERT_EQ(archive_write_open_filename(a, path.c_str()), ARCHIVE_OK);
+  archive_entry* e = archive_entry_new();
+  archive_entry_set_pathname(e, name.c_str());
+  archive_entry_set_filetype(e, AE_IFREG);
+  archive_entry_set_perm(e, 0600);
+  archive_entry_set_size(e, static_cast<la_int64_t>(bytes));
+  ASSERT_EQ(archive_write_header(a, e), ARCHIVE_OK);
+  const std::vector<char> zeros(1 << 20, 0);
+  for (uint64_t done = 0; done < bytes; done += zeros.size())
+    ASSERT_GT(archive_write_data(a, zeros.data(), std::min<uint64_t>(zeros.size(), bytes - done)), 0);
+  archive_entry_free(e);
+  ASSERT_EQ(archive_write_close(a), ARCHIVE_OK);
+  archive_write_free(a);
+}
+
+// A zstd bomb (a few KB that unpack to 200 MiB of zeros, one member inside the layout, under the
+// member and total limits) is refused by the decompression ratio with the default limits, before
+// it is staged; on a file system with room for it.
+TEST(CacheFaults, AZstdBombIsRefusedByTheDecompressionRatio) {
+  if (!archive_supported()) GTEST_SKIP() << "built without libarchive";
+  TempDir src, dst;
+  const std::string key(64, 'a');
+  const std::string bomb = src / "bomb.tar.zst";
+  write_zero_archive(bomb, "kiln-cache/v1/entries/aa/" + key + "/code.hsaco", uint64_t{200} << 20);
+  const auto archive_bytes = fs::file_size(bomb);
+  ASSERT_LT(archive_bytes, 100'000u) << "the bomb is small";
+  auto to = std::move(DiskCache::open(dst.path())).value();
+  ImportLimits limits;
+  limits.space = [](const std::string&) -> Result<FileSystemSpace> {
+    return FileSystemSpace{uint64_t{1} << 40, uint64_t{2} << 40};  // room for it: the ratio must refuse it
+  };
+  auto r = import_cache(*to, bomb, limits);
+  ASSERT_FALSE(r.ok()) << "a 200 MiB bomb was staged and " << r->rejected.size() << " entries rejected afterwards";
+  EXPECT_EQ(r.error().code, Errc::corrupt);
+  EXPECT_NE(r.error().message.find("over the decompression-ratio limit of 64x"), std::string::npos)
+      << r.error().message;
+  EXPECT_NE(r.error().message.find("nothing was imported"), std::string::npos);
+  EXPECT_TRUE(to->list(false).empty()) << "nothing is imported";
+  EXPECT_EQ(count(dst / "v1/tmp"), 0u) << "the staging directory is removed";
+
+  // The same bomb against a small file system (the free space injected): refused by the space.
+  limits.max_ratio = 1e6;
+  limits.space = [&](const std::string&) -> Result<FileSystemSpace> {
+    return FileSystemSpace{limits.min_free_bytes + (uint64_t{8} << 20), uint64_t{1} << 30};
+  };
+  r = import_cache(*to, bomb, limits);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code, Errc::io_error);
+  EXPECT_NE(r.error().message.find("staging may write 8.0 MiB"), std::string::npos) << r.error().message;
+  EXPECT_EQ(count(dst / "v1/tmp"), 0u) << "the staging directory is removed";
+}
+#endif
 
 }  // namespace
 }  // namespace kiln

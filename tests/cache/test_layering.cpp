@@ -1,8 +1,18 @@
-// Layering: cache/ sits below runtime/. Its files include nothing from runtime/ and not the public
-// kiln/runtime.h, directly or through another header of the tree; the code-object types and the
-// Compiler interface it needs are in codegen/code_object.h, the autotuner's types in kiln/tune.h.
+// Layering:
+//   - cache/ sits below runtime/. Its files include nothing from runtime/ and not the public
+//     kiln/runtime.h, directly or through another header of the tree; the code-object types and
+//     the Compiler interface it needs are in codegen/code_object.h, the autotuner's types in
+//     kiln/tune.h.
+//   - An op folder (templates/<op>/) includes no other op's folder; what several ops share lives
+//     in the library, templates/lib/, which includes no op folder.
+//   - Nothing outside templates/ includes an op's header: the rest of Kiln reaches ops through
+//     the op contract (templates/op_template.h) and the registry. tests/ may include op headers
+//     (tests of an op's own helpers, such as the MFMA GEMM's model).
+// KILN_LAYERING_ROOT checks another checkout instead of this one (e.g. an older tree, to see
+// these tests fail on it).
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -14,6 +24,12 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// The checkout under test.
+fs::path root() {
+  const char* other = std::getenv("KILN_LAYERING_ROOT");
+  return other && *other ? fs::path(other) : fs::path(KILN_SOURCE_DIR);
+}
+
 bool forbidden_in_cache(const std::string& include) {
   return include.starts_with("runtime/") || include == "kiln/runtime.h";
 }
@@ -23,15 +39,15 @@ bool forbidden_in_cache(const std::string& include) {
 std::vector<std::string> includes_of(const std::string& rel) {
   static const std::regex include_line("^\\s*#\\s*include\\s*\"([^\"]+)\"");
   std::vector<std::string> out;
-  std::ifstream in(fs::path(KILN_SOURCE_DIR) / rel);
+  std::ifstream in(root() / rel);
   std::string line;
   std::smatch m;
   while (std::getline(in, line)) {
     if (!std::regex_search(line, m, include_line)) continue;
     const std::string inc = m[1].str();
-    if (fs::exists(fs::path(KILN_SOURCE_DIR) / inc)) {
+    if (fs::exists(root() / inc)) {
       out.push_back(inc);
-    } else if (fs::exists(fs::path(KILN_SOURCE_DIR) / "include" / inc)) {
+    } else if (fs::exists(root() / "include" / inc)) {
       out.push_back(inc);
     }
   }
@@ -39,7 +55,7 @@ std::vector<std::string> includes_of(const std::string& rel) {
 }
 
 fs::path resolve(const std::string& inc) {
-  const fs::path direct = fs::path(KILN_SOURCE_DIR) / inc;
+  const fs::path direct = root() / inc;
   return fs::exists(direct) ? fs::path(inc) : fs::path("include") / inc;
 }
 
@@ -62,11 +78,11 @@ std::vector<std::string> violations_from(const std::string& start) {
 
 TEST(Layering, CacheIncludesNothingFromRuntime) {
   int files = 0;
-  for (const auto& e : fs::directory_iterator(fs::path(KILN_SOURCE_DIR) / "cache")) {
+  for (const auto& e : fs::directory_iterator(root() / "cache")) {
     const std::string ext = e.path().extension().string();
     if (!e.is_regular_file() || (ext != ".cpp" && ext != ".h")) continue;
     ++files;
-    const std::string rel = fs::relative(e.path(), KILN_SOURCE_DIR).string();
+    const std::string rel = fs::relative(e.path(), root()).string();
     for (const std::string& v : violations_from(rel))
       ADD_FAILURE() << v << ": cache/ may not include runtime/ or kiln/runtime.h (put the type in a leaf header, "
                     << "as codegen/code_object.h and kiln/tune.h are)";
@@ -83,6 +99,97 @@ TEST(Layering, TheIncludeWalkSeesRuntimeIncludes) {
   }
   EXPECT_TRUE(private_header);
   EXPECT_TRUE(public_header);
+}
+
+// ---- op folders -----------------------------------------------------------------------------
+
+// The op folder a quoted include names ("templates/gemm/gemm.h" -> "gemm"); "" for anything else,
+// including the library (templates/lib/) and the files directly under templates/ (the contract,
+// the registry).
+std::string op_folder_of(const std::string& include) {
+  static const std::regex op_include("^templates/([^/]+)/.+");
+  std::smatch m;
+  if (!std::regex_match(include, m, op_include) || m[1].str() == "lib") return "";
+  return m[1].str();
+}
+
+// The quoted includes of a file, as written (whether or not they resolve).
+std::vector<std::string> written_includes(const fs::path& file) {
+  static const std::regex include_line("^\\s*#\\s*include\\s*\"([^\"]+)\"");
+  std::vector<std::string> out;
+  std::ifstream in(file);
+  std::string line;
+  std::smatch m;
+  while (std::getline(in, line))
+    if (std::regex_search(line, m, include_line)) out.push_back(m[1].str());
+  return out;
+}
+
+bool is_source(const fs::path& p) {
+  const std::string ext = p.extension().string();
+  return ext == ".cpp" || ext == ".h" || ext == ".kernel" || ext == ".cu" || ext == ".hpp";
+}
+
+TEST(Layering, NoOpFolderIncludesAnotherOpsFolder) {
+  int folders = 0;
+  for (const auto& dir : fs::directory_iterator(root() / "templates")) {
+    if (!dir.is_directory()) continue;
+    const std::string folder = dir.path().filename().string();
+    ++folders;
+    for (const auto& e : fs::recursive_directory_iterator(dir.path())) {
+      if (!e.is_regular_file() || !is_source(e.path())) continue;
+      for (const std::string& inc : written_includes(e.path())) {
+        const std::string other = op_folder_of(inc);
+        if (other.empty() || other == folder) continue;
+        ADD_FAILURE() << fs::relative(e.path(), root()).string() << " includes " << inc << ": "
+                      << (folder == "lib" ? "the library (templates/lib/) includes no op's folder"
+                                          : "an op folder includes no other op's folder")
+                      << "; move what both need into templates/lib/ (device code: a library part; host "
+                      << "helpers: a header there)";
+      }
+    }
+  }
+  EXPECT_GE(folders, 8);
+}
+
+TEST(Layering, NothingOutsideTemplatesIncludesAnOpHeader) {
+  int files = 0;
+  for (auto it = fs::recursive_directory_iterator(root()); it != fs::recursive_directory_iterator(); ++it) {
+    const fs::path rel = fs::relative(it->path(), root());
+    const std::string top = rel.begin()->string();
+    // Not ours (build trees, the virtual environment, dot-folders), the op layer itself, and the
+    // tests, which may test an op's own helpers.
+    if (it->is_directory() && rel.begin() != rel.end() && std::distance(rel.begin(), rel.end()) == 1 &&
+        (top.starts_with("build") || top.starts_with(".") || top == "templates" || top == "tests" ||
+         top == "third_party" || top == "shared")) {
+      it.disable_recursion_pending();
+      continue;
+    }
+    if (it->is_symlink() && it->is_directory()) {
+      it.disable_recursion_pending();
+      continue;
+    }
+    if (!it->is_regular_file() || !is_source(it->path())) continue;
+    ++files;
+    for (const std::string& inc : written_includes(it->path()))
+      if (!op_folder_of(inc).empty())
+        ADD_FAILURE() << rel.string() << " includes " << inc
+                      << ": outside templates/, reach an op through the registry (find_op) and the op contract "
+                      << "(templates/op_template.h), or move the helper into templates/lib/";
+  }
+  EXPECT_GE(files, 50);
+}
+
+// The walks find what they look for.
+TEST(Layering, TheOpRulesSeeOpIncludes) {
+  EXPECT_EQ(op_folder_of("templates/gemm/gemm_mfma.h"), "gemm");
+  EXPECT_EQ(op_folder_of("templates/lib/library.h"), "");
+  EXPECT_EQ(op_folder_of("templates/op_template.h"), "");
+  EXPECT_EQ(op_folder_of("kiln/runtime.h"), "");
+  bool seen = false;
+  for (const std::string& inc : written_includes(root() / "tests/runtime/test_compile.cpp"))
+    seen |= op_folder_of(inc) == "gemm";
+  EXPECT_TRUE(seen) << "tests/runtime/test_compile.cpp includes the MFMA GEMM's header (allowed in tests/)";
 }
 
 }  // namespace

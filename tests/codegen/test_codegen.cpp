@@ -1,8 +1,10 @@
 // Codegen and the cache key: determinism, and exactly the right things change the key.
 #include <fmt/format.h>
 
+#include <filesystem>
 #include <set>
 
+#include "templates/lib/library.h"
 #include "templates/registry.h"
 #include "cache/cache_key.h"
 #include "codegen/codegen.h"
@@ -50,29 +52,117 @@ TEST(Codegen, SourceHoldsPreludeConstantsAndTemplate) {
   ASSERT_TRUE(nv.ok());
   EXPECT_NE(nv->text.find("kWaveSize = 32"), std::string::npos);
   EXPECT_EQ(nv->text.find("__builtin_amdgcn"), std::string::npos);
-  // The template hash covers the prelude, the common helpers and the device template actually
+  // The template hash covers the prelude, the library parts and the device template actually
   // used: bf16 gemm on sm_90a takes a WGMMA template, the cp.async one when K = 33 rules out TMA.
-  const auto hash_of = [](const char* kernel) {
-    return sha256_hex(std::string(prelude_for(target("sm_90a"))) + "\n" +
-                      std::string(embedded_file("codegen/preludes/common.prelude")) + "\n" +
-                      std::string(embedded_file("templates/gemm/wgmma.kernel")) + "\n" +
-                      std::string(embedded_file(kernel)));
+  auto expanded_hash = [](const char* kernel) {
+    const std::string body = std::string(embedded_file("templates/gemm/gemm_sm90_common.kernel")) + "\n" +
+                             std::string(embedded_file(kernel));
+    auto e = expand_library(body, target("sm_90a"), "test");
+    EXPECT_TRUE(e.ok()) << e.error().message;
+    return sha256_hex(std::string(prelude_for(target("sm_90a"))) + "\n" + e->library + "\n" + e->body);
   };
-  EXPECT_EQ(nv->template_sha256, hash_of("templates/gemm/gemm_sm90.kernel"));
+  EXPECT_EQ(nv->template_sha256, expanded_hash("templates/gemm/gemm_sm90.kernel"));
+  EXPECT_EQ(nv->library_parts, (std::vector<std::string>{"sm90", "wgmma"}));
   auto tma = generate(gemm_spec(100, 72, 40, false, true), target("sm_90a"));
   ASSERT_TRUE(tma.ok());
-  EXPECT_EQ(tma->template_sha256, hash_of("templates/gemm/gemm_sm90_tma.kernel"));
+  EXPECT_EQ(tma->template_sha256, expanded_hash("templates/gemm/gemm_sm90_tma.kernel"));
+  EXPECT_EQ(tma->library_parts, (std::vector<std::string>{"sm90", "wgmma", "mbarrier", "tma"}));
   EXPECT_NE(tma->text.find("cp.async.bulk.tensor.2d"), std::string::npos);
+  // The parts come after the prelude and before the baked constants, each once.
+  const size_t lib = tma->text.find("// ---- library: tma ----");
+  ASSERT_NE(lib, std::string::npos);
+  EXPECT_LT(tma->text.find("// ---- prelude"), lib);
+  EXPECT_LT(lib, tma->text.find("// ---- baked constants"));
+  EXPECT_EQ(tma->text.find("// ---- library: sm90 ----", tma->text.find("// ---- library: sm90 ----") + 1),
+            std::string::npos);
+  EXPECT_EQ(tma->text.find("#include"), std::string::npos) << "every library line is expanded";
+  // An op without library lines has no library section; rmsnorm has the parts it names.
+  auto rms = generate(rmsnorm_spec(4, 1024), target("gfx942"));
+  ASSERT_TRUE(rms.ok());
+  EXPECT_EQ(rms->library_parts, (std::vector<std::string>{"pack", "reduce"}));
+  EXPECT_EQ(rms->text.find("// ---- library: fp8"), std::string::npos) << "only the parts used";
 }
 
 TEST(Codegen, EveryTemplateAndPreludeIsEmbedded) {
   for (const char* f : {"codegen/preludes/amdgpu.prelude", "codegen/preludes/nvptx.prelude",
-                        "codegen/preludes/common.prelude", "templates/gemm/gemm.kernel",
-                        "templates/gemm/gemm_sm90.kernel", "templates/gemm/gemm_sm90_tma.kernel",
-                        "templates/gemm/wgmma.kernel",
+                        "templates/gemm/gemm.kernel", "templates/gemm/gemm_sm90.kernel",
+                        "templates/gemm/gemm_sm90_tma.kernel", "templates/gemm/gemm_sm90_common.kernel",
                         "templates/rmsnorm/rmsnorm.kernel", "templates/swiglu/swiglu.kernel"})
     EXPECT_FALSE(embedded_file(f).empty()) << f;
   EXPECT_TRUE(embedded_file("no/such/file").empty());
+}
+
+// ---- the device-code library (templates/lib/) -----------------------------------------------
+
+TEST(Library, EveryPartHasItsFileAndEveryFileItsPart) {
+  std::set<std::string> rows, files;
+  for (const LibraryPart& p : library_parts()) {
+    rows.insert(std::string(p.name));
+    EXPECT_FALSE(library_part_text(p).empty()) << "templates/lib/" << p.name << ".kernel is not embedded";
+    EXPECT_TRUE(p.amd || p.nvidia) << p.name;
+    EXPECT_FALSE(p.summary.empty()) << p.name;
+  }
+  for (const auto& e : std::filesystem::directory_iterator(std::filesystem::path(KILN_SOURCE_DIR) / "templates/lib"))
+    if (e.path().extension() == ".kernel") files.insert(e.path().stem().string());
+  EXPECT_EQ(rows, files) << "one row of library_parts() (templates/lib/library.cpp) per .kernel file";
+  EXPECT_GE(rows.size(), 10u);
+}
+
+TEST(Library, PartsResolveByNameEachOnceDependenciesFirst) {
+  const std::string text = "#include \"lib/tma.kernel\"\n#include \"lib/sm90.kernel\"  // again\n"
+                           "  # include \"lib/softmax.kernel\"\nKILN_GLOBAL void k() {}\n";
+  auto e = expand_library(text, target("sm_90a"), "test template");
+  ASSERT_TRUE(e.ok()) << e.error().message;
+  EXPECT_EQ(e->parts, (std::vector<std::string>{"sm90", "mbarrier", "tma", "reduce", "softmax"}));
+  for (const std::string& p : e->parts) {
+    const std::string head = "// ---- library: " + p + " ----\n";
+    const size_t at = e->library.find(head);
+    ASSERT_NE(at, std::string::npos) << p;
+    EXPECT_EQ(e->library.find(head, at + 1), std::string::npos) << p << " appears once";
+    EXPECT_NE(e->library.find(std::string(library_part_text(**find_library_part(p))).substr(0, 60)),
+              std::string::npos)
+        << p << "'s text is in the library section";
+  }
+  EXPECT_EQ(e->library.find("#include"), std::string::npos) << "the parts' own library lines are expanded";
+  EXPECT_EQ(e->body,
+            "// lib/tma.kernel: in the library section above\n// lib/sm90.kernel: in the library section above\n"
+            "// lib/softmax.kernel: in the library section above\nKILN_GLOBAL void k() {}\n");
+  // Deterministic.
+  auto again = expand_library(text, target("sm_90a"), "test template");
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->library, e->library);
+}
+
+TEST(Library, AnUnknownPartIsAClearError) {
+  auto e = expand_library("// x\n#include \"lib/wgmmma.kernel\"\n", target("sm_90a"), "attention's device template");
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.error().code, Errc::invalid_argument);
+  for (const char* what : {"attention's device template, line 2", "unknown library part 'wgmmma'", "tma, wgmma"})
+    EXPECT_NE(e.error().message.find(what), std::string::npos) << what << " in: " << e.error().message;
+  auto found = find_library_part("nosuch");
+  ASSERT_FALSE(found.ok());
+  EXPECT_EQ(found.error().code, Errc::unknown);
+}
+
+TEST(Library, APartOfAnotherVendorAndOtherIncludesAreRefused) {
+  auto amd = expand_library("#include \"lib/wgmma.kernel\"\n", target("gfx942"), "t");
+  ASSERT_FALSE(amd.ok());
+  EXPECT_NE(amd.error().message.find("library part 'wgmma' is for NVIDIA targets, not gfx942"), std::string::npos)
+      << amd.error().message;
+  auto nv = expand_library("#include \"lib/mfma.kernel\"\n", target("sm_90a"), "t");
+  ASSERT_FALSE(nv.ok());
+  EXPECT_NE(nv.error().message.find("is for AMD targets, not sm_90a"), std::string::npos) << nv.error().message;
+  for (const char* line : {"#include <cuda.h>", "#include \"templates/gemm/wgmma.kernel\"", "#include \"lib/../x.kernel\""}) {
+    auto other = expand_library(std::string("a\n") + line + "\n", target("gfx950"), "t");
+    ASSERT_FALSE(other.ok()) << line;
+    EXPECT_NE(other.error().message.find("t, line 2"), std::string::npos) << other.error().message;
+    EXPECT_NE(other.error().message.find("device sources include nothing but library parts"), std::string::npos)
+        << other.error().message;
+  }
+  // A comment that mentions a library line is not one.
+  auto comment = expand_library("// #include \"lib/nosuch.kernel\"\n", target("gfx950"), "t");
+  ASSERT_TRUE(comment.ok());
+  EXPECT_TRUE(comment->parts.empty());
 }
 
 TEST(Codegen, InvalidSpecsAreRejectedBeforeCodegen) {

@@ -348,6 +348,13 @@ FAKE_EXPORT CUresult cuMemAlloc(CUdeviceptr* ptr, size_t bytes) {
   g_allocations.fetch_add(1);
   return CUDA_SUCCESS;
 }
+// An H100's 80 GiB, all free: Kiln refuses a request larger than that before allocating it.
+FAKE_EXPORT CUresult cuMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
+  if (!free_bytes || !total_bytes) return CUDA_ERROR_INVALID_VALUE;
+  if (!t_current) return CUDA_ERROR_INVALID_CONTEXT;
+  *free_bytes = *total_bytes = size_t{80} << 30;
+  return CUDA_SUCCESS;
+}
 FAKE_EXPORT CUresult cuMemFree(CUdeviceptr ptr) {
   if (!ptr) return CUDA_ERROR_INVALID_VALUE;
   std::free(reinterpret_cast<void*>(ptr));

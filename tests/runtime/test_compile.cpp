@@ -5,16 +5,17 @@
 
 #include <set>
 
+#include "templates/lib/library.h"
 #include "templates/registry.h"
 #include "codegen/codegen.h"
 #include "runtime/compile/compiler.h"
+#include "templates/gemm/gemm_mfma.h"
 #include "test_util.h"
 
 #if KILN_WITH_LLVM
 #include <llvm/Object/ELFObjectFile.h>
 
 #include "runtime/compile/amdgpu_metadata.h"
-#include "templates/gemm/gemm_mfma.h"
 #endif
 
 namespace kiln {
@@ -227,6 +228,134 @@ TEST(Compile, EmitsIsaPtxAndLlvmIr) {
   EXPECT_NE(ptx->find("shfl.sync.bfly"), std::string::npos);
   EXPECT_NE(ptx->find("ld.global.nc.v4.u32"), std::string::npos) << "16-byte vector loads:\n" << *ptx;
 #endif
+}
+
+// Every part of the device-code library compiles on every target it serves, with every compiler,
+// and its templates instantiate: one source that includes every such part and calls each helper.
+TEST(Library, EveryPartCompilesOnEveryTargetItServes) {
+  const char* common = R"(
+KILN_GLOBAL KILN_LAUNCH_BOUNDS(256) void kiln_library_test(float* out, const kiln::bf16* in, unsigned char* q) {
+  KILN_SHARED float scratch[256 / kiln::kWaveSize];
+  const float v = kiln::to_float(in[kiln::thread_x()]);
+  float s = kiln::block_sum<256>(v, scratch);
+  kiln::barrier();
+  s += kiln::block_max<256>(v, scratch);
+  s += kiln::group_sum<4>(v) + kiln::group_max<4>(v) + kiln::wave_sum(v) + kiln::wave_max(v);
+  kiln::SoftmaxState st = kiln::softmax_empty();
+  const float scale = kiln::softmax_update_max(st, kiln::group_max<4>(v));
+  st.sum += kiln::softmax_weight(st, v);
+  st = kiln::softmax_group_merge<4>(kiln::softmax_merge(st, kiln::softmax_empty()));
+  s += scale * kiln::softmax_inverse_sum(st) + kiln::softmax_lse(st) + kiln::exp2(v) + kiln::log(v);
+  q[kiln::thread_x()] = kiln::from_float<kiln::fp8_e4m3>(s).bits;
+  q[kiln::thread_x() + 256] = kiln::from_float<kiln::fp8_e5m2fnuz>(s).bits;
+  s += kiln::to_float(kiln::fp8_e4m3{q[0]}) + kiln::to_float(kiln::fp8_e5m2fnuz{q[1]});
+  kiln::Pack<kiln::bf16, 8> p = reinterpret_cast<const kiln::Pack<kiln::bf16, 8>*>(in)[kiln::thread_x()];
+  kiln::opaque(p);
+  out[kiln::thread_x()] = s + kiln::to_float(p.e[3]);
+}
+)";
+  const char* amd = R"(
+KILN_GLOBAL KILN_LAUNCH_BOUNDS(64) void kiln_library_mfma(float* out, const unsigned* in) {
+  using namespace kiln::amd;
+  const u32x4 a = reinterpret_cast<const u32x4*>(in)[kiln::thread_x()];
+  f32x16 acc = {};
+  f32x4 acc4 = {};
+  acc = mfma_32x32x8<true>(a.xy, a.zw, acc);
+  acc = mfma_32x32x8<false>(a.xy, a.zw, acc);
+  acc4 = mfma_16x16x16<true>(a.xy, a.zw, acc4);
+  acc4 = mfma_16x16x16<false>(a.xy, a.zw, acc4);
+  GFX950_ONLY
+  out[kiln::thread_x()] = acc[0] + acc[15] + acc4[0] + acc4[3];
+}
+)";
+  const char* gfx950 = R"(acc = mfma_32x32x16<true>(a, a, acc);
+  acc = mfma_32x32x16<false>(a, a, acc);
+  acc4 = mfma_16x16x32<true>(a, a, acc4);
+  acc4 = mfma_16x16x32<false>(a, a, acc4);)";
+  const char* sm90 = R"(
+KILN_GLOBAL KILN_LAUNCH_BOUNDS_MIN(256, 1) void kiln_library_sm90(const KILN_GRID_CONSTANT kiln::sm90::TensorMap map,
+                                                                  float* out) {
+  using namespace kiln::sm90;
+  extern KILN_SHARED __attribute__((aligned(1024))) unsigned char kiln_smem[];
+  const unsigned base = smem_u32(kiln_smem);
+  const int tid = (int)kiln::thread_x();
+  if (tid == 0) {
+    prefetch_map(&map);
+    mbar_init(base, 1);
+    mbar_fence_init();
+  }
+  kiln::barrier();
+  if (tid / 128 == 0) {
+    setmaxnreg_dec<40>();
+    if (tid == 0) {
+      mbar_expect_tx(base, 64 * 128);
+      tma_load(base + 1024, &map, 0, 0, base);
+    }
+    return;
+  }
+  setmaxnreg_inc<232>();
+  mbar_wait(base, 0);
+  float d[64] = {};
+  float d2[128] = {};
+  wgmma_fence();
+  wgmma_m64k16<0, 1, true>(d, make_desc(base + 1024, 16, 1024), make_desc(base + 1024, 16, 1024));
+  wgmma_m64k16<0, 1, false>(d, make_desc(base + 1024, 16, 1024), make_desc(base + 1024, 16, 1024));
+  wgmma_m64k16<1, 0, true>(d2, make_desc(base + 1024, 16, 1024), make_desc(base + 1024, 16, 1024));
+  wgmma_commit();
+  wgmma_wait<0>();
+  cp_async16(base + 2048 + 16 * tid, out + 4 * tid, 16);
+  cp_async_commit();
+  cp_async_wait<0>();
+  st_shared16(base + 4096 + 16 * tid, 1, 2, 3, 4);
+  fence_proxy_async();
+  named_barrier(1, 128);
+  if (tid == 128) {
+    tma_store(&map, base + 1024, 0, 0);
+    bulk_commit();
+    bulk_wait_read<0>();
+    bulk_wait_all();
+  }
+  mbar_arrive(base);
+  out[tid + grid_x()] = d[0] + d2[5];
+}
+)";
+  int compiled = 0;
+  for (const char* t : {"gfx942", "gfx950", "sm_90a"}) {
+    const TargetInfo& target = **find_target(t);
+    std::string includes;
+    for (const LibraryPart& p : library_parts())
+      if (p.serves(target)) includes += fmt::format("#include \"lib/{}.kernel\"\n", p.name);
+    std::string kernels = common;
+    if (target.vendor == Vendor::amd) {
+      std::string k = amd;
+      k.replace(k.find("GFX950_ONLY"), 11, std::string(t) == "gfx950" ? gfx950 : "");
+      kernels += k;
+    } else {
+      kernels += sm90;
+    }
+    auto expanded = expand_library(includes, target, "the library test");
+    ASSERT_TRUE(expanded.ok()) << expanded.error().message;
+    size_t served = 0;
+    for (const LibraryPart& p : library_parts()) served += p.serves(target);
+    EXPECT_EQ(expanded->parts.size(), served) << t;
+    auto src = generate(swiglu_spec(1, 64), target);  // a KernelSource of the target, text replaced
+    ASSERT_TRUE(src.ok());
+    src->text = fmt::format("{}\n{}{}\n{}", prelude_for(target), expanded->library, expanded->body, kernels);
+    src->kernel_name = "kiln_library_test";
+    for (const char* name : {"nvrtc", "clang"}) {
+      if (target.vendor == Vendor::amd && std::string(name) == "nvrtc") continue;
+#if !KILN_WITH_LLVM
+      if (std::string(name) == "clang") continue;
+#endif
+      auto compiler = compiler_for(target, name);
+      if (!compiler && compiler.error().code == Errc::driver_unavailable) continue;
+      ASSERT_TRUE(compiler.ok()) << compiler.error().message;
+      auto out = (*compiler)->compile(*src);
+      ASSERT_TRUE(out.ok()) << t << " " << name << ": " << out.error().message.substr(0, 4000);
+      ++compiled;
+    }
+  }
+  EXPECT_GE(compiled, KILN_WITH_LLVM ? 3 : 0);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // Kiln on the fake CUDA driver (tests/fake_driver), a CUDA 13 driver: a real NVRTC compile, then
 // launches the fake records. Needs no GPU; the tests that compile need NVRTC (they skip without).
 #include "fake_driver/fake_cuda_test.h"
+#include "kiln/check.h"
 #include "runtime/driver/cuda_api.h"
 #include "test_util.h"
 
@@ -109,6 +110,28 @@ TEST(FakeCuda, ClusterAndProgrammaticLaunchGoThroughCuLaunchKernelEx) {
 }
 
 // time_ms destroys its events when the timed body fails.
+// A check whose tensors cannot fit the device's free memory (the fake reports 80 GiB free, as an
+// H100) is refused before anything is compiled or allocated, with the figures and the limit
+// (issue 19: huge sizes reached allocation before any check). Needs no NVRTC: nothing compiles.
+TEST(FakeCuda, ACheckTooLargeForTheDeviceIsRefusedWithTheFigures) {
+  ASSERT_TRUE(kUseFake);
+  kiln::testing::TempDir dir;
+  auto rt = testing::fake_runtime(dir.path());
+  ASSERT_TRUE(rt);
+  const int live = testing::fake_cuda<FakeCudaCountFn>("fake_cuda_live_allocations")();
+  CheckOptions options;
+  options.sample_rows = 16;
+  // 131072^2 bf16 is 32 GiB per tensor: 96 GiB for A, B and C.
+  auto r = check_on_device(*rt, testing::gemm_spec(131072, 131072, 131072, false, true), options);
+  ASSERT_FALSE(r.ok()) << "a 96 GiB check was not refused";
+  EXPECT_EQ(r.error().code, Errc::invalid_argument);
+  for (const char* part : {"its tensors need 96.0 GiB of device memory", "A 32.0 GiB", "80.0 GiB", "cuMemGetInfo",
+                           "give smaller sizes"})
+    EXPECT_NE(r.error().message.find(part), std::string::npos) << part << " not in: " << r.error().message;
+  EXPECT_EQ(testing::fake_cuda<FakeCudaCountFn>("fake_cuda_live_allocations")(), live) << "nothing was allocated";
+  EXPECT_EQ(rt->stats().compiles, 0u) << "nothing was compiled";
+}
+
 TEST(FakeCuda, TimeMsDestroysItsEventsOnError) {
   ASSERT_TRUE(kUseFake);
   auto device = open_cuda_device(0);

@@ -80,6 +80,9 @@ class CliTest : public ::testing::Test {
     std::vector<std::string> argv_s = {KILN_CLI_PATH};
     // A time limit turns a hang into a failure (exit 128+9) instead of a stuck suite.
     if (time_limit_s_ > 0) argv_s = {"/usr/bin/timeout", "-s", "KILL", std::to_string(time_limit_s_), KILN_CLI_PATH};
+    // An address-space limit (RLIMIT_AS, as `ulimit -v`), set by the shell that then becomes kiln.
+    if (as_limit_kib_ > 0)
+      argv_s = {"/bin/sh", "-c", fmt::format("ulimit -v {} && exec \"$0\" \"$@\"", as_limit_kib_), KILN_CLI_PATH};
     argv_s.insert(argv_s.end(), args.begin(), args.end());
     std::vector<char*> argv;
     for (auto& a : argv_s) argv.push_back(a.data());
@@ -141,6 +144,7 @@ class CliTest : public ::testing::Test {
 
   std::string dir_, cache_;
   int time_limit_s_ = 0;
+  long as_limit_kib_ = 0;
 };
 
 /// Exactly one line on stderr, "kiln: error: ...", containing every one of `parts`.
@@ -448,6 +452,9 @@ TEST_F(CliTest, PrewarmOfAnFp8ManifestCompilesEachTargetsEncoding) {
       EXPECT_TRUE(out == "fp8_e4m3" || out == "fp8_e5m2") << row.dump();
     }
     EXPECT_NE(row["kernel"].get<std::string>().find(out), std::string::npos) << row.dump();
+    // Enumerated parameters by name, as -p takes them (issue 19: it printed granularity=2).
+    EXPECT_TRUE(std::regex_search(row["kernel"].get<std::string>(), std::regex("granularity=block(1x128|128x128)( |$)")))
+        << row.dump();
     seen.insert(target + " " + out);
   }
   EXPECT_EQ(seen, (std::set<std::string>{"gfx942 fp8_e4m3fnuz", "gfx942 fp8_e5m2fnuz", "gfx950 fp8_e4m3",
@@ -713,6 +720,57 @@ TEST_F(CliTest, RunEmulatorUsageErrors) {
   Output o = kiln_cached({"run", "rmsnorm", "-p", "hidden=7,rows=2", "--emulator", "--arch", "gfx942", "--bench"});
   EXPECT_EQ(o.code, 2) << o.err;
   expect_one_error_line(o, {"no timing model"});
+}
+
+// `kiln run --help` lists every op's dtypes (fp8 for dequantize_fp8) and says where the emulator
+// comes from; a missing emulator is one error line that says how to get it (issue 19).
+TEST_F(CliTest, RunHelpAndAMissingEmulatorSayWhatToDo) {
+  const Output help = kiln({"run", "--help"});
+  ASSERT_EQ(help.code, 0) << help.err;
+  // CLI11 wraps long option texts: compare with the whitespace folded.
+  const std::string text = std::regex_replace(help.out, std::regex("\\s+"), " ");
+  EXPECT_NE(text.find("fp8_e4m3"), std::string::npos) << help.out;
+  EXPECT_NE(text.find("(dequantize_fp8)"), std::string::npos) << help.out;
+  EXPECT_EQ(text.find("bf16, fp16 or fp32"), std::string::npos) << help.out;
+  EXPECT_NE(text.find("KILN_AMD_EMULATOR"), std::string::npos) << help.out;
+  EXPECT_NE(text.find("https://github.com/tinygrad/tinygrad at commit a9069c177a"), std::string::npos) << help.out;
+  EXPECT_NE(text.find("Getting the emulator"), std::string::npos) << help.out;
+
+  KILN_REQUIRE_LLVM();
+  const Output o = kiln_env({"run", "rmsnorm", "-p", "hidden=7,rows=2", "--emulator", "--arch", "gfx942", "--cache-dir",
+                             cache_},
+                            {"KILN_AMD_EMULATOR=" + path("no-emulator-here")});
+  EXPECT_EQ(o.code, 1) << o.err;
+  expect_one_error_line(o, {"no AMD emulator at '" + path("no-emulator-here") + "'", "set KILN_AMD_EMULATOR",
+                            "https://github.com/tinygrad/tinygrad at commit a9069c177a", "docs/emulator.md"});
+}
+
+// Huge sizes are refused with the figures before anything is allocated (issue 19: under an 8 GB
+// address-space limit this ended in "internal error: std::bad_alloc", and without one in the OOM
+// killer). The issue's command on the fake CUDA device (80 GiB free: the device side fits, the
+// host copies do not), then in the emulator where it is available.
+TEST_F(CliTest, HugeSizesAreRefusedWithTheMemoryTheyNeedAndTheLimit) {
+  as_limit_kib_ = 8L << 20;  // 8 GiB
+  const std::vector<std::string> args = {"run",   "gemm", "-p",      "M=65536",   "-p",        "N=65536",
+                                         "-p",    "K=65536", "-p",   "trans_a=false", "-p",    "trans_b=true",
+                                         "--dtype", "bf16", "--cache-dir", cache_};
+  const Output fake = kiln_env(args, {"KILN_CUDA_LIB=" KILN_FAKE_CUDA});
+  EXPECT_EQ(fake.code, 1) << fake.out << fake.err;
+  EXPECT_EQ(fake.err.find("bad_alloc"), std::string::npos) << fake.err;
+  expect_one_error_line(fake, {"gemm bf16", "M=65536", "of host memory", "the inputs as fp32 for the CPU reference 32.0 GiB",
+                               "more than this process may still take", "give smaller sizes"});
+  if (fake.err.find("MemAvailable") == std::string::npos) {
+    EXPECT_NE(fake.err.find("RLIMIT_AS (ulimit -v) of 8.0 GiB"), std::string::npos) << fake.err;
+  }
+
+  std::vector<std::string> emulated = args;
+  emulated.insert(emulated.end(), {"--emulator", "--arch", "gfx942"});
+  const Output emu = kiln_env(emulated, {"CACHEDB=" KILN_TEST_EMULATOR_CACHEDB});
+  if (emu.code != 0 && emu.err.find("the AMD emulator is unavailable") != std::string::npos) GTEST_SKIP() << emu.err;
+  EXPECT_EQ(emu.code, 1) << emu.out << emu.err;
+  EXPECT_EQ(emu.err.find("bad_alloc"), std::string::npos) << emu.err;
+  // The emulator keeps device memory in host memory: whichever of the two is short is named.
+  expect_one_error_line(emu, {"gemm bf16", "M=65536", "memory", "give smaller sizes"});
 }
 
 // ---- tuning ----------------------------------------------------------------------------------

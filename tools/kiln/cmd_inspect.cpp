@@ -17,7 +17,6 @@
 #include "codegen/codegen.h"
 #include "runtime/compile/amdgpu_code_report.h"
 #include "runtime/compile/compiler.h"
-#include "templates/gemm/gemm_mfma.h"
 #include "templates/registry.h"
 #include "tools/kiln/cli.h"
 
@@ -152,7 +151,7 @@ void print_tunings(const KernelSpec& spec, const TargetInfo& target, const std::
 }
 
 // AMD targets: AGPRs, the hot loop's instruction mix (the code object disassembled), occupancy,
-// and for the MFMA GEMM the throughput model (modelled, not measured).
+// and the op's throughput model where it has one (modelled, not measured: the MFMA GEMM's).
 template <class Line>
 void print_amd_report(const KernelSpec& spec, const TargetInfo& target, const TileConfig& config,
                       const LaunchGeometry& g, std::span<const uint8_t> code, const std::string& kernel,
@@ -176,22 +175,10 @@ void print_amd_report(const KernelSpec& spec, const TargetInfo& target, const Ti
   line("kernel mix", mix(r.kernel));
   line("occupancy", fmt::format("{} waves per SIMD (limited by {}; {} threads per workgroup, {} KiB LDS per CU)",
                                 r.waves_per_simd, r.occupancy_limit, g.block.x, amd_lds_bytes_per_cu(target) / 1024));
-  if (config.count("MFMA") && config.at("MFMA")) {
-    const int regs = std::max(r.vgprs, 0) + std::max(r.agprs, 0);
-    const MfmaModel m = mfma_model(spec, config, target, regs);
-    line("model", fmt::format("modelled, not measured: {:.4g} TFLOP/s on {} ({:.0f} peak; {}-bound; {} tiles in {} "
-                              "rounds of {} per CU; per k-tile {:.0f} MFMA / {:.0f} LDS / {:.0f} L2 cycles; "
-                              "{} MFMA per wave per k-tile); see docs/amd-gemm-model.md",
-                              m.tflops, m.device, m.peak_tflops, m.bound, m.tiles, m.rounds, m.blocks_per_cu,
-                              m.mfma_cycles, m.lds_cycles, m.global_cycles, m.mfma_per_k_tile));
-    std::string all;
-    for (const TileConfig& c : mfma_configs(target)) {
-      const MfmaModel o = mfma_model(spec, c, target);  // registers estimated
-      all += fmt::format("{}{}x{}x{} {} waves {:.4g}", all.empty() ? "" : ", ", c.at("BM"), c.at("BN"), c.at("BK"),
-                         c.at("THREADS") / 64, o.tflops);
-    }
-    line("model, all", "modelled, not measured, TFLOP/s: " + all);
-  }
+  const int regs = std::max(r.vgprs, 0) + std::max(r.agprs, 0);
+  auto op = find_op(spec.op);
+  if (op)
+    for (const ModelLine& m : (*op)->throughput_model(spec, config, target, regs)) line(m.label, m.text);
 }
 
 int print_meta(const KernelSpec& spec, const TargetInfo& target, const InspectOptions& o) {

@@ -151,8 +151,11 @@ Command add_run_command(CLI::App& app) {
   add_cache_dir_option(*cmd, o->cache_dir);
   add_nvidia_compiler_option(*cmd, o->nvidia_compiler);
   cmd->add_flag("--emulator", o->emulator,
-                "Run in tinygrad's AMD CDNA ISA emulator instead of a GPU (with --arch gfx942|gfx950; no timing; "
-                "see docs/emulator.md)");
+                "Run in tinygrad's AMD CDNA ISA emulator instead of a GPU (with --arch gfx942|gfx950; no timing). "
+                "The emulator is the folder KILN_AMD_EMULATOR names (default: ../shared/third_party/tinygrad-cdna-emu "
+                "beside the source tree): six files of https://github.com/tinygrad/tinygrad at commit a9069c177a "
+                "with Kiln's patches, run by KILN_EMULATOR_PYTHON (default .venv/bin/python3 of scripts/setup.sh, "
+                "with tinygrad 0.14.0 and numpy); docs/emulator.md, 'Getting the emulator', says how to make it");
   cmd->add_option("--arch", o->arch, "With --emulator: the AMD target to emulate, gfx942 or gfx950");
   cmd->add_flag("--json", o->json, "Print the report as one JSON document (docs/json.md: kiln.run)");
   return [o] { return run_run(*o); };

@@ -69,7 +69,19 @@ void add_spec_options(CLI::App& cmd, SpecOptions& o) {
   cmd.add_option("-p,--param", o.params,
                  "A parameter, NAME=VALUE (VALUE an integer, true or false); repeat it or separate with commas")
       ->delimiter(',');
-  cmd.add_option("--dtype", o.dtype, "Input dtype: bf16, fp16 or fp32")->capture_default_str();
+  // The input dtypes of every op, grouped by op (dequantize_fp8 takes fp8, the others do not).
+  std::vector<std::pair<std::string, std::string>> groups;  // dtype list -> ops
+  for (const OpTemplate* op : all_ops()) {
+    std::string names;
+    for (DType t : op->dtypes()) names += fmt::format("{}{}", names.empty() ? "" : ", ", dtype_name(t));
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == names; });
+    if (it == groups.end()) groups.emplace_back(names, std::string(op->name()));
+    else it->second += fmt::format(", {}", op->name());
+  }
+  std::string dtypes;
+  for (const auto& [names, ops_of] : groups) dtypes += fmt::format("{}{} ({})", dtypes.empty() ? "" : "; ", names, ops_of);
+  cmd.add_option("--dtype", o.dtype, fmt::format("Input dtype, one of the op's ('kiln ops OP'): {}", dtypes))
+      ->capture_default_str();
   cmd.add_option("--out-dtype", o.out_dtype, "Output dtype (default: the input dtype; gemm may differ)");
 }
 
@@ -157,7 +169,11 @@ std::string spec_summary(const KernelSpec& spec) {
   }
   for (const ParamInfo& info : (*op)->params()) {
     auto it = p.find(std::string(info.name));
-    if (it != p.end()) s += fmt::format(" {}={}", info.name, it->second);
+    if (it == p.end()) continue;
+    // An enumerated parameter by the name of its value (granularity=block1x128), as -p takes it.
+    if (it->second >= 0 && static_cast<size_t>(it->second) < info.choices.size())
+      s += fmt::format(" {}={}", info.name, info.choices[static_cast<size_t>(it->second)]);
+    else s += fmt::format(" {}={}", info.name, it->second);
   }
   return s;
 }

@@ -7,7 +7,7 @@
 
 #include "support/embedded.h"
 #include "support/fs.h"
-#include "templates/quantize_fp8/quantize_fp8.h"
+#include "templates/lib/fp8_scaling.h"
 
 namespace kiln::cli {
 namespace {

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Issue 8's figures on the GPU machine, in steps that fit the device tool's 10-minute calls (the
-# build directory stays on a warm machine between calls). Logs and CSVs go under $OUT.
-#   scripts/gpu_issue8.sh build launch membound   # then, in the next call:
-#   scripts/gpu_issue8.sh peers tests
+# The GPU machine's benchmarks and GPU tests in steps that fit the device tool's 10-minute calls
+# (the build directory stays on a warm machine between calls): launch overhead (bench_launch), the
+# memory-bound report (bench_membound, then its PyTorch peers) and test_gpu. Logs and CSVs go
+# under $OUT. (scripts/gpu_check.sh is the one-call build + whole suite + examples.)
+#   scripts/gpu_bench_steps.sh build launch membound   # then, in the next call:
+#   scripts/gpu_bench_steps.sh peers tests
 # The build is without LLVM; hiredis comes from .gpu-carry/hiredis (headers and library), and
 # prewarmed kernel caches from .gpu-carry/{nvrtc,clang}-cache (see tests/gpu/test_gpu.cpp).
 set -uo pipefail

@@ -1,0 +1,48 @@
+#include "templates/lib/elementwise_row.h"
+
+#include <algorithm>
+
+namespace kiln {
+
+TileConfig elementwise_row_config(int64_t columns, int64_t vec, const TargetInfo& target) {
+  // Up to 256 threads of 2 accesses each per block: enough blocks for every SM/CU even at few
+  // rows, and two independent 16-byte loads in flight per thread and tensor.
+  const int64_t nvec = ceil_div(columns, vec);
+  const int64_t threads = std::clamp<int64_t>(round_up(ceil_div(nvec, 2), target.wave_size), target.wave_size, 256);
+  const int64_t items = std::clamp<int64_t>(ceil_div(nvec, threads), 1, 2);
+  return {{"THREADS", threads}, {"VEC", vec}, {"ITEMS", items}};
+}
+
+std::vector<TileConfig> elementwise_row_variants(int64_t columns, DType t, const TargetInfo& target) {
+  const int64_t vec = 16 / static_cast<int64_t>(dtype_size(t));
+  std::vector<TileConfig> out;
+  if (columns % vec == 0) out.push_back(elementwise_row_config(columns, vec, target));
+  out.push_back(elementwise_row_config(columns, 1, target));
+  return out;
+}
+
+LaunchGeometry elementwise_row_geometry(int64_t rows, int64_t columns, const TileConfig& c) {
+  LaunchGeometry g;
+  g.grid.x = static_cast<uint32_t>(rows);
+  g.grid.y = static_cast<uint32_t>(ceil_div(ceil_div(columns, c.at("VEC")), c.at("THREADS") * c.at("ITEMS")));
+  g.block.x = static_cast<uint32_t>(c.at("THREADS"));
+  return g;
+}
+
+std::vector<TestSpec> elementwise_row_test_specs(std::string_view op) {
+  std::vector<TestSpec> out;
+  auto add = [&](DType t, int64_t rows, int64_t I, std::string_view why) {
+    out.push_back({{std::string(op), t, t, {{"rows", rows}, {"intermediate", I}}}, why});
+  };
+  for (DType t : {DType::bf16, DType::f16, DType::f32}) {
+    add(t, 3, 1, "I 1");
+    add(t, 4, 7, "I 7 (scalar variant)");
+    add(t, 2, 100, "I 100");
+    add(t, 3, 1024, "I 1024, vector accesses");
+  }
+  add(DType::bf16, 0, 64, "0 rows: a no-op");
+  add(DType::bf16, 2, 18944, "I 18944 (Qwen2.5-7B)");
+  return out;
+}
+
+}  // namespace kiln
