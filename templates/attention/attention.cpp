@@ -6,11 +6,11 @@
 #include <cmath>
 
 #include "support/embedded.h"
-#include "templates/attention/attention_host.h"
+#include "templates/lib/attention_params.h"
 
 namespace kiln {
 namespace {
-namespace ah = attention_host;
+namespace ah = attention_params;
 
 bool is_thd(const KernelSpec& s) { return ah::thd(s); }
 const TensorDecl kSignature[] = {
@@ -57,15 +57,10 @@ bool has_mfma(const TargetInfo& t) { return t.vendor == Vendor::amd && (t.name =
 }  // namespace
 
 std::vector<TileConfig> AttentionOp::variants(const KernelSpec& spec, const TargetInfo& target) const {
-  std::vector<TileConfig> out = {choose_config(spec, target)};
-  if (mfma(out.front())) out.push_back(portable_config(spec));
-  return out;
-}
-
-TileConfig AttentionOp::choose_config(const KernelSpec& spec, const TargetInfo& target) const {
-  if (!has_mfma(target)) return portable_config(spec);
+  if (!has_mfma(target)) return {portable_config(spec)};
   const int64_t dmax = std::max(spec.param("head_dim"), ah::dim_v(spec));
-  return {{"MFMA", 1}, {"WAVES", dmax <= 128 ? 2 : 1}, {"BN", 32}, {"MFMA_K", target.name == "gfx950" ? 16 : 8}};
+  return {{{"MFMA", 1}, {"WAVES", dmax <= 128 ? 2 : 1}, {"BN", 32}, {"MFMA_K", target.name == "gfx950" ? 16 : 8}},
+          portable_config(spec)};
 }
 
 std::string_view AttentionOp::device_template(const TileConfig& c) const {

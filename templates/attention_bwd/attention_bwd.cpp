@@ -7,11 +7,11 @@
 #include <iterator>
 
 #include "support/embedded.h"
-#include "templates/attention_bwd/attention_host.h"
+#include "templates/lib/attention_params.h"
 
 namespace kiln {
 namespace {
-namespace ah = attention_host;
+namespace ah = attention_params;
 
 const std::vector<ParamInfo> kBwdParams = [] {
   std::vector<ParamInfo> p(std::begin(ah::kParams), std::end(ah::kParams));
@@ -56,10 +56,10 @@ Result<void> AttentionBwdOp::check(const KernelSpec& spec, const TargetInfo&) co
 // The portable kernels (attention_bwd.kernel): QB query rows and KB keys per tile pair, 256
 // threads. 16 x 16 tiles for head dims above 128 keep Q, dO, K, V, P and dS within 48 KiB of
 // static shared memory (36 KiB at 256/256; 43 KiB with 32 x 32 tiles at 128/128).
-TileConfig AttentionBwdOp::choose_config(const KernelSpec& spec, const TargetInfo&) const {
+std::vector<TileConfig> AttentionBwdOp::variants(const KernelSpec& spec, const TargetInfo&) const {
   const int64_t dmax = std::max(spec.param("head_dim"), ah::dim_v(spec));
   const int64_t tile = dmax <= 128 ? 32 : 16;
-  return {{"QB", tile}, {"KB", tile}, {"THREADS", 256}};
+  return {{{"QB", tile}, {"KB", tile}, {"THREADS", 256}}};
 }
 
 std::string AttentionBwdOp::specialize(const KernelSpec& spec, const TileConfig& c) const {

@@ -27,7 +27,7 @@ class AttentionBwdOp final : public OpTemplate {
   std::span<const ScalarInfo> scalars() const override;
   std::span<const DType> dtypes() const override;
   std::span<const TensorDecl> signature() const override;
-  TileConfig choose_config(const KernelSpec& spec, const TargetInfo& target) const override;
+  std::vector<TileConfig> variants(const KernelSpec& spec, const TargetInfo& target) const override;
   std::string_view device_template(const TileConfig& config) const override;
   std::string specialize(const KernelSpec& spec, const TileConfig& config) const override;
   std::string_view kernel_name(const TileConfig&) const override { return "kiln_attention_bwd_dkdv"; }

@@ -145,19 +145,5 @@ TEST(Attention, BackwardReferenceMatchesFiniteDifferences) {
   }
 }
 
-// No op folder includes another's, so attention_bwd keeps a copy of attention's host header.
-TEST(Attention, HostHeadersOfBothFoldersAreEqual) {
-  auto read = [](const std::string& path) {
-    std::ifstream f(path);
-    std::stringstream s;
-    s << f.rdbuf();
-    return s.str();
-  };
-  const std::string a = read(std::string(KILN_SOURCE_DIR) + "/templates/attention/attention_host.h");
-  const std::string b = read(std::string(KILN_SOURCE_DIR) + "/templates/attention_bwd/attention_host.h");
-  ASSERT_FALSE(a.empty());
-  EXPECT_EQ(a, b) << "templates/attention/attention_host.h and templates/attention_bwd/attention_host.h differ";
-}
-
 }  // namespace
 }  // namespace kiln

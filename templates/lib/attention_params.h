@@ -1,8 +1,6 @@
-// Host-side pieces of the attention ops: parameters, shapes, validation, masks, variable-length
-// offsets and the fp64 forward reference. attention_bwd keeps an identical copy in its own folder
-// (templates/attention_bwd/attention_host.h): no op folder includes another's. Keep them equal
-// (tests/templates/test_templates.cpp: AttentionHostHeadersAreEqual) until host code shared by ops
-// has a library folder.
+// Host helpers of the attention ops (attention, attention_bwd): parameters, shapes, validation,
+// masks, variable-length offsets, the fp64 forward reference and the test specs. Part of the
+// library (templates/lib/): no op folder includes another's. Header-only (inline).
 #pragma once
 
 #include <fmt/format.h>
@@ -18,7 +16,7 @@
 
 #include "templates/op_template.h"
 
-namespace kiln::attention_host {
+namespace kiln::attention_params {
 
 inline constexpr std::string_view kLayouts[] = {"bshd", "thd"};
 enum Layout : int64_t { kBshd = 0, kThd = 1 };
@@ -327,4 +325,4 @@ inline std::vector<TestSpec> test_specs(std::string_view op, bool backward) {
   return out;
 }
 
-}  // namespace kiln::attention_host
+}  // namespace kiln::attention_params
