@@ -93,7 +93,9 @@ Plan AttentionOp::plan(const KernelSpec& call, const TileConfig& c) const {
   const uint32_t out = thd ? 5 : 3;
   l.args.insert(l.args.end(), {KernelArg::tensor(out), KernelArg::tensor(out + 1), KernelArg::i32(call.param("seqlen_q")),
                                KernelArg::i32(call.param("seqlen_k")), KernelArg::i32(q_blocks),
-                               KernelArg::i32(ah::tokens_q(call)), KernelArg::scalar(0)});
+                               KernelArg::i32(ah::tokens_q(call)), KernelArg::i32(ah::q_stride(call)),
+                               KernelArg::i32(ah::k_stride(call)), KernelArg::i32(ah::v_stride(call)),
+                               KernelArg::scalar(0)});
   p.launches.push_back(std::move(l));
   return p;
 }

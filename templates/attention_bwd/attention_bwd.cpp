@@ -84,7 +84,8 @@ Plan AttentionBwdOp::plan(const KernelSpec& call, const TileConfig& c) const {
   auto tail = [&](Launch& l, int64_t blocks) {
     l.args.insert(l.args.end(), {KernelArg::workspace(0), KernelArg::i32(call.param("seqlen_q")),
                                  KernelArg::i32(call.param("seqlen_k")), KernelArg::i32(blocks), KernelArg::i32(tq),
-                                 KernelArg::scalar(0)});
+                                 KernelArg::i32(ah::q_stride(call)), KernelArg::i32(ah::k_stride(call)),
+                                 KernelArg::i32(ah::v_stride(call)), KernelArg::scalar(0)});
   };
   if (batch == 0) return p;
   if (tq > 0) {
@@ -159,11 +160,13 @@ void AttentionBwdOp::reference(const KernelSpec& s, const Scalars& scalars, std:
   const double cap = static_cast<double>(s.param("softcap"));
   const int64_t H = s.param("heads"), Hkv = s.param("kv_heads"), D = s.param("head_dim"), Dv = ah::dim_v(s);
   const int64_t Tq = ah::tokens_q(s), Tk = ah::tokens_k(s), group = H / Hkv;
+  const int64_t qs = ah::q_stride(s), ks = ah::k_stride(s), vs = ah::v_stride(s);
   outputs.assign(3, {});
   std::vector<double>&dq = outputs[0].values, &dk = outputs[1].values, &dv = outputs[2].values;
-  dq.assign(static_cast<size_t>(Tq * H * D), 0.0);
-  dk.assign(static_cast<size_t>(Tk * Hkv * D), 0.0);
-  dv.assign(static_cast<size_t>(Tk * Hkv * Dv), 0.0);
+  // dq, dk, dv have q, k, v's row strides; columns past the heads stay unwritten (NaN here).
+  dq = ah::strided_zeros(Tq, qs, H * D);
+  dk = ah::strided_zeros(Tk, ks, Hkv * D);
+  dv = ah::strided_zeros(Tk, vs, Hkv * Dv);
   for (int64_t b = 0; b < s.param("batch"); ++b) {
     const ah::Seq sq = ah::sequence(s, cu_q, cu_k, b);
     for (int64_t h = 0; h < H; ++h) {
@@ -172,7 +175,7 @@ void AttentionBwdOp::reference(const KernelSpec& s, const Scalars& scalars, std:
         const int64_t t = sq.q0 + i;
         const double row_lse = lse[static_cast<size_t>(h * Tq + t)];
         if (std::isinf(row_lse)) continue;
-        const float* qi = &q[static_cast<size_t>((t * H + h) * D)];
+        const float* qi = &q[static_cast<size_t>(t * qs + h * D)];
         const float* doi = &dout[static_cast<size_t>((t * H + h) * Dv)];
         const float* oi = &out[static_cast<size_t>((t * H + h) * Dv)];
         double dd = 0;
@@ -180,8 +183,8 @@ void AttentionBwdOp::reference(const KernelSpec& s, const Scalars& scalars, std:
         for (int64_t j = 0; j < sq.lk; ++j) {
           if (!ah::visible(s, i, j, sq.lq, sq.lk)) continue;
           const int64_t u = sq.k0 + j;
-          const float* kj = &k[static_cast<size_t>((u * Hkv + hk) * D)];
-          const float* vj = &v[static_cast<size_t>((u * Hkv + hk) * Dv)];
+          const float* kj = &k[static_cast<size_t>(u * ks + hk * D)];
+          const float* vj = &v[static_cast<size_t>(u * vs + hk * Dv)];
           double dot = 0, dp = 0;
           for (int64_t c = 0; c < D; ++c) dot += double(qi[c]) * kj[c];
           for (int64_t c = 0; c < Dv; ++c) dp += double(doi[c]) * vj[c];
@@ -193,10 +196,10 @@ void AttentionBwdOp::reference(const KernelSpec& s, const Scalars& scalars, std:
           }
           const double p = std::exp(x - row_lse);
           const double ds = p * (dp - dd) * dcap * scale;
-          for (int64_t c = 0; c < Dv; ++c) dv[static_cast<size_t>((u * Hkv + hk) * Dv + c)] += p * doi[c];
+          for (int64_t c = 0; c < Dv; ++c) dv[static_cast<size_t>(u * vs + hk * Dv + c)] += p * doi[c];
           for (int64_t c = 0; c < D; ++c) {
-            dk[static_cast<size_t>((u * Hkv + hk) * D + c)] += ds * qi[c];
-            dq[static_cast<size_t>((t * H + h) * D + c)] += ds * kj[c];
+            dk[static_cast<size_t>(u * ks + hk * D + c)] += ds * qi[c];
+            dq[static_cast<size_t>(t * qs + h * D + c)] += ds * kj[c];
           }
         }
       }

@@ -12,6 +12,7 @@
 #include <random>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "templates/op_template.h"
@@ -42,6 +43,18 @@ inline const ParamInfo kParams[] = {
     {"window_right", "sliding window: keys after the diagonal a query sees (-1 = all)", true, false, -1, kInt32Max, {}, -1},
     {"softcap", "logit softcap (an integer; 0 = none): score = softcap * tanh(score / softcap)", true, false, 0, 100000,
      {}, 0},
+    {"q_row_stride",
+     "elements between consecutive tokens' rows of q (and dq); 0 = contiguous (heads * head_dim); a multiple of 8 "
+     "(runtime; a column view of a fused qkv)",
+     false, false, 0, kInt32Max, {}, 0},
+    {"k_row_stride",
+     "elements between consecutive tokens' rows of k (and dk); 0 = contiguous (kv_heads * head_dim); a multiple of 8 "
+     "(runtime)",
+     false, false, 0, kInt32Max, {}, 0},
+    {"v_row_stride",
+     "elements between consecutive tokens' rows of v (and dv); 0 = contiguous (kv_heads * head_dim_v); a multiple of "
+     "8 (runtime)",
+     false, false, 0, kInt32Max, {}, 0},
 };
 
 inline const ScalarInfo kScalars[] = {
@@ -57,17 +70,38 @@ inline int64_t dim_v(const KernelSpec& s) { return s.param("head_dim_v") ? s.par
 inline int64_t max_len_q(const KernelSpec& s) { return thd(s) ? s.param("max_seqlen_q") : s.param("seqlen_q"); }
 inline int64_t max_len_k(const KernelSpec& s) { return thd(s) ? s.param("max_seqlen_k") : s.param("seqlen_k"); }
 
+// Row strides (elements between consecutive tokens) of q, k, v and of dq, dk, dv: the parameter,
+// or the contiguous one when it is 0.
+inline int64_t q_stride(const KernelSpec& s) {
+  return s.param("q_row_stride") ? s.param("q_row_stride") : s.param("heads") * s.param("head_dim");
+}
+inline int64_t k_stride(const KernelSpec& s) {
+  return s.param("k_row_stride") ? s.param("k_row_stride") : s.param("kv_heads") * s.param("head_dim");
+}
+inline int64_t v_stride(const KernelSpec& s) {
+  return s.param("v_row_stride") ? s.param("v_row_stride") : s.param("kv_heads") * dim_v(s);
+}
+
 inline std::vector<int64_t> rows3(const KernelSpec& s, int64_t tokens, int64_t seqlen, int64_t heads, int64_t dim) {
   if (thd(s)) return {tokens, heads, dim};
   return {s.param("batch"), seqlen, heads, dim};
 }
+// A strided view's shape is the memory its rows span: [tokens, stride] (bshd: [batch, seqlen,
+// stride]), the heads in the first heads * dim columns of each row.
+inline std::vector<int64_t> strided(const KernelSpec& s, int64_t tokens, int64_t seqlen, int64_t stride) {
+  if (thd(s)) return {tokens, stride};
+  return {s.param("batch"), seqlen, stride};
+}
 inline std::vector<int64_t> q_shape(const KernelSpec& s) {
+  if (s.param("q_row_stride")) return strided(s, tokens_q(s), s.param("seqlen_q"), s.param("q_row_stride"));
   return rows3(s, tokens_q(s), s.param("seqlen_q"), s.param("heads"), s.param("head_dim"));
 }
 inline std::vector<int64_t> k_shape(const KernelSpec& s) {
+  if (s.param("k_row_stride")) return strided(s, tokens_k(s), s.param("seqlen_k"), s.param("k_row_stride"));
   return rows3(s, tokens_k(s), s.param("seqlen_k"), s.param("kv_heads"), s.param("head_dim"));
 }
 inline std::vector<int64_t> v_shape(const KernelSpec& s) {
+  if (s.param("v_row_stride")) return strided(s, tokens_k(s), s.param("seqlen_k"), s.param("v_row_stride"));
   return rows3(s, tokens_k(s), s.param("seqlen_k"), s.param("kv_heads"), dim_v(s));
 }
 inline std::vector<int64_t> o_shape(const KernelSpec& s) {
@@ -76,11 +110,15 @@ inline std::vector<int64_t> o_shape(const KernelSpec& s) {
 inline std::vector<int64_t> lse_shape(const KernelSpec& s) { return {s.param("heads"), tokens_q(s)}; }
 inline std::vector<int64_t> cu_shape(const KernelSpec& s) { return {s.param("batch") + 1}; }
 
-inline constexpr std::string_view kQDoc = "[total_q, heads, head_dim] (thd) or [batch, seqlen_q, heads, head_dim] (bshd)";
+inline constexpr std::string_view kQDoc =
+    "[total_q, heads, head_dim] (thd) or [batch, seqlen_q, heads, head_dim] (bshd); with q_row_stride: [total_q, "
+    "q_row_stride] or [batch, seqlen_q, q_row_stride], heads x head_dim used per row";
 inline constexpr std::string_view kKDoc =
-    "[total_k, kv_heads, head_dim] (thd) or [batch, seqlen_k, kv_heads, head_dim] (bshd)";
+    "[total_k, kv_heads, head_dim] (thd) or [batch, seqlen_k, kv_heads, head_dim] (bshd); with k_row_stride: "
+    "[total_k, k_row_stride] or [batch, seqlen_k, k_row_stride], kv_heads x head_dim used per row";
 inline constexpr std::string_view kVDoc =
-    "[total_k, kv_heads, head_dim_v] (thd) or [batch, seqlen_k, kv_heads, head_dim_v] (bshd)";
+    "[total_k, kv_heads, head_dim_v] (thd) or [batch, seqlen_k, kv_heads, head_dim_v] (bshd); with v_row_stride: "
+    "[total_k, v_row_stride] or [batch, seqlen_k, v_row_stride], kv_heads x head_dim_v used per row";
 inline constexpr std::string_view kODoc =
     "[total_q, heads, head_dim_v] (thd) or [batch, seqlen_q, heads, head_dim_v] (bshd)";
 inline constexpr std::string_view kLseDoc = "[heads, total_q] (bshd: total_q = batch * seqlen_q)";
@@ -104,6 +142,20 @@ inline Result<void> check(std::string_view op, const KernelSpec& given, const Ke
     return bad(fmt::format("causal with window_right = {}: a causal query sees no key after the diagonal; use "
                            "window_right = 0 or -1 with causal, or causal = 0 for a two-sided window",
                            s.param("window_right")));
+  const std::pair<const char*, int64_t> strides[] = {{"q_row_stride", h * s.param("head_dim")},
+                                                     {"k_row_stride", hkv * s.param("head_dim")},
+                                                     {"v_row_stride", hkv * dim_v(s)}};
+  for (auto [p, contiguous] : strides) {
+    const int64_t v = s.param(p);
+    if (v != 0 && v < contiguous)
+      return bad(fmt::format("{} = {} is below the {} elements of a token's heads; give 0 (contiguous) or a stride >= "
+                             "{}",
+                             p, v, contiguous, contiguous));
+    if (v % 8 != 0)
+      return bad(fmt::format("{} = {} is not a multiple of 8 elements: rows are read and written 16 bytes at a time; "
+                             "give a multiple of 8 (or 0, contiguous)",
+                             p, v));
+  }
   const char* other[] = {"total_q", "total_k", "max_seqlen_q", "max_seqlen_k"};
   const char* mine[] = {"seqlen_q", "seqlen_k"};
   if (thd(s)) {
@@ -191,7 +243,7 @@ inline void forward(const KernelSpec& s, double scale, std::span<const float> q,
                     std::span<const float> v, std::span<const float> cu_q, std::span<const float> cu_k,
                     std::vector<double>& out, std::vector<double>& lse) {
   const int64_t H = s.param("heads"), Hkv = s.param("kv_heads"), D = s.param("head_dim"), Dv = dim_v(s);
-  const int64_t Tq = tokens_q(s), group = H / Hkv;
+  const int64_t Tq = tokens_q(s), group = H / Hkv, qs = q_stride(s), ks = k_stride(s), vs = v_stride(s);
   const double cap = static_cast<double>(s.param("softcap"));
   out.assign(static_cast<size_t>(Tq * H * Dv), 0.0);
   lse.assign(static_cast<size_t>(H * Tq), -std::numeric_limits<double>::infinity());
@@ -201,12 +253,12 @@ inline void forward(const KernelSpec& s, double scale, std::span<const float> q,
     for (int64_t h = 0; h < H; ++h) {
       const int64_t hk = h / group;
       for (int64_t i = 0; i < sq.lq; ++i) {
-        const float* qi = &q[static_cast<size_t>(((sq.q0 + i) * H + h) * D)];
+        const float* qi = &q[static_cast<size_t>((sq.q0 + i) * qs + h * D)];
         sc.assign(static_cast<size_t>(sq.lk), 0.0);
         double mx = -std::numeric_limits<double>::infinity();
         for (int64_t j = 0; j < sq.lk; ++j) {
           if (!visible(s, i, j, sq.lq, sq.lk)) continue;
-          const float* kj = &k[static_cast<size_t>(((sq.k0 + j) * Hkv + hk) * D)];
+          const float* kj = &k[static_cast<size_t>((sq.k0 + j) * ks + hk * D)];
           double dot = 0;
           for (int64_t c = 0; c < D; ++c) dot += double(qi[c]) * kj[c];
           double x = dot * scale;
@@ -221,7 +273,7 @@ inline void forward(const KernelSpec& s, double scale, std::span<const float> q,
           if (!visible(s, i, j, sq.lq, sq.lk)) continue;
           const double p = std::exp(sc[j] - mx);
           sum += p;
-          const float* vj = &v[static_cast<size_t>(((sq.k0 + j) * Hkv + hk) * Dv)];
+          const float* vj = &v[static_cast<size_t>((sq.k0 + j) * vs + hk * Dv)];
           for (int64_t c = 0; c < Dv; ++c) acc[c] += p * vj[c];
         }
         for (int64_t c = 0; c < Dv; ++c) out[static_cast<size_t>(((sq.q0 + i) * H + h) * Dv + c)] = acc[c] / sum;
@@ -229,6 +281,16 @@ inline void forward(const KernelSpec& s, double scale, std::span<const float> q,
       }
     }
   }
+}
+
+// Zeros for an output view of `tokens` rows `stride` elements apart with `used` columns written,
+// NaN in the columns the op leaves unwritten (the check path compares those with the NaN poison:
+// they must keep it).
+inline std::vector<double> strided_zeros(int64_t tokens, int64_t stride, int64_t used) {
+  std::vector<double> v(static_cast<size_t>(tokens * stride), 0.0);
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int64_t c = used; c < stride; ++c) v[static_cast<size_t>(t * stride + c)] = std::numeric_limits<double>::quiet_NaN();
+  return v;
 }
 
 // Fills q, k, v uniformly (q three times wider, so that softmax rows are not flat) and, with
@@ -320,6 +382,13 @@ inline std::vector<TestSpec> test_specs(std::string_view op, bool backward) {
   thd_spec(DType::bf16, 2, 0, 0, 0, 0, 2, 1, 64, none, "no tokens");
   thd_spec(DType::bf16, 2, 0, 10, 0, 6, 2, 1, 64, none, "no queries, 10 keys (the backward writes dk = dv = 0)");
   bshd(DType::bf16, 0, 16, 16, 2, 1, 64, none, "batch 0");
+  // Row strides: q, k, v as column views of one fused qkv [tokens, (Hq + 2 Hkv) D] (and, in the
+  // backward, dq, dk, dv of one dqkv); then three different strides in bshd.
+  std::map<std::string, int64_t> fused = {{"causal", 1}, {"q_row_stride", 512}, {"k_row_stride", 512},
+                                          {"v_row_stride", 512}};
+  thd_spec(DType::bf16, 3, 24, 24, 12, 12, 4, 2, 64, fused, "thd causal, q/k/v row strides of a fused qkv (Hq 4, Hkv 2)");
+  bshd(DType::f16, 2, 9, 11, 2, 1, 64, {{"q_row_stride", 256}, {"k_row_stride", 136}, {"v_row_stride", 72}},
+       "bshd, three different row strides");
   bshd(DType::bf16, 2, 300, 300, 8, 2, 128, causal, "GPU size: causal GQA, several tiles");
   thd_spec(DType::bf16, 5, 700, 900, 300, 400, 4, 1, 128, {{"window_left", 64}}, "GPU size: thd, window 64");
   return out;
