@@ -36,6 +36,8 @@ struct Gate {
 struct RefOutput {
   std::vector<int64_t> rows;   ///< Rows computed, in order; empty: the whole tensor.
   std::vector<double> values;  ///< Row after row (or all elements).
+                               ///< NaN: an element the op must leave unwritten (a strided view's
+                               ///< unused columns); check_on_device expects the NaN poison there.
 };
 
 /// A spec a test runs, with the runtime sizes it wants.

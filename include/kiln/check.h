@@ -6,6 +6,8 @@
 //   bf16/fp16 output:  |out - ref| <= 1e-2 + 1e-2 * |ref| for every element, and
 //                      ||out - ref||_F / ||ref||_F < 1e-2
 //   fp8 and integer outputs: the same codes as the reference (bitwise)
+// A NaN reference value marks an element the op must not write (the unused columns of a strided
+// view, attention's dq with q_row_stride): the output there must still hold the NaN poison.
 #pragma once
 
 #include <cstdint>
@@ -73,7 +75,7 @@ Result<CheckReport> check_on_device(Runtime& runtime, const KernelSpec& spec, co
 struct ReferenceOutput {
   std::string name;            ///< The output tensor ("y").
   std::vector<int64_t> rows;   ///< Rows of its first dimension computed, in order; empty: all of it.
-  std::vector<double> values;  ///< Row after row (or every element), row-major.
+  std::vector<double> values;  ///< Row after row (or every element), row-major; NaN: an element the op leaves unwritten.
 };
 
 /// The op's CPU reference (float64 or fp32-accumulated), for applications that check their own

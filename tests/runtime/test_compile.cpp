@@ -251,6 +251,11 @@ KILN_GLOBAL KILN_LAUNCH_BOUNDS(256) void kiln_library_test(float* out, const kil
   s += kiln::to_float(kiln::fp8_e4m3{q[0]}) + kiln::to_float(kiln::fp8_e5m2fnuz{q[1]});
   kiln::Pack<kiln::bf16, 8> p = reinterpret_cast<const kiln::Pack<kiln::bf16, 8>*>(in)[kiln::thread_x()];
   kiln::opaque(p);
+  KILN_SHARED kiln::bf16 tile[16 * 72];
+  kiln::attention_load_tile<16, 64, 72, 256>(tile, in, 64, 0, 10);
+  kiln::barrier();
+  s += kiln::attention_dot_lds<64>(tile, tile + 72) + kiln::attention_tanh(v);
+  s += kiln::attention_visible<true, 4, -1>(1, 2, 3, 4) ? 1.0f : 0.0f;
   out[kiln::thread_x()] = s + kiln::to_float(p.e[3]);
 }
 )";

@@ -1,0 +1,150 @@
+#include "templates/attention/attention.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "support/embedded.h"
+#include "templates/lib/attention_params.h"
+
+namespace kiln {
+namespace {
+namespace ah = attention_params;
+
+bool is_thd(const KernelSpec& s) { return ah::thd(s); }
+const TensorDecl kSignature[] = {
+    {"q", Role::input, DTypeRule::in, DType::f32, ah::kQDoc, ah::q_shape},
+    {"k", Role::input, DTypeRule::in, DType::f32, ah::kKDoc, ah::k_shape},
+    {"v", Role::input, DTypeRule::in, DType::f32, ah::kVDoc, ah::v_shape},
+    {"cu_seqlens_q", Role::input, DTypeRule::fixed, DType::i32, "[batch + 1]", ah::cu_shape, is_thd,
+     "thd: sequence b's queries are rows cu_seqlens_q[b] .. cu_seqlens_q[b + 1] - 1 of q"},
+    {"cu_seqlens_k", Role::input, DTypeRule::fixed, DType::i32, "[batch + 1]", ah::cu_shape, is_thd,
+     "thd: sequence b's keys are rows cu_seqlens_k[b] .. cu_seqlens_k[b + 1] - 1 of k and v"},
+    {"out", Role::output, DTypeRule::out, DType::f32, ah::kODoc, ah::o_shape},
+    {"lse", Role::output, DTypeRule::fixed, DType::f32, ah::kLseDoc, ah::lse_shape, nullptr,
+     "log-sum-exp of each row's scores (natural log), for the backward; -inf where a row sees no key"},
+};
+}  // namespace
+
+std::span<const ParamInfo> AttentionOp::params() const { return ah::kParams; }
+std::span<const ScalarInfo> AttentionOp::scalars() const { return ah::kScalars; }
+std::span<const DType> AttentionOp::dtypes() const { return ah::kDTypes; }
+std::span<const TensorDecl> AttentionOp::signature() const { return kSignature; }
+
+Result<void> AttentionOp::check(const KernelSpec& spec, const TargetInfo&) const {
+  return ah::check(name(), spec, with_defaults(spec));
+}
+
+// Two kernels:
+//  - portable (attention.kernel, every target): BM query rows of one head per block, key/value
+//    tiles of BN rows through LDS, THREADS threads (THREADS / BM per query row). BM = 16 for head
+//    dims above 128 keeps Q, K, V and P within 48 KiB of static shared memory (44 KiB at 256/256).
+//  - MFMA (attention_mfma.kernel, gfx942 and gfx950): WAVES wavefronts of 32 query rows each,
+//    32-key tiles; 2 waves up to head dim 128 (45 KiB of LDS at 128/128), 1 above (55 KiB at
+//    256/256, within gfx942's 64 KiB). MFMA_K 8 (gfx942's 32x32x8) or 16 (gfx950's 32x32x16).
+// The first variant of a target is its kernel; the portable one follows on AMD (same alignment,
+// so it serves as a tuning candidate, not as a fallback).
+namespace {
+bool mfma(const TileConfig& c) { return c.count("MFMA") && c.at("MFMA") != 0; }
+int64_t block_rows(const TileConfig& c) { return mfma(c) ? 32 * c.at("WAVES") : c.at("BM"); }
+int64_t block_threads(const TileConfig& c) { return mfma(c) ? 64 * c.at("WAVES") : c.at("THREADS"); }
+TileConfig portable_config(const KernelSpec& spec) {
+  const int64_t dmax = std::max(spec.param("head_dim"), ah::dim_v(spec));
+  return {{"BM", dmax <= 128 ? 32 : 16}, {"BN", 32}, {"THREADS", 128}};
+}
+bool has_mfma(const TargetInfo& t) { return t.vendor == Vendor::amd && (t.name == "gfx942" || t.name == "gfx950"); }
+}  // namespace
+
+std::vector<TileConfig> AttentionOp::variants(const KernelSpec& spec, const TargetInfo& target) const {
+  if (!has_mfma(target)) return {portable_config(spec)};
+  const int64_t dmax = std::max(spec.param("head_dim"), ah::dim_v(spec));
+  return {{{"MFMA", 1}, {"WAVES", dmax <= 128 ? 2 : 1}, {"BN", 32}, {"MFMA_K", target.name == "gfx950" ? 16 : 8}},
+          portable_config(spec)};
+}
+
+std::string_view AttentionOp::device_template(const TileConfig& c) const {
+  return embedded_file(mfma(c) ? "templates/attention/attention_mfma.kernel" : "templates/attention/attention.kernel");
+}
+
+std::string AttentionOp::specialize(const KernelSpec& spec, const TileConfig& c) const {
+  if (mfma(c))
+    return ah::specialize_common(spec) +
+           fmt::format("constexpr int WAVES = {}, BN = {}, MFMA_K = {};\nconstexpr bool IN_BF16 = {};\n", c.at("WAVES"),
+                       c.at("BN"), c.at("MFMA_K"), spec.dtype == DType::bf16 ? "true" : "false");
+  return ah::specialize_common(spec) + fmt::format("constexpr int BM = {}, BN = {}, THREADS = {};\n", c.at("BM"),
+                                                   c.at("BN"), c.at("THREADS"));
+}
+
+Plan AttentionOp::plan(const KernelSpec& call, const TileConfig& c) const {
+  Plan p;
+  const int64_t batch = call.param("batch"), max_q = ah::max_len_q(call);
+  if (batch == 0 || max_q == 0 || ah::tokens_q(call) == 0) return p;  // no query rows: nothing to write
+  const int64_t q_blocks = ceil_div(max_q, block_rows(c));
+  Launch l;
+  l.kernel = "kiln_attention_fwd";
+  l.geometry.grid.x = static_cast<uint32_t>(q_blocks * batch);
+  l.geometry.grid.y = static_cast<uint32_t>(call.param("heads"));
+  l.geometry.block.x = static_cast<uint32_t>(block_threads(c));
+  const bool thd = ah::thd(call);
+  // Tensors: q, k, v, [cu_seqlens_q, cu_seqlens_k], out, lse.
+  l.args = {KernelArg::tensor(0), KernelArg::tensor(1), KernelArg::tensor(2)};
+  if (thd) l.args.insert(l.args.end(), {KernelArg::tensor(3), KernelArg::tensor(4)});
+  const uint32_t out = thd ? 5 : 3;
+  l.args.insert(l.args.end(), {KernelArg::tensor(out), KernelArg::tensor(out + 1), KernelArg::i32(call.param("seqlen_q")),
+                               KernelArg::i32(call.param("seqlen_k")), KernelArg::i32(q_blocks),
+                               KernelArg::i32(ah::tokens_q(call)), KernelArg::i32(ah::q_stride(call)),
+                               KernelArg::i32(ah::k_stride(call)), KernelArg::i32(ah::v_stride(call)),
+                               KernelArg::scalar(0)});
+  p.launches.push_back(std::move(l));
+  return p;
+}
+
+// q, k, v and out are read and written 16 bytes at a time.
+std::vector<uint32_t> AttentionOp::base_alignment(const KernelSpec& spec, const TileConfig&) const {
+  return ah::alignment(tensors(spec));
+}
+
+void AttentionOp::init_inputs(const KernelSpec& spec, std::span<const TensorInfo> inputs,
+                              std::vector<std::vector<float>>& values, std::mt19937_64& rng) const {
+  ah::init_qkv(spec, inputs, values, rng);
+}
+
+void AttentionOp::reference(const KernelSpec& spec, const Scalars& scalars, std::span<const std::vector<float>> in,
+                            std::span<const int64_t>, std::vector<RefOutput>& outputs) const {
+  // Every row: lse is compared whole, and each row costs one pass over its keys.
+  const auto ts = tensors(spec);
+  outputs.assign(2, {});
+  ah::forward(spec, ah::softmax_scale(spec, scalar(scalars, "softmax_scale")), ah::input(in, ts, "q"),
+              ah::input(in, ts, "k"), ah::input(in, ts, "v"), ah::input(in, ts, "cu_seqlens_q"),
+              ah::input(in, ts, "cu_seqlens_k"), outputs[0].values, outputs[1].values);
+}
+
+Gate AttentionOp::gate(const KernelSpec&, const TensorInfo& output) const {
+  Gate g;
+  if (output.name == "lse") {  // BENCHMARKS.md: lse to 1e-4 relative
+    g.kind = Gate::Kind::tolerance;
+    g.atol = 1e-4;
+    g.rtol = 1e-4;
+    g.max_rel_fro = 1e-4;
+    return g;
+  }
+  g.kind = Gate::Kind::snr;  // BENCHMARKS.md: attention out, dq, dk, dv SNR > 40 dB
+  g.min_snr_db = 40;
+  return g;
+}
+
+// 2 x (D + Dv) per visible (query, key) pair and head; causal halves a square: BENCHMARKS.md's
+// 4 B Hq S^2 D (/ 2). thd: counted at the longest key length for every query (an upper bound).
+double AttentionOp::flops(const KernelSpec& spec) const {
+  const double per_pair = 2.0 * static_cast<double>(spec.param("head_dim") + ah::dim_v(spec));
+  const double pairs = static_cast<double>(ah::tokens_q(spec)) * static_cast<double>(ah::max_len_k(spec)) *
+                       static_cast<double>(spec.param("heads"));
+  return per_pair * pairs * (spec.param("causal") ? 0.5 : 1.0);
+}
+
+std::vector<TestSpec> AttentionOp::test_specs(const TargetInfo&) const {
+  return ah::test_specs(name(), false);
+}
+
+}  // namespace kiln

@@ -1,0 +1,227 @@
+#include "templates/attention_bwd/attention_bwd.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <iterator>
+
+#include "support/embedded.h"
+#include "templates/lib/attention_params.h"
+
+namespace kiln {
+namespace {
+namespace ah = attention_params;
+
+const std::vector<ParamInfo> kBwdParams = [] {
+  std::vector<ParamInfo> p(std::begin(ah::kParams), std::end(ah::kParams));
+  p.push_back({"deterministic", "bitwise equal dq, dk, dv across runs (today's kernels always are)", true, true, 0, 1,
+               {}, 0});
+  return p;
+}();
+
+bool is_thd(const KernelSpec& s) { return ah::thd(s); }
+const TensorDecl kSignature[] = {
+    {"dout", Role::input, DTypeRule::in, DType::f32, ah::kODoc, ah::o_shape, nullptr, "gradient of out"},
+    {"q", Role::input, DTypeRule::in, DType::f32, ah::kQDoc, ah::q_shape},
+    {"k", Role::input, DTypeRule::in, DType::f32, ah::kKDoc, ah::k_shape},
+    {"v", Role::input, DTypeRule::in, DType::f32, ah::kVDoc, ah::v_shape},
+    {"out", Role::input, DTypeRule::in, DType::f32, ah::kODoc, ah::o_shape, nullptr, "the forward's out"},
+    {"lse", Role::input, DTypeRule::fixed, DType::f32, ah::kLseDoc, ah::lse_shape, nullptr, "the forward's lse"},
+    {"cu_seqlens_q", Role::input, DTypeRule::fixed, DType::i32, "[batch + 1]", ah::cu_shape, is_thd,
+     "thd: sequence b's queries are rows cu_seqlens_q[b] .. cu_seqlens_q[b + 1] - 1 of q"},
+    {"cu_seqlens_k", Role::input, DTypeRule::fixed, DType::i32, "[batch + 1]", ah::cu_shape, is_thd,
+     "thd: sequence b's keys are rows cu_seqlens_k[b] .. cu_seqlens_k[b + 1] - 1 of k and v"},
+    {"dq", Role::output, DTypeRule::out, DType::f32, ah::kQDoc, ah::q_shape},
+    {"dk", Role::output, DTypeRule::out, DType::f32, ah::kKDoc, ah::k_shape, nullptr,
+     "summed over the query heads of each key/value head"},
+    {"dv", Role::output, DTypeRule::out, DType::f32, ah::kVDoc, ah::v_shape, nullptr,
+     "summed over the query heads of each key/value head"},
+};
+constexpr int64_t kDotLanes = 16;  // attention_bwd.kernel's DOT_LANES
+}  // namespace
+
+std::span<const ParamInfo> AttentionBwdOp::params() const { return kBwdParams; }
+std::span<const ScalarInfo> AttentionBwdOp::scalars() const { return ah::kScalars; }
+std::span<const DType> AttentionBwdOp::dtypes() const { return ah::kDTypes; }
+std::span<const TensorDecl> AttentionBwdOp::signature() const { return kSignature; }
+std::string_view AttentionBwdOp::device_template(const TileConfig&) const {
+  return embedded_file("templates/attention_bwd/attention_bwd.kernel");
+}
+
+Result<void> AttentionBwdOp::check(const KernelSpec& spec, const TargetInfo&) const {
+  return ah::check(name(), spec, with_defaults(spec));
+}
+
+// The portable kernels (attention_bwd.kernel): QB query rows and KB keys per tile pair, 256
+// threads. 16 x 16 tiles for head dims above 128 keep Q, dO, K, V, P and dS within 48 KiB of
+// static shared memory (36 KiB at 256/256; 43 KiB with 32 x 32 tiles at 128/128).
+std::vector<TileConfig> AttentionBwdOp::variants(const KernelSpec& spec, const TargetInfo&) const {
+  const int64_t dmax = std::max(spec.param("head_dim"), ah::dim_v(spec));
+  const int64_t tile = dmax <= 128 ? 32 : 16;
+  return {{{"QB", tile}, {"KB", tile}, {"THREADS", 256}}};
+}
+
+std::string AttentionBwdOp::specialize(const KernelSpec& spec, const TileConfig& c) const {
+  return ah::specialize_common(spec) + fmt::format("constexpr int QB = {}, KB = {}, THREADS = {};\n", c.at("QB"),
+                                                   c.at("KB"), c.at("THREADS"));
+}
+
+Plan AttentionBwdOp::plan(const KernelSpec& call, const TileConfig& c) const {
+  Plan p;
+  const int64_t batch = call.param("batch"), tq = ah::tokens_q(call), tk = ah::tokens_k(call);
+  const int64_t heads = call.param("heads"), threads = c.at("THREADS");
+  const bool thd = ah::thd(call);
+  p.workspace_bytes = static_cast<uint64_t>(std::max<int64_t>(1, heads * tq)) * 4;  // D = rowsum(dO O), fp32
+  // Tensors: dout, q, k, v, out, lse, [cu_seqlens_q, cu_seqlens_k], dq, dk, dv.
+  const uint32_t dq = thd ? 8 : 6, dk = dq + 1, dv = dq + 2;
+  auto common = [&](Launch& l) {
+    l.args = {KernelArg::tensor(0), KernelArg::tensor(1), KernelArg::tensor(2), KernelArg::tensor(3),
+              KernelArg::tensor(5)};
+    if (thd) l.args.insert(l.args.end(), {KernelArg::tensor(6), KernelArg::tensor(7)});
+    l.geometry.block.x = static_cast<uint32_t>(threads);
+  };
+  auto tail = [&](Launch& l, int64_t blocks) {
+    l.args.insert(l.args.end(), {KernelArg::workspace(0), KernelArg::i32(call.param("seqlen_q")),
+                                 KernelArg::i32(call.param("seqlen_k")), KernelArg::i32(blocks), KernelArg::i32(tq),
+                                 KernelArg::i32(ah::q_stride(call)), KernelArg::i32(ah::k_stride(call)),
+                                 KernelArg::i32(ah::v_stride(call)), KernelArg::scalar(0)});
+  };
+  if (batch == 0) return p;
+  if (tq > 0) {
+    Launch dot;
+    dot.kernel = "kiln_attention_bwd_dot";
+    dot.geometry.grid.x = static_cast<uint32_t>(ceil_div(tq * heads, threads / kDotLanes));
+    dot.geometry.block.x = static_cast<uint32_t>(threads);
+    dot.args = {KernelArg::tensor(0), KernelArg::tensor(4), KernelArg::workspace(0), KernelArg::i32(tq)};
+    p.launches.push_back(std::move(dot));
+  }
+  if (tk > 0 && ah::max_len_k(call) > 0) {  // every key row gets dk, dv (0 where no query sees it)
+    const int64_t k_blocks = ceil_div(ah::max_len_k(call), c.at("KB"));
+    Launch l;
+    l.kernel = "kiln_attention_bwd_dkdv";
+    common(l);
+    l.args.insert(l.args.end(), {KernelArg::tensor(dk), KernelArg::tensor(dv)});
+    tail(l, k_blocks);
+    l.geometry.grid.x = static_cast<uint32_t>(k_blocks * batch);
+    l.geometry.grid.y = static_cast<uint32_t>(call.param("kv_heads"));
+    p.launches.push_back(std::move(l));
+  }
+  if (tq > 0 && ah::max_len_q(call) > 0) {
+    const int64_t q_blocks = ceil_div(ah::max_len_q(call), c.at("QB"));
+    Launch l;
+    l.kernel = "kiln_attention_bwd_dq";
+    common(l);
+    l.args.push_back(KernelArg::tensor(dq));
+    tail(l, q_blocks);
+    l.geometry.grid.x = static_cast<uint32_t>(q_blocks * batch);
+    l.geometry.grid.y = static_cast<uint32_t>(heads);
+    p.launches.push_back(std::move(l));
+  }
+  return p;
+}
+
+std::vector<uint32_t> AttentionBwdOp::base_alignment(const KernelSpec& spec, const TileConfig&) const {
+  return ah::alignment(tensors(spec));
+}
+
+// dout, q, k, v random; out and lse from q, k, v by the fp64 forward (out rounded to the dtype,
+// lse to fp32). A row that sees no key keeps a random out (the backward never reads it: P = 0)
+// and gets lse = -inf.
+void AttentionBwdOp::init_inputs(const KernelSpec& spec, std::span<const TensorInfo> inputs,
+                                 std::vector<std::vector<float>>& values, std::mt19937_64& rng) const {
+  ah::init_qkv(spec, inputs, values, rng);
+  std::vector<double> out, lse;
+  ah::forward(spec, ah::softmax_scale(spec, 0.0f), values[1], values[2], values[3],
+              ah::input(values, inputs, "cu_seqlens_q"), ah::input(values, inputs, "cu_seqlens_k"), out, lse);
+  const int64_t per_row = ah::dim_v(spec), heads = spec.param("heads"), tq = ah::tokens_q(spec);
+  for (int64_t h = 0; h < heads; ++h)
+    for (int64_t t = 0; t < tq; ++t) {
+      const size_t li = static_cast<size_t>(h * tq + t);
+      values[5][li] = static_cast<float>(lse[li]);
+      if (std::isinf(lse[li])) continue;
+      for (int64_t c = 0; c < per_row; ++c) {
+        const size_t oi = static_cast<size_t>((t * heads + h) * per_row + c);
+        float x = round_to_dtype(static_cast<float>(out[oi]), inputs[4].dtype);
+        values[4][oi] = x != 0.0f ? x : round_to_dtype(1e-3f, inputs[4].dtype);  // never exactly zero
+      }
+    }
+}
+
+// fp64, every row (dk and dv need every query): P = exp(S - lse) from the lse input, D from the
+// out input, as the op defines them.
+void AttentionBwdOp::reference(const KernelSpec& s, const Scalars& scalars, std::span<const std::vector<float>> in,
+                               std::span<const int64_t>, std::vector<RefOutput>& outputs) const {
+  const auto ts = tensors(s);
+  const auto dout = ah::input(in, ts, "dout"), q = ah::input(in, ts, "q"), k = ah::input(in, ts, "k"),
+             v = ah::input(in, ts, "v"), out = ah::input(in, ts, "out"), lse = ah::input(in, ts, "lse"),
+             cu_q = ah::input(in, ts, "cu_seqlens_q"), cu_k = ah::input(in, ts, "cu_seqlens_k");
+  const double scale = ah::softmax_scale(s, scalar(scalars, "softmax_scale"));
+  const double cap = static_cast<double>(s.param("softcap"));
+  const int64_t H = s.param("heads"), Hkv = s.param("kv_heads"), D = s.param("head_dim"), Dv = ah::dim_v(s);
+  const int64_t Tq = ah::tokens_q(s), Tk = ah::tokens_k(s), group = H / Hkv;
+  const int64_t qs = ah::q_stride(s), ks = ah::k_stride(s), vs = ah::v_stride(s);
+  outputs.assign(3, {});
+  std::vector<double>&dq = outputs[0].values, &dk = outputs[1].values, &dv = outputs[2].values;
+  // dq, dk, dv have q, k, v's row strides; columns past the heads stay unwritten (NaN here).
+  dq = ah::strided_zeros(Tq, qs, H * D);
+  dk = ah::strided_zeros(Tk, ks, Hkv * D);
+  dv = ah::strided_zeros(Tk, vs, Hkv * Dv);
+  for (int64_t b = 0; b < s.param("batch"); ++b) {
+    const ah::Seq sq = ah::sequence(s, cu_q, cu_k, b);
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t hk = h / group;
+      for (int64_t i = 0; i < sq.lq; ++i) {
+        const int64_t t = sq.q0 + i;
+        const double row_lse = lse[static_cast<size_t>(h * Tq + t)];
+        if (std::isinf(row_lse)) continue;
+        const float* qi = &q[static_cast<size_t>(t * qs + h * D)];
+        const float* doi = &dout[static_cast<size_t>((t * H + h) * Dv)];
+        const float* oi = &out[static_cast<size_t>((t * H + h) * Dv)];
+        double dd = 0;
+        for (int64_t c = 0; c < Dv; ++c) dd += double(doi[c]) * oi[c];
+        for (int64_t j = 0; j < sq.lk; ++j) {
+          if (!ah::visible(s, i, j, sq.lq, sq.lk)) continue;
+          const int64_t u = sq.k0 + j;
+          const float* kj = &k[static_cast<size_t>(u * ks + hk * D)];
+          const float* vj = &v[static_cast<size_t>(u * vs + hk * Dv)];
+          double dot = 0, dp = 0;
+          for (int64_t c = 0; c < D; ++c) dot += double(qi[c]) * kj[c];
+          for (int64_t c = 0; c < Dv; ++c) dp += double(doi[c]) * vj[c];
+          double x = dot * scale, dcap = 1.0;
+          if (cap > 0) {
+            const double th = std::tanh(x / cap);
+            x = cap * th;
+            dcap = 1.0 - th * th;
+          }
+          const double p = std::exp(x - row_lse);
+          const double ds = p * (dp - dd) * dcap * scale;
+          for (int64_t c = 0; c < Dv; ++c) dv[static_cast<size_t>(u * vs + hk * Dv + c)] += p * doi[c];
+          for (int64_t c = 0; c < D; ++c) {
+            dk[static_cast<size_t>(u * ks + hk * D + c)] += ds * qi[c];
+            dq[static_cast<size_t>(t * qs + h * D + c)] += ds * kj[c];
+          }
+        }
+      }
+    }
+  }
+}
+
+Gate AttentionBwdOp::gate(const KernelSpec&, const TensorInfo&) const {
+  Gate g;  // BENCHMARKS.md: attention dq, dk, dv SNR > 40 dB
+  g.kind = Gate::Kind::snr;
+  g.min_snr_db = 40;
+  return g;
+}
+
+// 2.5 x the forward's FLOPs (BENCHMARKS.md's count for the backward).
+double AttentionBwdOp::flops(const KernelSpec& spec) const {
+  const double per_pair = 2.0 * static_cast<double>(spec.param("head_dim") + ah::dim_v(spec));
+  const double pairs = static_cast<double>(ah::tokens_q(spec)) * static_cast<double>(ah::max_len_k(spec)) *
+                       static_cast<double>(spec.param("heads"));
+  return 2.5 * per_pair * pairs * (spec.param("causal") ? 0.5 : 1.0);
+}
+
+std::vector<TestSpec> AttentionBwdOp::test_specs(const TargetInfo&) const { return ah::test_specs(name(), true); }
+
+}  // namespace kiln

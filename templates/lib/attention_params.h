@@ -1,0 +1,397 @@
+// Host helpers of the attention ops (attention, attention_bwd): parameters, shapes, validation,
+// masks, variable-length offsets, the fp64 forward reference and the test specs. Part of the
+// library (templates/lib/): no op folder includes another's. Header-only (inline).
+#pragma once
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <random>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "templates/op_template.h"
+
+namespace kiln::attention_params {
+
+inline constexpr std::string_view kLayouts[] = {"bshd", "thd"};
+enum Layout : int64_t { kBshd = 0, kThd = 1 };
+inline constexpr int64_t kInt32Max = (int64_t{1} << 31) - 1;
+
+// The parameters shared by attention and attention_bwd, in `kiln ops` order.
+inline const ParamInfo kParams[] = {
+    {"layout", "bshd: [batch, seqlen, heads, dim], fixed length; thd: [total, heads, dim] packed with cu_seqlens offsets",
+     true, false, 0, 1, kLayouts, 0},
+    {"batch", "sequences; a runtime argument (0 is a no-op)", false, false, 0, kInt32Max},
+    {"seqlen_q", "bshd: query length (runtime)", false, false, 0, kInt32Max, {}, 0},
+    {"seqlen_k", "bshd: key length (runtime)", false, false, 0, kInt32Max, {}, 0},
+    {"total_q", "thd: query tokens, rows of q (runtime)", false, false, 0, kInt32Max, {}, 0},
+    {"total_k", "thd: key tokens, rows of k and v (runtime)", false, false, 0, kInt32Max, {}, 0},
+    {"max_seqlen_q", "thd: longest query sequence (runtime; sizes the grid)", false, false, 0, kInt32Max, {}, 0},
+    {"max_seqlen_k", "thd: longest key sequence (runtime)", false, false, 0, kInt32Max, {}, 0},
+    {"heads", "query heads Hq", true, false, 1, 1024},
+    {"kv_heads", "key/value heads Hkv (heads % kv_heads == 0; GQA, MQA = 1)", true, false, 1, 1024},
+    {"head_dim", "D of q and k: 64, 128, 192 or 256", true, false, 1, 256},
+    {"head_dim_v", "D of v and out (0 = head_dim): 64, 128, 192 or 256", true, false, 0, 256, {}, 0},
+    {"causal", "bottom-right aligned causal mask (FlashAttention 2.1+)", true, true, 0, 1, {}, 0},
+    {"window_left", "sliding window: keys before the diagonal a query sees (-1 = all)", true, false, -1, kInt32Max, {}, -1},
+    {"window_right", "sliding window: keys after the diagonal a query sees (-1 = all)", true, false, -1, kInt32Max, {}, -1},
+    {"softcap", "logit softcap (an integer; 0 = none): score = softcap * tanh(score / softcap)", true, false, 0, 100000,
+     {}, 0},
+    {"q_row_stride",
+     "elements between consecutive tokens' rows of q (and dq); 0 = contiguous (heads * head_dim); a multiple of 8 "
+     "(runtime; a column view of a fused qkv)",
+     false, false, 0, kInt32Max, {}, 0},
+    {"k_row_stride",
+     "elements between consecutive tokens' rows of k (and dk); 0 = contiguous (kv_heads * head_dim); a multiple of 8 "
+     "(runtime)",
+     false, false, 0, kInt32Max, {}, 0},
+    {"v_row_stride",
+     "elements between consecutive tokens' rows of v (and dv); 0 = contiguous (kv_heads * head_dim_v); a multiple of "
+     "8 (runtime)",
+     false, false, 0, kInt32Max, {}, 0},
+};
+
+inline const ScalarInfo kScalars[] = {
+    {"softmax_scale", 0.0f, "multiplies q k^T; 0 = 1 / sqrt(head_dim)"},
+};
+inline const DType kDTypes[] = {DType::bf16, DType::f16};
+
+inline bool thd(const KernelSpec& s) { return s.param("layout") == kThd; }
+inline int64_t tokens_q(const KernelSpec& s) { return thd(s) ? s.param("total_q") : s.param("batch") * s.param("seqlen_q"); }
+inline int64_t tokens_k(const KernelSpec& s) { return thd(s) ? s.param("total_k") : s.param("batch") * s.param("seqlen_k"); }
+inline int64_t dim_v(const KernelSpec& s) { return s.param("head_dim_v") ? s.param("head_dim_v") : s.param("head_dim"); }
+// The longest sequence (the grid's extent).
+inline int64_t max_len_q(const KernelSpec& s) { return thd(s) ? s.param("max_seqlen_q") : s.param("seqlen_q"); }
+inline int64_t max_len_k(const KernelSpec& s) { return thd(s) ? s.param("max_seqlen_k") : s.param("seqlen_k"); }
+
+// Row strides (elements between consecutive tokens) of q, k, v and of dq, dk, dv: the parameter,
+// or the contiguous one when it is 0.
+inline int64_t q_stride(const KernelSpec& s) {
+  return s.param("q_row_stride") ? s.param("q_row_stride") : s.param("heads") * s.param("head_dim");
+}
+inline int64_t k_stride(const KernelSpec& s) {
+  return s.param("k_row_stride") ? s.param("k_row_stride") : s.param("kv_heads") * s.param("head_dim");
+}
+inline int64_t v_stride(const KernelSpec& s) {
+  return s.param("v_row_stride") ? s.param("v_row_stride") : s.param("kv_heads") * dim_v(s);
+}
+
+inline std::vector<int64_t> rows3(const KernelSpec& s, int64_t tokens, int64_t seqlen, int64_t heads, int64_t dim) {
+  if (thd(s)) return {tokens, heads, dim};
+  return {s.param("batch"), seqlen, heads, dim};
+}
+// A strided view's shape is the memory its rows span: [tokens, stride] (bshd: [batch, seqlen,
+// stride]), the heads in the first heads * dim columns of each row.
+inline std::vector<int64_t> strided(const KernelSpec& s, int64_t tokens, int64_t seqlen, int64_t stride) {
+  if (thd(s)) return {tokens, stride};
+  return {s.param("batch"), seqlen, stride};
+}
+inline std::vector<int64_t> q_shape(const KernelSpec& s) {
+  if (s.param("q_row_stride")) return strided(s, tokens_q(s), s.param("seqlen_q"), s.param("q_row_stride"));
+  return rows3(s, tokens_q(s), s.param("seqlen_q"), s.param("heads"), s.param("head_dim"));
+}
+inline std::vector<int64_t> k_shape(const KernelSpec& s) {
+  if (s.param("k_row_stride")) return strided(s, tokens_k(s), s.param("seqlen_k"), s.param("k_row_stride"));
+  return rows3(s, tokens_k(s), s.param("seqlen_k"), s.param("kv_heads"), s.param("head_dim"));
+}
+inline std::vector<int64_t> v_shape(const KernelSpec& s) {
+  if (s.param("v_row_stride")) return strided(s, tokens_k(s), s.param("seqlen_k"), s.param("v_row_stride"));
+  return rows3(s, tokens_k(s), s.param("seqlen_k"), s.param("kv_heads"), dim_v(s));
+}
+inline std::vector<int64_t> o_shape(const KernelSpec& s) {
+  return rows3(s, tokens_q(s), s.param("seqlen_q"), s.param("heads"), dim_v(s));
+}
+inline std::vector<int64_t> lse_shape(const KernelSpec& s) { return {s.param("heads"), tokens_q(s)}; }
+inline std::vector<int64_t> cu_shape(const KernelSpec& s) { return {s.param("batch") + 1}; }
+
+inline constexpr std::string_view kQDoc =
+    "[total_q, heads, head_dim] (thd) or [batch, seqlen_q, heads, head_dim] (bshd); with q_row_stride: [total_q, "
+    "q_row_stride] or [batch, seqlen_q, q_row_stride], heads x head_dim used per row";
+inline constexpr std::string_view kKDoc =
+    "[total_k, kv_heads, head_dim] (thd) or [batch, seqlen_k, kv_heads, head_dim] (bshd); with k_row_stride: "
+    "[total_k, k_row_stride] or [batch, seqlen_k, k_row_stride], kv_heads x head_dim used per row";
+inline constexpr std::string_view kVDoc =
+    "[total_k, kv_heads, head_dim_v] (thd) or [batch, seqlen_k, kv_heads, head_dim_v] (bshd); with v_row_stride: "
+    "[total_k, v_row_stride] or [batch, seqlen_k, v_row_stride], kv_heads x head_dim_v used per row";
+inline constexpr std::string_view kODoc =
+    "[total_q, heads, head_dim_v] (thd) or [batch, seqlen_q, heads, head_dim_v] (bshd)";
+inline constexpr std::string_view kLseDoc = "[heads, total_q] (bshd: total_q = batch * seqlen_q)";
+
+inline bool supported_dim(int64_t d) { return d == 64 || d == 128 || d == 192 || d == 256; }
+
+// The rules of both ops; `op` names the op in messages.
+inline Result<void> check(std::string_view op, const KernelSpec& given, const KernelSpec& s) {
+  auto bad = [&](std::string msg) { return make_error(Errc::invalid_argument, fmt::format("{}: {}", op, msg)); };
+  const int64_t h = s.param("heads"), hkv = s.param("kv_heads");
+  if (h % hkv != 0)
+    return bad(fmt::format("heads = {} is not a multiple of kv_heads = {}; each key/value head serves heads / kv_heads "
+                           "query heads (GQA): use a kv_heads that divides heads",
+                           h, hkv));
+  if (!supported_dim(s.param("head_dim")))
+    return bad(fmt::format("head_dim = {} is not supported; use 64, 128, 192 or 256", s.param("head_dim")));
+  if (s.param("head_dim_v") != 0 && !supported_dim(s.param("head_dim_v")))
+    return bad(fmt::format("head_dim_v = {} is not supported; use 0 (= head_dim), 64, 128, 192 or 256",
+                           s.param("head_dim_v")));
+  if (s.param("causal") && s.param("window_right") > 0)
+    return bad(fmt::format("causal with window_right = {}: a causal query sees no key after the diagonal; use "
+                           "window_right = 0 or -1 with causal, or causal = 0 for a two-sided window",
+                           s.param("window_right")));
+  const std::pair<const char*, int64_t> strides[] = {{"q_row_stride", h * s.param("head_dim")},
+                                                     {"k_row_stride", hkv * s.param("head_dim")},
+                                                     {"v_row_stride", hkv * dim_v(s)}};
+  for (auto [p, contiguous] : strides) {
+    const int64_t v = s.param(p);
+    if (v != 0 && v < contiguous)
+      return bad(fmt::format("{} = {} is below the {} elements of a token's heads; give 0 (contiguous) or a stride >= "
+                             "{}",
+                             p, v, contiguous, contiguous));
+    if (v % 8 != 0)
+      return bad(fmt::format("{} = {} is not a multiple of 8 elements: rows are read and written 16 bytes at a time; "
+                             "give a multiple of 8 (or 0, contiguous)",
+                             p, v));
+  }
+  const char* other[] = {"total_q", "total_k", "max_seqlen_q", "max_seqlen_k"};
+  const char* mine[] = {"seqlen_q", "seqlen_k"};
+  if (thd(s)) {
+    for (const char* p : mine)
+      if (given.params.count(p))
+        return bad(fmt::format("'{}' belongs to layout=bshd; with layout=thd give total_q, total_k, max_seqlen_q and "
+                               "max_seqlen_k",
+                               p));
+    const int64_t b = s.param("batch");
+    for (auto [total, max] : {std::pair{"total_q", "max_seqlen_q"}, std::pair{"total_k", "max_seqlen_k"}}) {
+      if (s.param(total) > b * s.param(max))
+        return bad(fmt::format("{} = {} tokens cannot fit batch = {} sequences of at most {} = {}; raise {} to the "
+                               "longest sequence",
+                               total, s.param(total), b, max, s.param(max), max));
+    }
+  } else {
+    for (const char* p : other)
+      if (given.params.count(p))
+        return bad(fmt::format("'{}' belongs to layout=thd; with layout=bshd give seqlen_q and seqlen_k", p));
+    for (const char* p : mine)
+      if (s.param("batch") * s.param(p) > kInt32Max)
+        return bad(fmt::format("batch x {} = {} tokens is above the 2^31 - 1 that int32 token offsets hold; split "
+                               "the batch",
+                               p, s.param("batch") * s.param(p)));
+  }
+  return ok();
+}
+
+// Where sequence b starts and how long it is, from the inputs' offsets (thd) or the fixed lengths.
+struct Seq {
+  int64_t q0, lq, k0, lk;
+};
+inline Seq sequence(const KernelSpec& s, std::span<const float> cu_q, std::span<const float> cu_k, int64_t b) {
+  if (thd(s)) {
+    const int64_t q0 = static_cast<int64_t>(cu_q[b]), k0 = static_cast<int64_t>(cu_k[b]);
+    return {q0, static_cast<int64_t>(cu_q[b + 1]) - q0, k0, static_cast<int64_t>(cu_k[b + 1]) - k0};
+  }
+  const int64_t lq = s.param("seqlen_q"), lk = s.param("seqlen_k");
+  return {b * lq, lq, b * lk, lk};
+}
+
+// Whether query i sees key j of a sequence with lq queries and lk keys (bottom-right aligned).
+inline bool visible(const KernelSpec& s, int64_t i, int64_t j, int64_t lq, int64_t lk) {
+  const int64_t d = j - (i + lk - lq);
+  if (s.param("causal") && d > 0) return false;
+  if (s.param("window_right") >= 0 && d > s.param("window_right")) return false;
+  if (s.param("window_left") >= 0 && d < -s.param("window_left")) return false;
+  return true;
+}
+
+inline double softmax_scale(const KernelSpec& s, float given) {
+  return given != 0.0f ? static_cast<double>(given) : 1.0 / std::sqrt(static_cast<double>(s.param("head_dim")));
+}
+
+// Random offsets [batch + 1] for `total` tokens, no sequence longer than `max_len`; with 3 or more
+// sequences and room to spare, sequence 1 is empty.
+inline std::vector<float> random_offsets(int64_t batch, int64_t total, int64_t max_len, std::mt19937_64& rng) {
+  std::vector<int64_t> len(static_cast<size_t>(batch), 0);
+  const bool empty_one = batch >= 3 && total <= (batch - 1) * max_len;
+  std::vector<int64_t> open;
+  for (int64_t b = 0; b < batch; ++b)
+    if (!(empty_one && b == 1)) open.push_back(b);
+  // The first open sequence gets the longest length it can, so that max_len is reached.
+  int64_t left = total;
+  if (!open.empty() && left > 0) {
+    len[open.front()] = std::min(max_len, left);
+    left -= len[open.front()];
+  }
+  while (left > 0) {
+    std::uniform_int_distribution<size_t> pick(0, open.size() - 1);
+    const size_t i = pick(rng);
+    if (len[open[i]] < max_len) {
+      ++len[open[i]];
+      --left;
+    }
+  }
+  std::shuffle(len.begin() + (empty_one ? 2 : 0), len.end(), rng);  // keep sequence 1 empty
+  std::vector<float> cu(static_cast<size_t>(batch + 1), 0.0f);
+  for (int64_t b = 0; b < batch; ++b) cu[b + 1] = cu[b] + static_cast<float>(len[b]);
+  return cu;
+}
+
+// The fp64 forward of every row: out [tokens_q, heads, dv] and lse [heads, tokens_q].
+inline void forward(const KernelSpec& s, double scale, std::span<const float> q, std::span<const float> k,
+                    std::span<const float> v, std::span<const float> cu_q, std::span<const float> cu_k,
+                    std::vector<double>& out, std::vector<double>& lse) {
+  const int64_t H = s.param("heads"), Hkv = s.param("kv_heads"), D = s.param("head_dim"), Dv = dim_v(s);
+  const int64_t Tq = tokens_q(s), group = H / Hkv, qs = q_stride(s), ks = k_stride(s), vs = v_stride(s);
+  const double cap = static_cast<double>(s.param("softcap"));
+  out.assign(static_cast<size_t>(Tq * H * Dv), 0.0);
+  lse.assign(static_cast<size_t>(H * Tq), -std::numeric_limits<double>::infinity());
+  std::vector<double> sc, acc(static_cast<size_t>(Dv));
+  for (int64_t b = 0; b < s.param("batch"); ++b) {
+    const Seq sq = sequence(s, cu_q, cu_k, b);
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t hk = h / group;
+      for (int64_t i = 0; i < sq.lq; ++i) {
+        const float* qi = &q[static_cast<size_t>((sq.q0 + i) * qs + h * D)];
+        sc.assign(static_cast<size_t>(sq.lk), 0.0);
+        double mx = -std::numeric_limits<double>::infinity();
+        for (int64_t j = 0; j < sq.lk; ++j) {
+          if (!visible(s, i, j, sq.lq, sq.lk)) continue;
+          const float* kj = &k[static_cast<size_t>((sq.k0 + j) * ks + hk * D)];
+          double dot = 0;
+          for (int64_t c = 0; c < D; ++c) dot += double(qi[c]) * kj[c];
+          double x = dot * scale;
+          if (cap > 0) x = cap * std::tanh(x / cap);
+          sc[j] = x;
+          mx = std::max(mx, x);
+        }
+        if (mx == -std::numeric_limits<double>::infinity()) continue;  // no visible key: out 0, lse -inf
+        double sum = 0;
+        std::fill(acc.begin(), acc.end(), 0.0);
+        for (int64_t j = 0; j < sq.lk; ++j) {
+          if (!visible(s, i, j, sq.lq, sq.lk)) continue;
+          const double p = std::exp(sc[j] - mx);
+          sum += p;
+          const float* vj = &v[static_cast<size_t>((sq.k0 + j) * vs + hk * Dv)];
+          for (int64_t c = 0; c < Dv; ++c) acc[c] += p * vj[c];
+        }
+        for (int64_t c = 0; c < Dv; ++c) out[static_cast<size_t>(((sq.q0 + i) * H + h) * Dv + c)] = acc[c] / sum;
+        lse[static_cast<size_t>(h * Tq + sq.q0 + i)] = mx + std::log(sum);
+      }
+    }
+  }
+}
+
+// Zeros for an output view of `tokens` rows `stride` elements apart with `used` columns written,
+// NaN in the columns the op leaves unwritten (the check path compares those with the NaN poison:
+// they must keep it).
+inline std::vector<double> strided_zeros(int64_t tokens, int64_t stride, int64_t used) {
+  std::vector<double> v(static_cast<size_t>(tokens * stride), 0.0);
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int64_t c = used; c < stride; ++c) v[static_cast<size_t>(t * stride + c)] = std::numeric_limits<double>::quiet_NaN();
+  return v;
+}
+
+// Fills q, k, v uniformly (q three times wider, so that softmax rows are not flat) and, with
+// thd, random offsets with an empty sequence.
+inline void init_qkv(const KernelSpec& s, std::span<const TensorInfo> inputs, std::vector<std::vector<float>>& values,
+                     std::mt19937_64& rng) {
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  values.resize(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    values[i].resize(static_cast<size_t>(inputs[i].elements()));
+    if (is_integer(inputs[i].dtype)) continue;
+    const float width = inputs[i].name == "q" ? 3.0f : 1.0f;
+    for (float& x : values[i]) {
+      do x = round_to_dtype(width * dist(rng), inputs[i].dtype);
+      while (x == 0.0f);
+    }
+  }
+  if (!thd(s)) return;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (inputs[i].name == "cu_seqlens_q")
+      values[i] = random_offsets(s.param("batch"), s.param("total_q"), s.param("max_seqlen_q"), rng);
+    if (inputs[i].name == "cu_seqlens_k")
+      values[i] = random_offsets(s.param("batch"), s.param("total_k"), s.param("max_seqlen_k"), rng);
+  }
+}
+
+inline std::span<const float> input(std::span<const std::vector<float>> in, std::span<const TensorInfo> ts,
+                                    std::string_view name) {
+  for (size_t i = 0; i < ts.size() && i < in.size(); ++i)
+    if (ts[i].name == name) return in[i];
+  return {};
+}
+
+// 16 bytes for the bf16/fp16 tensors (16-byte accesses), 1 for the offsets and fp32 lse.
+inline std::vector<uint32_t> alignment(std::span<const TensorInfo> ts) {
+  std::vector<uint32_t> out;
+  for (const TensorInfo& t : ts) out.push_back(t.dtype == DType::bf16 || t.dtype == DType::f16 ? 16 : 1);
+  return out;
+}
+
+// Baked constants both ops' device templates read.
+inline std::string specialize_common(const KernelSpec& s) {
+  const double scale = 1.0 / std::sqrt(static_cast<double>(s.param("head_dim")));
+  return fmt::format(
+      "constexpr int HEADS = {}, KV_HEADS = {}, HEAD_DIM = {}, HEAD_DIM_V = {};\n#define THD {}\n"
+      "constexpr bool CAUSAL = {};\nconstexpr int WINDOW_LEFT = {}, WINDOW_RIGHT = {};\n"
+      "constexpr float SOFTCAP = {}.0f;\nconstexpr float DEFAULT_SCALE = {:.9e}f;\ntypedef {} in_t;\n",
+      s.param("heads"), s.param("kv_heads"), s.param("head_dim"), dim_v(s), thd(s) ? 1 : 0,
+      s.param("causal") ? "true" : "false", s.param("window_left"), s.param("window_right"), s.param("softcap"), scale,
+      device_type_name(s.dtype));
+}
+
+
+// The test specs of both ops (the backward adds `deterministic` to some): odd lengths, GQA, MQA,
+// causal with seqlen_q < and > seqlen_k, sliding windows, softcap, thd with an empty sequence,
+// head_dim 64, 128, 256 and 192/128, bf16 and fp16, no tokens; small enough for the CDNA
+// emulator (at most 256 KiB moved), and two larger ones for GPUs.
+inline std::vector<TestSpec> test_specs(std::string_view op, bool backward) {
+  std::vector<TestSpec> out;
+  auto bshd = [&](DType t, int64_t b, int64_t sq, int64_t sk, int64_t h, int64_t hkv, int64_t d,
+                  std::map<std::string, int64_t> extra, std::string_view why) {
+    KernelSpec s{std::string(op), t, t, {{"batch", b}, {"seqlen_q", sq}, {"seqlen_k", sk}, {"heads", h},
+                                         {"kv_heads", hkv}, {"head_dim", d}}};
+    s.params.insert(extra.begin(), extra.end());
+    out.push_back({std::move(s), why});
+  };
+  auto thd_spec = [&](DType t, int64_t b, int64_t tq, int64_t tk, int64_t mq, int64_t mk, int64_t h, int64_t hkv,
+                      int64_t d, std::map<std::string, int64_t> extra, std::string_view why) {
+    KernelSpec s{std::string(op), t, t, {{"layout", kThd}, {"batch", b}, {"total_q", tq}, {"total_k", tk},
+                                         {"max_seqlen_q", mq}, {"max_seqlen_k", mk}, {"heads", h},
+                                         {"kv_heads", hkv}, {"head_dim", d}}};
+    s.params.insert(extra.begin(), extra.end());
+    out.push_back({std::move(s), why});
+  };
+  const std::map<std::string, int64_t> none, causal = {{"causal", 1}};
+  const std::map<std::string, int64_t> det = backward ? std::map<std::string, int64_t>{{"deterministic", 1}} : none;
+  bshd(DType::bf16, 2, 17, 17, 2, 2, 64, none, "odd length 17, MHA, no mask");
+  bshd(DType::f16, 1, 33, 80, 4, 1, 64, causal, "MQA, causal with seqlen_q < seqlen_k (bottom-right)");
+  bshd(DType::bf16, 2, 45, 20, 4, 2, 64, causal, "GQA, causal with seqlen_q > seqlen_k: rows with no key");
+  bshd(DType::bf16, 1, 40, 40, 2, 1, 64, {{"window_left", 7}, {"window_right", 3}}, "sliding window 7/3");
+  bshd(DType::f16, 1, 37, 37, 2, 2, 128, {{"causal", 1}, {"window_left", 9}}, "causal sliding window 9, head_dim 128");
+  bshd(DType::bf16, 1, 30, 50, 2, 1, 64, {{"softcap", 2}}, "logit softcap 2");
+  std::map<std::string, int64_t> thd_causal = causal;
+  thd_causal.insert(det.begin(), det.end());
+  thd_spec(DType::bf16, 4, 70, 90, 40, 50, 4, 2, 64, thd_causal, "thd varlen with an empty sequence, GQA, causal");
+  thd_spec(DType::f16, 3, 25, 30, 20, 20, 2, 1, 128, none, "thd varlen fp16, head_dim 128");
+  bshd(DType::bf16, 1, 20, 24, 1, 1, 256, det, "head_dim 256");
+  bshd(DType::bf16, 1, 19, 33, 2, 1, 192, {{"head_dim_v", 128}, {"causal", 1}}, "head_dim 192 / head_dim_v 128");
+  thd_spec(DType::bf16, 2, 0, 0, 0, 0, 2, 1, 64, none, "no tokens");
+  thd_spec(DType::bf16, 2, 0, 10, 0, 6, 2, 1, 64, none, "no queries, 10 keys (the backward writes dk = dv = 0)");
+  bshd(DType::bf16, 0, 16, 16, 2, 1, 64, none, "batch 0");
+  // Row strides: q, k, v as column views of one fused qkv [tokens, (Hq + 2 Hkv) D] (and, in the
+  // backward, dq, dk, dv of one dqkv); then three different strides in bshd.
+  std::map<std::string, int64_t> fused = {{"causal", 1}, {"q_row_stride", 512}, {"k_row_stride", 512},
+                                          {"v_row_stride", 512}};
+  thd_spec(DType::bf16, 3, 24, 24, 12, 12, 4, 2, 64, fused, "thd causal, q/k/v row strides of a fused qkv (Hq 4, Hkv 2)");
+  bshd(DType::f16, 2, 9, 11, 2, 1, 64, {{"q_row_stride", 256}, {"k_row_stride", 136}, {"v_row_stride", 72}},
+       "bshd, three different row strides");
+  bshd(DType::bf16, 2, 300, 300, 8, 2, 128, causal, "GPU size: causal GQA, several tiles");
+  thd_spec(DType::bf16, 5, 700, 900, 300, 400, 4, 1, 128, {{"window_left", 64}}, "GPU size: thd, window 64");
+  return out;
+}
+
+}  // namespace kiln::attention_params

@@ -1,0 +1,222 @@
+// attention and attention_bwd: validation messages, the fp64 references (a hand-computed case, and
+// the backward against finite differences of the forward), and the two folders' shared host header.
+#include <fmt/format.h>
+
+#include <cmath>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include "templates/registry.h"
+#include "test_util.h"
+
+namespace kiln {
+namespace {
+using testing::target;
+
+KernelSpec bshd(std::string op, int64_t b, int64_t sq, int64_t sk, int64_t h, int64_t hkv, int64_t d) {
+  return {std::move(op), DType::bf16, DType::bf16,
+          {{"batch", b}, {"seqlen_q", sq}, {"seqlen_k", sk}, {"heads", h}, {"kv_heads", hkv}, {"head_dim", d}}};
+}
+
+void expect_error(const KernelSpec& s, const std::string& needle) {
+  const OpTemplate* op = *find_op(s.op);
+  auto r = op->validate(s, target("sm_90a"));
+  ASSERT_FALSE(r.ok()) << to_string(s);
+  EXPECT_NE(r.error().message.find(needle), std::string::npos) << r.error().message;
+}
+
+TEST(Attention, ValidationNamesTheParameterAndTheFix) {
+  for (const char* op : {"attention", "attention_bwd"}) {
+    SCOPED_TRACE(op);
+    const OpTemplate* o = *find_op(op);
+    EXPECT_TRUE(o->validate(bshd(op, 2, 16, 16, 32, 8, 128), target("gfx942")).ok());
+    expect_error(bshd(op, 2, 16, 16, 32, 5, 128), "heads = 32 is not a multiple of kv_heads = 5");
+    expect_error(bshd(op, 2, 16, 16, 4, 4, 96), "head_dim = 96 is not supported; use 64, 128, 192 or 256");
+    KernelSpec s = bshd(op, 2, 16, 16, 4, 4, 128);
+    s.params["head_dim_v"] = 100;
+    expect_error(s, "head_dim_v = 100 is not supported");
+    s = bshd(op, 2, 16, 16, 4, 4, 128);
+    s.params["causal"] = 1;
+    s.params["window_right"] = 4;
+    expect_error(s, "causal with window_right = 4");
+    s.params["window_right"] = 0;
+    EXPECT_TRUE(o->validate(s, target("sm_90a")).ok());
+    expect_error(bshd(op, 70000, 40000, 16, 4, 4, 128), "above the 2^31 - 1 that int32 token offsets hold");
+    s = bshd(op, 2, 16, 16, 4, 4, 128);
+    s.params["total_q"] = 32;
+    expect_error(s, "'total_q' belongs to layout=thd");
+    KernelSpec t{op, DType::bf16, DType::bf16,
+                 {{"layout", 1}, {"batch", 2}, {"total_q", 40}, {"total_k", 10}, {"max_seqlen_q", 16},
+                  {"max_seqlen_k", 8}, {"heads", 4}, {"kv_heads", 2}, {"head_dim", 64}}};
+    expect_error(t, "total_q = 40 tokens cannot fit batch = 2 sequences of at most max_seqlen_q = 16");
+    t.params["max_seqlen_q"] = 20;
+    EXPECT_TRUE(o->validate(t, target("gfx950")).ok());
+    t.params["seqlen_q"] = 20;
+    expect_error(t, "'seqlen_q' belongs to layout=bshd");
+    t.params.erase("seqlen_q");
+    t.params["q_row_stride"] = 4 * 64 + 2 * 2 * 64;  // a fused qkv: (Hq + 2 Hkv) D
+    t.params["k_row_stride"] = 512;
+    t.params["v_row_stride"] = 512;
+    EXPECT_TRUE(o->validate(t, target("gfx942")).ok());
+    t.params["k_row_stride"] = 100;
+    expect_error(t, "k_row_stride = 100 is below the 128 elements of a token's heads; give 0 (contiguous) or a stride");
+    t.params["k_row_stride"] = 0;
+    t.params["v_row_stride"] = 132;
+    expect_error(t, "v_row_stride = 132 is not a multiple of 8 elements");
+    s = bshd(op, 2, 16, 16, 4, 4, 128);
+    s.params["q_row_stride"] = 256;
+    expect_error(s, "q_row_stride = 256 is below the 512 elements");
+  }
+}
+
+// q, k, v with row strides (columns of one fused qkv buffer): the references read the strided
+// rows as the contiguous tensors they hold, and attention_bwd's dq, dk, dv have the same strides,
+// their columns past the heads NaN (unwritten; the check path expects the NaN poison there).
+TEST(Attention, ReferencesWithRowStridesMatchTheContiguousOnes) {
+  const int64_t H = 4, Hkv = 2, D = 64, stride = (H + 2 * Hkv) * D, T = 10;
+  for (const char* name : {"attention", "attention_bwd"}) {
+    SCOPED_TRACE(name);
+    const OpTemplate* op = *find_op(name);
+    KernelSpec c{name, DType::bf16, DType::bf16,
+                 {{"layout", 1}, {"batch", 3}, {"total_q", T}, {"total_k", T}, {"max_seqlen_q", 6},
+                  {"max_seqlen_k", 6}, {"heads", H}, {"kv_heads", Hkv}, {"head_dim", D}, {"causal", 1}}};
+    KernelSpec st = c;
+    st.params.insert({{"q_row_stride", stride}, {"k_row_stride", stride}, {"v_row_stride", stride}});
+    auto valid = op->validate(st, target("gfx950"));
+    ASSERT_TRUE(valid.ok()) << valid.error().message;
+    c = op->with_defaults(c);
+    st = op->with_defaults(st);
+    std::vector<TensorInfo> ins, outs;
+    for (const TensorInfo& t : op->tensors(st)) (t.output ? outs : ins).push_back(t);
+    std::mt19937_64 rng(11);
+    std::vector<std::vector<float>> strided;
+    op->init_inputs(st, ins, strided, rng);
+    // The contiguous copies of q, k, v: the first H*D (Hkv*D) columns of each strided row.
+    std::vector<std::vector<float>> contiguous = strided;
+    for (size_t i = 0; i < ins.size(); ++i) {
+      const int64_t used = ins[i].name == "q" ? H * D : (ins[i].name == "k" || ins[i].name == "v") ? Hkv * D : 0;
+      if (!used) continue;
+      ASSERT_EQ(ins[i].shape, (std::vector<int64_t>{T, stride})) << ins[i].name;
+      contiguous[i].clear();
+      for (int64_t t = 0; t < T; ++t)
+        contiguous[i].insert(contiguous[i].end(), strided[i].begin() + t * stride, strided[i].begin() + t * stride + used);
+    }
+    std::vector<RefOutput> a, b;
+    op->reference(st, {}, strided, {}, a);
+    op->reference(c, {}, contiguous, {}, b);
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t o = 0; o < a.size(); ++o) {
+      SCOPED_TRACE(outs[o].name);
+      if (a[o].values.size() == b[o].values.size()) {  // out, lse: contiguous in both
+        EXPECT_EQ(a[o].values, b[o].values);
+        continue;
+      }
+      const int64_t used = int64_t(b[o].values.size()) / T;  // dq, dk, dv
+      ASSERT_EQ(int64_t(a[o].values.size()), T * stride);
+      int64_t nonzero = 0;
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t col = 0; col < stride; ++col) {
+          const double got = a[o].values[t * stride + col];
+          if (col >= used) {
+            EXPECT_TRUE(std::isnan(got)) << "row " << t << " column " << col << " is past the heads";
+            continue;
+          }
+          EXPECT_EQ(got, b[o].values[t * used + col]) << "row " << t << " column " << col;
+          nonzero += got != 0.0;
+        }
+      EXPECT_GT(nonzero, 0);
+    }
+  }
+}
+
+// One query, two keys, head_dim 64: out = softmax(s) v and lse = log(e^s0 + e^s1), by hand.
+TEST(Attention, ReferenceMatchesAHandComputedCase) {
+  const OpTemplate* op = *find_op("attention");
+  const KernelSpec s = op->with_defaults(bshd("attention", 1, 1, 2, 1, 1, 64));
+  std::vector<std::vector<float>> in(3);
+  in[0].assign(64, 0.5f);  // q
+  in[1].assign(128, 0.25f);  // k: key 0 all 0.25, key 1 all -0.5
+  std::fill(in[1].begin() + 64, in[1].end(), -0.5f);
+  in[2].resize(128);  // v: key 0 = 1, key 1 = 3
+  std::fill(in[2].begin(), in[2].begin() + 64, 1.0f);
+  std::fill(in[2].begin() + 64, in[2].end(), 3.0f);
+  std::vector<RefOutput> out;
+  op->reference(s, {}, in, {}, out);
+  const double s0 = 64 * 0.5 * 0.25 / 8, s1 = 64 * 0.5 * -0.5 / 8;  // scale 1/sqrt(64)
+  const double p0 = std::exp(s0) / (std::exp(s0) + std::exp(s1));
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_NEAR(out[0].values[0], p0 * 1 + (1 - p0) * 3, 1e-12);
+  EXPECT_NEAR(out[1].values[0], std::log(std::exp(s0) + std::exp(s1)), 1e-12);
+  // Causal with 1 query and 2 keys (bottom-right): the query sees both keys, the same result.
+  KernelSpec c = s;
+  c.params["causal"] = 1;
+  op->reference(c, {}, in, {}, out);
+  EXPECT_NEAR(out[0].values[0], p0 * 1 + (1 - p0) * 3, 1e-12);
+  // 2 queries and 1 key, causal: query 0 sees no key (out 0, lse -inf), query 1 sees key 0.
+  KernelSpec c2 = op->with_defaults(bshd("attention", 1, 2, 1, 1, 1, 64));
+  c2.params["causal"] = 1;
+  in[0].assign(128, 0.5f);
+  in[1].resize(64);
+  in[2].resize(64);
+  op->reference(c2, {}, in, {}, out);
+  EXPECT_EQ(out[0].values[0], 0.0);
+  EXPECT_EQ(out[1].values[0], -INFINITY);
+  EXPECT_NEAR(out[0].values[64], 1.0, 1e-12);
+}
+
+// The backward reference against central differences of the forward's loss sum(out * dout), on
+// a GQA spec with a causal window and softcap, every element of q, k and v.
+TEST(Attention, BackwardReferenceMatchesFiniteDifferences) {
+  const OpTemplate* fwd = *find_op("attention");
+  const OpTemplate* bwd = *find_op("attention_bwd");
+  KernelSpec f = bshd("attention", 1, 3, 5, 2, 1, 64);
+  f.params.insert({{"causal", 1}, {"window_left", 2}, {"softcap", 2}});
+  f = fwd->with_defaults(f);
+  KernelSpec b = f;
+  b.op = "attention_bwd";
+  b = bwd->with_defaults(b);
+  std::mt19937_64 rng(7);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  auto fill = [&](size_t n) {
+    std::vector<float> v(n);
+    for (float& x : v) x = u(rng);
+    return v;
+  };
+  std::vector<std::vector<float>> qkv = {fill(3 * 2 * 64), fill(5 * 64), fill(5 * 64)};
+  const std::vector<float> dout = fill(3 * 2 * 64);
+  auto loss = [&](const std::vector<std::vector<float>>& x) {
+    std::vector<RefOutput> o;
+    fwd->reference(f, {}, x, {}, o);
+    double sum = 0;
+    for (size_t i = 0; i < dout.size(); ++i) sum += o[0].values[i] * dout[i];
+    return sum;
+  };
+  std::vector<RefOutput> o;
+  fwd->reference(f, {}, qkv, {}, o);
+  std::vector<std::vector<float>> in = {dout, qkv[0], qkv[1], qkv[2], {}, {}};
+  for (double v : o[0].values) in[4].push_back(static_cast<float>(v));
+  for (double v : o[1].values) in[5].push_back(static_cast<float>(v));
+  std::vector<RefOutput> grads;
+  bwd->reference(b, {}, in, {}, grads);
+  ASSERT_EQ(grads.size(), 3u);
+  const float eps = 1.0f / 64;
+  for (size_t t = 0; t < 3; ++t) {
+    double err = 0, norm = 0;
+    for (size_t i = 0; i < qkv[t].size(); ++i) {
+      auto x = qkv;
+      x[t][i] += eps;
+      const double up = loss(x);
+      x[t][i] -= 2 * eps;
+      const double down = loss(x);
+      const double fd = (up - down) / (2 * eps);
+      err = std::max(err, std::fabs(fd - grads[t].values[i]));
+      norm = std::max(norm, std::fabs(fd));
+    }
+    EXPECT_LT(err, 1e-3 * std::max(norm, 1.0)) << "tensor " << t << " (q, k, v): max error " << err;
+    EXPECT_GT(norm, 1e-3) << "a gradient that is not zero";
+  }
+}
+
+}  // namespace
+}  // namespace kiln
