@@ -14,7 +14,10 @@
 // (attention_full for the full list). Without a GPU:
 //   build/bench/bench_attention --dry-run [--quick] [--target sm_90a] [--compiler nvrtc|clang]
 // compiles every distinct kernel spec the run would launch (forward and backward) with a
-// compile-only runtime and lists them; `--list` prints the cases.
+// compile-only runtime and lists them (ctest bench_attention_dry_run runs it with --quick);
+// `--list` prints the cases; and the check path runs end to end in the CDNA emulator on small
+// shapes (no timing), e.g.
+//   build/bench/bench_attention /tmp/a.csv --backend emulator --shape 4/2/64/40 --varlen 150/10/70
 //
 // Cases: (Hq, Hkv, D, S) from models.json's "attention" list, copied below. Inputs are one set per
 // shape at its largest batch (a smaller batch uses the leading sequences of the same tensors),
@@ -85,13 +88,22 @@ struct Shape {
 
 /// shared/reference/models.json, "attention" -> "cases": (q_heads, kv_heads, head_dim, seq),
 /// batch in {1, 2, 4}, causal and non-causal, bf16 (copied 2026-11-26).
-constexpr Shape kShapes[] = {{32, 32, 128, 4096}, {64, 8, 128, 4096}, {32, 8, 128, 8192},
-                             {128, 8, 128, 8192}, {64, 8, 64, 4096},  {32, 4, 64, 8192}};
+const std::vector<Shape> kShapes = {{32, 32, 128, 4096}, {64, 8, 128, 4096}, {32, 8, 128, 8192},
+                                    {128, 8, 128, 8192}, {64, 8, 64, 4096},  {32, 4, 64, 8192}};
 constexpr int64_t kBatches[] = {1, 2, 4};
 /// The packed variable-length batch: Llama-3.1-8B's heads, lengths in [128, 8192], 16k tokens.
 constexpr Shape kVarlenHeads = {32, 8, 128, 0};
 constexpr int64_t kVarlenTokens = 16384, kVarlenMin = 128, kVarlenMax = 8192;
 constexpr uint64_t kVarlenSeed = 15;
+
+/// What the run covers: models.json's list and the varlen batch above, unless --shape / --varlen
+/// give others (small ones, e.g. to run the check path in the CDNA emulator).
+struct CaseList {
+  std::vector<Shape> shapes = kShapes;
+  Shape varlen_heads = kVarlenHeads;
+  int64_t varlen_tokens = kVarlenTokens, varlen_min = kVarlenMin, varlen_max = kVarlenMax;
+  bool quick = false, check_all = false;
+};
 
 struct Case {
   std::string label;
@@ -154,8 +166,9 @@ std::string shape_label(const Shape& s) { return fmt::format("hq{}_hkv{}_d{}", s
 const char* mask_name(bool causal) { return causal ? "causal" : "full"; }
 
 /// The cases of a run and the tensor sets they share, in run order.
-void build_cases(bool quick, bool check_all, std::vector<Case>& cases, std::vector<Group>& groups) {
-  for (const Shape& s : kShapes) {
+void build_cases(const CaseList& list, std::vector<Case>& cases, std::vector<Group>& groups) {
+  const bool quick = list.quick, check_all = list.check_all;
+  for (const Shape& s : list.shapes) {
     Group g{s, {}, {}, 0};
     for (int64_t b : kBatches) {
       if (quick && b > 2) continue;
@@ -175,15 +188,15 @@ void build_cases(bool quick, bool check_all, std::vector<Case>& cases, std::vect
     groups.push_back(std::move(g));
   }
   // The varlen batch, then the dense case of its longest sequence.
-  const std::vector<int64_t> lens = varlen_lengths(kVarlenTokens, kVarlenMin, kVarlenMax, kVarlenSeed);
+  const std::vector<int64_t> lens = varlen_lengths(list.varlen_tokens, list.varlen_min, list.varlen_max, kVarlenSeed);
   const int64_t longest = *std::max_element(lens.begin(), lens.end());
-  Shape vs = kVarlenHeads;
+  Shape vs = list.varlen_heads;
   vs.seq = longest;
   Group vg{vs, lens, {}, 0}, dg{vs, {}, {}, 0};
   for (bool causal : {true, false}) {
     if (quick && !causal) continue;
     Case v;
-    v.label = fmt::format("varlen_thd{}_{}_{}", kVarlenTokens, shape_label(vs), mask_name(causal));
+    v.label = fmt::format("varlen_thd{}_{}_{}", list.varlen_tokens, shape_label(vs), mask_name(causal));
     v.shape = vs;
     v.batch = static_cast<int64_t>(lens.size());
     v.causal = causal;
@@ -530,6 +543,10 @@ struct Options {
   std::string only;
   std::string target = "sm_90a";
   std::string compiler;
+  std::string backend = "cuda", emulator_target = "gfx942";
+  bool timing = true;
+  std::vector<std::string> shapes;  // "HQ/HKV/D/S"
+  std::string varlen;               // "TOTAL/MIN/MAX"
 };
 
 struct Bench {
@@ -637,6 +654,7 @@ Result<void> run_case(Bench& b, const Case& c, Tensors& t, Row& row) {
     }
     row.acc = *acc;
   }
+  if (!b.opt.timing) return kiln::ok();
   KILN_ASSIGN_OR_RETURN(row.fwd_ms, time_launches(b, fwd));  // leaves the forward's out and lse
   KILN_ASSIGN_OR_RETURN(row.bwd_ms, time_launches(b, bwd));
   return kiln::ok();
@@ -720,7 +738,12 @@ void print_table(const std::vector<std::vector<std::string>>& rows) {
   for (const auto& r : rows) line(r);
 }
 
-/// Compiles every distinct spec of the run with a compile-only runtime and lists them.
+/// The exit code of a dry run without a compiler for the target (ctest's SKIP_RETURN_CODE).
+constexpr int kSkipped = 77;
+
+/// Compiles every distinct spec of the run with a compile-only runtime and lists them. Exit code:
+/// 0, 1 when a spec fails, kSkipped when the target's compiler is missing (NVRTC not found, AMD or
+/// clang without LLVM).
 int dry_run(const Options& opt, const std::vector<Case>& cases) {
   kiln::RuntimeOptions o;
   o.backend = "none";
@@ -745,6 +768,12 @@ int dry_run(const Options& opt, const std::vector<Case>& cases) {
       const auto t0 = std::chrono::steady_clock::now();
       auto k = (*rt)->compile(spec, opt.target);
       const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      if (!k && compiled == 0 && failures == 0 &&
+          (k.error().code == kiln::Errc::driver_unavailable || k.error().code == kiln::Errc::unsupported)) {
+        std::printf("bench_attention: dry run skipped: no compiler for %s here: %s\n", opt.target.c_str(),
+                    k.error().message.c_str());
+        return kSkipped;
+      }
       if (!k) {
         std::printf("FAIL %s: %s\n", kiln::to_string(spec).c_str(), k.error().message.c_str());
         ++failures;
@@ -868,7 +897,7 @@ int run(Bench& b, const std::vector<Case>& cases, std::vector<Group>& groups) {
   std::printf("\n");
   print_table(table);
   // The varlen line: each varlen case against the dense case of its longest sequence, same mask.
-  for (size_t i = 0; i < cases.size(); ++i) {
+  for (size_t i = 0; i < cases.size() && b.opt.timing; ++i) {
     if (!cases[i].varlen() || !ran[i]) continue;
     for (size_t j = 0; j < cases.size(); ++j) {
       const Case &v = cases[i], &d = cases[j];
@@ -915,12 +944,61 @@ int main(int argc, char** argv) {
   app.add_option("--device", opt.device, "GPU ordinal")->check(CLI::NonNegativeNumber)->capture_default_str();
   app.add_option("--target", opt.target, "--dry-run: the target to compile for")->capture_default_str();
   app.add_option("--compiler", opt.compiler, "NVIDIA compiler, nvrtc or clang (default: KILN_NVIDIA_COMPILER, else nvrtc)");
+  app.add_option("--shape", opt.shapes,
+                 "HQ/HKV/D/S in place of models.json's list (repeatable); the varlen batch takes the first's heads");
+  app.add_option("--varlen", opt.varlen, "TOTAL/MIN/MAX: the varlen batch's tokens and length range (16384/128/8192)");
+  app.add_option("--backend", opt.backend,
+                 "cuda (default), or emulator: the CDNA emulator (--emulator-target; no timing), to run the check "
+                 "path on small --shape cases without a GPU")
+      ->check(CLI::IsMember({"cuda", "emulator"}))
+      ->capture_default_str();
+  app.add_option("--emulator-target", opt.emulator_target, "gfx942 or gfx950 (--backend emulator)")
+      ->capture_default_str();
+  app.add_flag("!--no-timing", opt.timing, "Check only, no timed repetitions (implied by --backend emulator)");
   CLI11_PARSE(app, argc, argv);
   opt.max_reps = std::max(opt.max_reps, opt.min_reps);
+  if (opt.backend == "emulator") opt.timing = false;
+
+  CaseList list;
+  list.quick = opt.quick;
+  list.check_all = opt.check_all;
+  auto numbers = [](const std::string& text, size_t count, std::vector<int64_t>& out) {
+    out.clear();
+    size_t pos = 0;
+    while (pos <= text.size()) {
+      const size_t slash = std::min(text.find('/', pos), text.size());
+      const std::string part = text.substr(pos, slash - pos);
+      if (part.empty() || part.find_first_not_of("0123456789") != std::string::npos) return false;
+      out.push_back(std::stoll(part));
+      pos = slash + 1;
+    }
+    return out.size() == count && std::all_of(out.begin(), out.end(), [](int64_t v) { return v > 0; });
+  };
+  std::vector<int64_t> v;
+  if (!opt.shapes.empty()) list.shapes.clear();
+  for (const std::string& text : opt.shapes) {
+    if (!numbers(text, 4, v) || v[0] % v[1] != 0) {
+      std::fprintf(stderr, "bench_attention: --shape '%s': give HQ/HKV/D/S, positive, HQ a multiple of HKV "
+                           "(e.g. 32/8/128/8192)\n", text.c_str());
+      return 2;
+    }
+    list.shapes.push_back({v[0], v[1], v[2], v[3]});
+  }
+  if (!list.shapes.empty() && !opt.shapes.empty()) list.varlen_heads = {list.shapes[0].hq, list.shapes[0].hkv, list.shapes[0].d, 0};
+  if (!opt.varlen.empty()) {
+    if (!numbers(opt.varlen, 3, v) || v[1] > v[2] || v[0] < v[1]) {
+      std::fprintf(stderr, "bench_attention: --varlen '%s': give TOTAL/MIN/MAX with MIN <= MAX and MIN <= TOTAL "
+                           "(e.g. 16384/128/8192)\n", opt.varlen.c_str());
+      return 2;
+    }
+    list.varlen_tokens = v[0];
+    list.varlen_min = v[1];
+    list.varlen_max = v[2];
+  }
 
   std::vector<Case> cases;
   std::vector<Group> groups;
-  build_cases(opt.quick, opt.check_all, cases, groups);
+  build_cases(list, cases, groups);
   if (!opt.only.empty()) {
     std::vector<Case> kept;
     std::vector<Group> kept_groups;
@@ -960,12 +1038,13 @@ int main(int argc, char** argv) {
   }
 
   kiln::RuntimeOptions o;
-  o.backend = "cuda";
+  o.backend = opt.backend;
+  o.emulator_target = opt.emulator_target;
   o.device = opt.device;
   o.nvidia_compiler = opt.compiler;
   auto rt = kiln::Runtime::create(o);
   if (!rt || !(*rt)->device()) {
-    std::printf("bench_attention: skipped, no NVIDIA GPU: %s\n",
+    std::printf("bench_attention: skipped, no %s: %s\n", opt.backend == "cuda" ? "NVIDIA GPU" : "emulator",
                 rt ? "the runtime has no device" : rt.error().message.c_str());
     return 0;
   }
@@ -977,15 +1056,19 @@ int main(int argc, char** argv) {
   b.bwd_op = *kiln::find_op("attention_bwd");
   const uint64_t seed = opt.seed ? opt.seed : std::random_device{}();
   b.rng.seed(seed);
-  if (auto r = b.flush.allocate(*b.dev, kFlushBytes); !r) {
+  if (auto r = opt.timing ? b.flush.allocate(*b.dev, kFlushBytes) : kiln::ok(); !r) {
     std::fprintf(stderr, "bench_attention: %s\n", r.error().message.c_str());
     return 1;
   }
-  std::printf("bench_attention: %s (%s, %d SMs), Kiln cache %s, %s run: %zu cases, seed %llu, about %.0f ms of "
-              "device time per measurement (%d..%d reps)\n",
+  std::printf("bench_attention: %s (%s, %d SMs), Kiln cache %s, %s run: %zu cases, seed %llu, ",
               b.dev->name().c_str(), std::string(b.dev->target().name).c_str(), b.dev->compute_units(),
               b.rt->cache_dir().empty() ? "(memory only)" : b.rt->cache_dir().c_str(), opt.quick ? "quick" : "full",
-              cases.size(), static_cast<unsigned long long>(seed), opt.budget_ms, opt.min_reps, opt.max_reps);
+              cases.size(), static_cast<unsigned long long>(seed));
+  if (opt.timing)
+    std::printf("about %.0f ms of device time per measurement (%d..%d reps)\n", opt.budget_ms, opt.min_reps,
+                opt.max_reps);
+  else
+    std::printf("no timing (check only)\n");
   std::fflush(stdout);
   return run(b, cases, groups);
 }
