@@ -9,7 +9,8 @@ direction, and the varlen line.
 Layout [B, H, S, D] contiguous; GQA through enable_gqa=True. Forward: the training forward (inputs
 with requires_grad, so the backend also saves its log-sum-exp, as Kiln's forward writes lse).
 Backward: timed alone, the gradient of a saved graph: torch.autograd.grad(out, (q, k, v), dout,
-retain_graph=True). triton.testing.do_bench medians (it evicts L2 before each repetition).
+retain_graph=True). triton.testing.do_bench medians (it evicts L2 before each repetition), with
+rep=500 ms so that the largest cases (~100 ms a call) still get several repetitions.
 FLOPs as BENCHMARKS.md and bench_attention count them: forward 4 B Hq S^2 D, halved when causal
 (varlen: summed over the sequences), backward 2.5x the forward.
 
@@ -54,9 +55,9 @@ def short_reason(exc, caught):
 
 
 def bench_pair(fwd, make_bwd):
-    fwd_ms = do_bench(fwd)
+    fwd_ms = do_bench(fwd, warmup=25, rep=500)
     bwd = make_bwd()
-    bwd_ms = do_bench(bwd)
+    bwd_ms = do_bench(bwd, warmup=25, rep=500)
     return fwd_ms, bwd_ms
 
 
@@ -146,7 +147,14 @@ def main():
         return 2
     kiln_csv, out_dir = sys.argv[1], sys.argv[2]
     os.makedirs(out_dir, exist_ok=True)
+    if not os.path.exists(kiln_csv):
+        print(f"attention_peers.py: no {kiln_csv}: bench_attention wrote no rows (no GPU, or the attention ops are "
+              "not built in: see its log); nothing to compare")
+        return 1
     rows = list(csv.DictReader(open(kiln_csv)))
+    if not rows:
+        print(f"attention_peers.py: {kiln_csv} has no rows; nothing to compare")
+        return 1
     varlen = None
     if os.path.exists(kiln_csv + ".varlen.json"):
         varlen = json.load(open(kiln_csv + ".varlen.json"))
