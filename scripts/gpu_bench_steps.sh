@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
 # The GPU machine's benchmarks and GPU tests in steps that fit the device tool's 10-minute calls
 # (the build directory stays on a warm machine between calls): launch overhead (bench_launch), the
-# memory-bound report (bench_membound, then its PyTorch peers) and test_gpu. Logs and CSVs go
-# under $OUT. (scripts/gpu_check.sh is the one-call build + whole suite + examples.)
+# memory-bound report (bench_membound, then its PyTorch peers), attention (bench_attention, then
+# its PyTorch SDPA peers) and test_gpu. Logs and CSVs go under $OUT. (scripts/gpu_check.sh is the
+# one-call build + whole suite + examples.)
 #   scripts/gpu_bench_steps.sh build launch membound   # then, in the next call:
 #   scripts/gpu_bench_steps.sh peers tests
+#   scripts/gpu_bench_steps.sh build attention         # --quick cases (< 3 min) + peers
+#   scripts/gpu_bench_steps.sh attention_full          # all cases + peers; or, if that does not fit
+#   scripts/gpu_bench_steps.sh attention_full_kiln     #   one call, these two in two calls
+#   scripts/gpu_bench_steps.sh attention_full_peers
 # The build is without LLVM; hiredis comes from .gpu-carry/hiredis (headers and library), and
 # prewarmed kernel caches from .gpu-carry/{nvrtc,clang}-cache (see tests/gpu/test_gpu.cpp).
 set -uo pipefail
@@ -13,16 +18,42 @@ mkdir -p "$OUT"
 B=build-gpu
 H=$PWD/.gpu-carry/hiredis
 export LD_LIBRARY_PATH=$H/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+configure() {
+  cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_WITH_LLVM=OFF -DHIREDIS_INCLUDE_DIR=$H/include \
+    -DHIREDIS_LIBRARY=$H/lib/libhiredis.so > "$OUT/cmake.log" 2>&1 || { tail -40 "$OUT/cmake.log"; exit 1; }
+}
+# bench_attention (fresh cache: cold NVRTC compiles, heuristic kernels) into $B/kiln_$1.csv; $2: --quick or ''
+attention_kiln() {
+  [ -f $B/build.ninja ] || configure
+  ninja -C $B bench_attention > "$OUT/build_attention.log" 2>&1 || { tail -40 "$OUT/build_attention.log"; exit 1; }
+  KILN_CACHE_DIR=$(mktemp -d) $B/bench/bench_attention $B/kiln_$1.csv $2 > "$OUT/kiln_$1.log" 2>&1
+  echo "bench_attention exit $?"
+  cp $B/kiln_$1.csv $B/kiln_$1.csv.varlen.json "$OUT/" 2>/dev/null
+  grep -v "^  check:" "$OUT/kiln_$1.log" | tail -52
+}
+# PyTorch SDPA (cuDNN, flash) on the cases of $B/kiln_$1.csv; report in $OUT/$1_peers/
+attention_peers() {
+  python3 bench/attention_peers.py $B/kiln_$1.csv "$OUT/$1_peers" > "$OUT/$1_peers.log" 2>&1
+  echo "attention_peers.py exit $?"
+  sed -n '/^label /,$p' "$OUT/$1_peers.log" | tail -60
+}
 for step in "$@"; do
   t0=$(date +%s)
   case $step in
     build)
       nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv > "$OUT/env.txt" 2>&1
       date -u +%FT%TZ >> "$OUT/env.txt"
-      cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_WITH_LLVM=OFF -DHIREDIS_INCLUDE_DIR=$H/include \
-        -DHIREDIS_LIBRARY=$H/lib/libhiredis.so > "$OUT/cmake.log" 2>&1 &&
-        ninja -C $B kiln bench_launch bench_membound test_gpu > "$OUT/build.log" 2>&1 ||
+      configure
+      ninja -C $B kiln bench_launch bench_membound test_gpu > "$OUT/build.log" 2>&1 ||
         { tail -40 "$OUT/build.log"; exit 1; } ;;
+    attention)  # the --quick cases: one per shape (causal) at batch 1 and 2, and the causal varlen batch
+      attention_kiln attention --quick
+      attention_peers attention ;;
+    attention_full)
+      attention_kiln attention_full ""
+      attention_peers attention_full ;;
+    attention_full_kiln) attention_kiln attention_full "" ;;
+    attention_full_peers) attention_peers attention_full ;;
     launch)
       KILN_CACHE_DIR=$(mktemp -d) $B/bench/bench_launch 2>&1 | sed 's/\x1b\[[0-9;]*m//g' > "$OUT/bench_launch.log"
       tail -8 "$OUT/bench_launch.log" ;;
