@@ -18,6 +18,8 @@ namespace kiln::cli {
 struct Model {
   std::string name;
   int64_t hidden = 0, intermediate = 0, heads = 0, kv_heads = 0, head_dim = 0, vocab = 0, seq = 0;
+  int64_t rope_theta = 10000;  ///< RoPE base (models.json "rope_theta"; 10000 when absent)
+  bool llama3_rope = false;    ///< Llama-3.1's RoPE frequency scaling (models.json "rope_scaling": "llama3")
 };
 
 struct ModelTable {
@@ -48,8 +50,12 @@ std::span<const std::string_view> fp8_recipe_names();
 /// the value and the choices.
 Result<Fp8Recipe> parse_fp8_recipe(std::string_view name);
 
-/// The kernels of a training step: per layer, for qkv, attn_out, gate_up, down and lm_head the
-/// forward (NT), dgrad (NN) and wgrad (TN) GEMMs, plus rmsnorm and swiglu; for each micro batch
+/// The kernels of a training step (exactly those examples/llama_step launches): per layer, for
+/// qkv, attn_out, gate_up, down and lm_head the forward (NT), dgrad (NN) and wgrad (TN, fp32
+/// gradients) GEMMs; rmsnorm (plain, and with the fused residual add) and rmsnorm_bwd (plain, and
+/// adding the residual stream's gradient); rope and attention on views of the fused qkv (packed
+/// sequences, causal) and their backward; swiglu and swiglu_bwd; the token embedding and
+/// cross-entropy (int32 ids and targets) and their backward; for each micro batch
 /// (M = seq * micro_batch); identical kernels once, labels joined with '+'. With an fp8 recipe,
 /// also the quantize_fp8 kernels of every GEMM's x, W and dy (not lm_head's, which stays in
 /// `dtype`), with the transposed forms the dgrad and wgrad GEMMs read (docs/manifest.md); the

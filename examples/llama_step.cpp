@@ -1,0 +1,723 @@
+// One training step of a decoder-only (Llama) model through Kiln's C++ API alone:
+//
+//   r0 = embedding(ids)                                                     [T, hidden]
+//   per layer l:  xn, r = rmsnorm(h_{l-1} + d_{l-1})      (the residual add fused into the norm)
+//                 qkv = xn @ Wqkv^T                         [T, (Hq + 2 Hkv) D]   (gemm NT)
+//                 q, k = rope(q, k) in place on views of qkv (row stride (Hq + 2 Hkv) D)
+//                 o, lse = attention(q, k, v)               causal, GQA, packed sequences (THD)
+//                 a = o @ Wo^T                              [T, hidden]
+//                 hn, h = rmsnorm(r + a)                    (fused residual add)
+//                 gu = hn @ Wgu^T ; s = swiglu(gu) ; d = s @ Wd^T
+//   fn, rL = rmsnorm(h_{L-1} + d_{L-1}) ; logits = fn @ Wlm^T ; loss = mean(cross_entropy(logits, targets))
+//
+// then the backward of all of it to every weight's gradient: cross_entropy_bwd (dlogits written
+// over the logits), the dgrad (NN) and wgrad (TN, fp32 out) GEMMs, rmsnorm_bwd with the residual
+// gradient added in the same pass (dres), swiglu_bwd, attention_bwd writing dq/dk/dv into views
+// of one dqkv buffer, rope_bwd in place, embedding_bwd (deterministic). Every add of the residual
+// stream, forward and backward, is fused into a norm; no separate add kernel runs.
+//
+// Modes:
+//   --backend cuda|hip|auto   run on the GPU; times the step (--time N) and prints a per-op breakdown
+//   --backend emulator --arch gfx942|gfx950   run the AMD kernels in the CDNA emulator (small models)
+//   --check                   also run the same graph on the CPU through each op's float64 reference
+//                             (kiln::reference) and compare the loss (relative error < 1e-3) and every
+//                             gradient (SNR > 30 dB)
+//   --dump DIR                write weights, ids, targets, loss and gradients for scripts/llama_step_torch.py
+//   --require-prewarmed       fail if the step compiles any kernel (after kiln manifest + kiln prewarm)
+// Exit status: 0 done (and checks passed), 1 an error or a failed check, 77 --backend emulator
+// without the emulator (its Python or its folder missing: docs/emulator.md).
+//
+// Model dimensions come from models/models.json (`--model llama3.1-8b`), the layer count is an
+// option (default 2), sequence length and micro-batch too. Errors name the input and the fix.
+#include <kiln/kiln.h>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#ifndef KILN_MODELS_JSON
+#define KILN_MODELS_JSON "models/models.json"
+#endif
+
+namespace {
+
+using kiln::DType;
+using kiln::KernelSpec;
+using kiln::Result;
+
+struct Dims {
+  std::string name;
+  int64_t hidden = 0, intermediate = 0, heads = 0, kv_heads = 0, head_dim = 0, vocab = 0, seq = 0;
+  int64_t rope_theta = 10000;
+  bool llama3_scaling = false;  ///< Llama-3.1's RoPE frequency scaling
+  int64_t layers = 2, micro_batch = 1;
+  int64_t tokens() const { return seq * micro_batch; }
+  int64_t qkv_cols() const { return (heads + 2 * kv_heads) * head_dim; }
+};
+
+Result<Dims> load_dims(const std::string& path, const std::string& model) {
+  std::ifstream in(path);
+  if (!in)
+    return kiln::make_error(kiln::Errc::io_error,
+                            fmt::format("cannot read the model table {} (pass --models PATH)", path));
+  auto doc = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded() || !doc.contains("dense") || !doc["dense"].is_object())
+    return kiln::make_error(kiln::Errc::corrupt, fmt::format("{} is not a model table (no \"dense\" object)", path));
+  const auto& dense = doc["dense"];
+  if (!dense.contains(model)) {
+    std::string names;
+    for (const auto& [n, _] : dense.items()) names += (names.empty() ? "" : ", ") + n;
+    return kiln::make_error(kiln::Errc::unknown, fmt::format("unknown model '{}'; known models: {}", model, names));
+  }
+  const auto& m = dense[model];
+  Dims d;
+  d.name = model;
+  for (auto [key, field] : {std::pair{"hidden", &d.hidden}, {"intermediate", &d.intermediate}, {"heads", &d.heads},
+                            {"kv_heads", &d.kv_heads}, {"head_dim", &d.head_dim}, {"vocab", &d.vocab}, {"seq", &d.seq}}) {
+    if (!m.contains(key) || !m[key].is_number_integer())
+      return kiln::make_error(kiln::Errc::corrupt, fmt::format("{}: model '{}' has no integer '{}'", path, model, key));
+    *field = m[key].get<int64_t>();
+  }
+  if (m.contains("rope_theta") && m["rope_theta"].is_number_integer()) d.rope_theta = m["rope_theta"].get<int64_t>();
+  if (m.contains("rope_scaling") && m["rope_scaling"].is_string()) d.llama3_scaling = m["rope_scaling"] == "llama3";
+  return d;
+}
+
+// ---- tensors: host vectors (the reference graph) or device buffers ---------------------------
+struct Buf {
+  std::string name;
+  DType dt = DType::bf16;
+  int64_t rows = 0, cols = 0;
+  void* dev = nullptr;        // device mode
+  std::vector<float> host;    // host mode (values rounded to dt, as the device stores them)
+  int64_t elems() const { return rows * cols; }
+  size_t bytes() const { return static_cast<size_t>(elems()) * kiln::dtype_size(dt); }
+};
+
+// A 2-D view of a buffer: `cols` elements of each of `rows` rows, rows `stride` elements apart,
+// starting `offset` elements in. A whole buffer is the view {b, 0, rows, cols, cols}.
+struct View {
+  Buf* b = nullptr;
+  int64_t offset = 0, rows = 0, cols = 0, stride = 0;
+};
+View whole(Buf& b) { return {&b, 0, b.rows, b.cols, b.cols}; }
+View columns(Buf& b, int64_t first, int64_t count) { return {&b, first, b.rows, count, b.cols}; }
+
+class Graph {
+ public:
+  Graph(kiln::Runtime* rt, bool on_device, bool breakdown) : rt_(rt), dev_(on_device), breakdown_(breakdown) {}
+  bool on_device() const { return dev_; }
+
+  Result<Buf*> make(std::string name, DType dt, int64_t rows, int64_t cols) {
+    auto b = std::make_unique<Buf>();
+    b->name = std::move(name);
+    b->dt = dt;
+    b->rows = rows;
+    b->cols = cols;
+    if (dev_) {
+      KILN_ASSIGN_OR_RETURN(b->dev, rt_->device()->malloc(std::max<size_t>(b->bytes(), 256)));
+      KILN_TRY(rt_->device()->memset(b->dev, 0xff, b->bytes()));  // NaN poison: an unwritten element shows
+    } else {
+      b->host.assign(static_cast<size_t>(b->elems()), std::nanf(""));
+    }
+    bufs_.push_back(std::move(b));
+    return bufs_.back().get();
+  }
+  ~Graph() {
+    for (auto& b : bufs_)
+      if (b->dev) (void)rt_->device()->free(b->dev);
+  }
+
+  // Sets a buffer from float values (rounded to its dtype).
+  Result<void> upload(Buf& b, const std::vector<float>& v) {
+    if (!dev_) {
+      b.host.resize(v.size());
+      for (size_t i = 0; i < v.size(); ++i) b.host[i] = kiln::round_to_dtype(v[i], b.dt);
+      return kiln::ok();
+    }
+    std::vector<uint8_t> raw(b.bytes());
+    for (size_t i = 0; i < v.size(); ++i) store(raw.data(), b.dt, i, v[i]);
+    return rt_->device()->copy_to_device(b.dev, raw.data(), raw.size());
+  }
+  Result<std::vector<float>> download(const Buf& b) {
+    if (!dev_) return b.host;
+    std::vector<uint8_t> raw(b.bytes());
+    KILN_TRY(rt_->device()->copy_to_host(raw.data(), b.dev, raw.size()));
+    std::vector<float> out(static_cast<size_t>(b.elems()));
+    for (size_t i = 0; i < out.size(); ++i) out[i] = load(raw.data(), b.dt, i);
+    return out;
+  }
+
+  // One op call: inputs and outputs in the op's tensor order (`kiln ops`). An output may be the
+  // same view as an input (in-place ops). `label` names the call in the breakdown.
+  Result<void> run(const std::string& label, const KernelSpec& spec, const std::vector<View>& ins,
+                   const std::vector<View>& outs, const std::map<std::string, float>& scalars = {}) {
+    if (dev_) {
+      std::vector<void*> ptrs;
+      for (const View* v : all(ins, outs))
+        ptrs.push_back(static_cast<char*>(v->b->dev) + v->offset * static_cast<int64_t>(kiln::dtype_size(v->b->dt)));
+      auto launch = [&]() -> Result<void> { return rt_->launch(spec, ptrs, scalars, stream_); };
+      if (!breakdown_) return launch();
+      KILN_ASSIGN_OR_RETURN(float ms, rt_->device()->time_ms(stream_, launch));
+      auto& t = times_[label];
+      t.first += ms;
+      t.second += 1;
+      return kiln::ok();
+    }
+    // Host: the op's float64 reference on contiguous copies of the views.
+    std::vector<std::vector<float>> inputs;
+    for (const View& v : ins) inputs.push_back(gather(v));
+    KILN_ASSIGN_OR_RETURN(auto refs, kiln::reference(host_spec(spec), scalars, inputs));
+    if (refs.size() != outs.size())
+      return kiln::make_error(kiln::Errc::invalid_argument, fmt::format("{}: the reference gave {} outputs, the graph expects {}",
+                                                                label, refs.size(), outs.size()));
+    for (size_t i = 0; i < outs.size(); ++i) scatter(outs[i], refs[i].values);
+    return kiln::ok();
+  }
+
+  const std::map<std::string, std::pair<double, int>>& times() const { return times_; }
+  void clear_times() { times_.clear(); }
+  void set_breakdown(bool on) { breakdown_ = on; }
+
+ private:
+  static std::vector<const View*> all(const std::vector<View>& a, const std::vector<View>& b) {
+    std::vector<const View*> out;
+    for (const View& v : a) out.push_back(&v);
+    for (const View& v : b) out.push_back(&v);
+    return out;
+  }
+  // The host reference reads contiguous tensors: row strides of views are dropped from the spec.
+  static KernelSpec host_spec(KernelSpec s) {
+    for (const char* p : {"q_row_stride", "k_row_stride", "v_row_stride"}) s.params.erase(p);
+    return s;
+  }
+  static std::vector<float> gather(const View& v) {
+    std::vector<float> out;
+    out.reserve(static_cast<size_t>(v.rows * v.cols));
+    for (int64_t r = 0; r < v.rows; ++r)
+      for (int64_t c = 0; c < v.cols; ++c) out.push_back(v.b->host[static_cast<size_t>(v.offset + r * v.stride + c)]);
+    return out;
+  }
+  static void scatter(const View& v, const std::vector<double>& values) {
+    for (int64_t r = 0; r < v.rows; ++r)
+      for (int64_t c = 0; c < v.cols; ++c) {
+        const size_t i = static_cast<size_t>(r * v.cols + c);
+        const double x = i < values.size() ? values[i] : std::nan("");
+        v.b->host[static_cast<size_t>(v.offset + r * v.stride + c)] = kiln::round_to_dtype(static_cast<float>(x), v.b->dt);
+      }
+  }
+  static void store(uint8_t* raw, DType dt, size_t i, float f) {
+    switch (dt) {
+      case DType::bf16: reinterpret_cast<uint16_t*>(raw)[i] = kiln::float_to_bf16_bits(f); break;
+      case DType::f16: reinterpret_cast<uint16_t*>(raw)[i] = kiln::float_to_f16_bits(f); break;
+      case DType::i32: reinterpret_cast<int32_t*>(raw)[i] = static_cast<int32_t>(f); break;
+      case DType::i64: reinterpret_cast<int64_t*>(raw)[i] = static_cast<int64_t>(f); break;
+      default: reinterpret_cast<float*>(raw)[i] = f; break;
+    }
+  }
+  static float load(const uint8_t* raw, DType dt, size_t i) {
+    switch (dt) {
+      case DType::bf16: return kiln::bf16_bits_to_float(reinterpret_cast<const uint16_t*>(raw)[i]);
+      case DType::f16: return kiln::f16_bits_to_float(reinterpret_cast<const uint16_t*>(raw)[i]);
+      case DType::i32: return static_cast<float>(reinterpret_cast<const int32_t*>(raw)[i]);
+      case DType::i64: return static_cast<float>(reinterpret_cast<const int64_t*>(raw)[i]);
+      default: return reinterpret_cast<const float*>(raw)[i];
+    }
+  }
+
+  kiln::Runtime* rt_;
+  bool dev_, breakdown_;
+  kiln::Stream stream_ = nullptr;
+  std::vector<std::unique_ptr<Buf>> bufs_;
+  std::map<std::string, std::pair<double, int>> times_;
+};
+
+// ---- the model -----------------------------------------------------------------------------
+struct Layer {
+  Buf *g_attn, *wqkv, *wo, *g_mlp, *wgu, *wd;                    // weights
+  Buf *xn, *r, *rstd1, *qkv, *o, *lse, *a, *hn, *h, *rstd2, *gu, *s, *d;  // saved activations
+  Buf *dg_attn, *dwqkv, *dwo, *dg_mlp, *dwgu, *dwd;              // gradients
+};
+
+struct Model {
+  Dims dims;
+  DType dt = DType::bf16;
+  Buf *ids, *targets, *cu_seqlens, *wemb, *g_final, *wlm;
+  Buf *r0, *fn, *r_final, *rstd_f, *logits, *loss, *lse_ce, *dloss;
+  Buf *dwemb, *dg_final, *dwlm;
+  Buf *g, *gh, *dfn, *ds, *dgu, *dhn, *do_, *dqkv, *dxn;  // backward scratch
+  std::vector<Layer> layers;
+};
+
+KernelSpec gemm(const Model& m, int64_t M, int64_t N, int64_t K, bool ta, bool tb, DType out) {
+  return {"gemm", m.dt, out, {{"M", M}, {"N", N}, {"K", K}, {"trans_a", ta}, {"trans_b", tb}}};
+}
+KernelSpec rmsnorm(const Model& m, bool residual) {
+  KernelSpec s{"rmsnorm", m.dt, m.dt, {{"rows", m.dims.tokens()}, {"hidden", m.dims.hidden}, {"save_rstd", 1}}};
+  if (residual) s.params["residual"] = 1;
+  return s;
+}
+KernelSpec rmsnorm_bwd(const Model& m, bool dres) {
+  KernelSpec s{"rmsnorm_bwd", m.dt, m.dt, {{"rows", m.dims.tokens()}, {"hidden", m.dims.hidden}}};
+  if (dres) s.params["residual_grad"] = 1;
+  return s;
+}
+std::map<std::string, int64_t> heads_of(const Model& m) {
+  return {{"heads", m.dims.heads}, {"kv_heads", m.dims.kv_heads}, {"head_dim", m.dims.head_dim}};
+}
+KernelSpec rope(const Model& m, bool bwd) {
+  KernelSpec s{bwd ? "rope_bwd" : "rope", m.dt, m.dt, heads_of(m)};
+  s.params["tokens"] = m.dims.tokens();
+  s.params["batch"] = m.dims.micro_batch;
+  s.params["positions"] = 0;  // cu_seqlens: positions restart at each packed sequence
+  s.params["rope_theta"] = m.dims.rope_theta;
+  s.params["scaling"] = m.dims.llama3_scaling ? 1 : 0;  // llama3 or none
+  s.params["inplace"] = 1;
+  s.params["q_row_stride"] = m.dims.qkv_cols();
+  s.params["k_row_stride"] = m.dims.qkv_cols();
+  return s;
+}
+KernelSpec attention(const Model& m, bool bwd) {
+  KernelSpec s{bwd ? "attention_bwd" : "attention", m.dt, m.dt, heads_of(m)};
+  s.params["layout"] = 1;  // thd
+  s.params["causal"] = 1;
+  s.params["batch"] = m.dims.micro_batch;
+  s.params["total_q"] = s.params["total_k"] = m.dims.tokens();
+  s.params["max_seqlen_q"] = s.params["max_seqlen_k"] = m.dims.seq;
+  for (const char* p : {"q_row_stride", "k_row_stride", "v_row_stride"}) s.params[p] = m.dims.qkv_cols();
+  return s;
+}
+KernelSpec cross_entropy(const Model& m, bool bwd) {
+  KernelSpec s{bwd ? "cross_entropy_bwd" : "cross_entropy", m.dt, m.dt,
+               {{"tokens", m.dims.tokens()}, {"vocab", m.dims.vocab}, {"target_dtype", 1}}};  // int32 targets
+  if (bwd) s.params["inplace"] = 1;
+  return s;
+}
+KernelSpec embedding(const Model& m, bool bwd) {
+  return {bwd ? "embedding_bwd" : "embedding", m.dt, m.dt,
+          {{"tokens", m.dims.tokens()}, {"vocab", m.dims.vocab}, {"hidden", m.dims.hidden}, {"ids_dtype", 0}}};
+}
+
+// Views of q, k and v inside the qkv buffer [T, (Hq + 2 Hkv) D].
+View q_of(const Model& m, Buf& qkv) { return columns(qkv, 0, m.dims.heads * m.dims.head_dim); }
+View k_of(const Model& m, Buf& qkv) { return columns(qkv, m.dims.heads * m.dims.head_dim, m.dims.kv_heads * m.dims.head_dim); }
+View v_of(const Model& m, Buf& qkv) {
+  return columns(qkv, (m.dims.heads + m.dims.kv_heads) * m.dims.head_dim, m.dims.kv_heads * m.dims.head_dim);
+}
+
+Result<Model> build(Graph& g, const Dims& d, DType dt, uint64_t seed) {
+  Model m;
+  m.dims = d;
+  m.dt = dt;
+  const int64_t T = d.tokens(), H = d.hidden, I = d.intermediate, V = d.vocab, Q = d.qkv_cols(),
+                HD = d.heads * d.head_dim;
+  std::mt19937_64 rng(seed);
+  auto uniform = [&](int64_t n, float lo, float hi) {
+    std::uniform_real_distribution<float> u(lo, hi);
+    std::vector<float> v(static_cast<size_t>(n));
+    for (float& x : v) do x = u(rng); while (x == 0.0f);
+    return v;
+  };
+  auto weight = [&](const std::string& name, int64_t rows, int64_t cols) -> Result<Buf*> {
+    KILN_ASSIGN_OR_RETURN(Buf * b, g.make(name, dt, rows, cols));
+    const float a = std::sqrt(3.0f / static_cast<float>(cols));  // unit-variance outputs
+    KILN_TRY(g.upload(*b, uniform(rows * cols, -a, a)));
+    return b;
+  };
+  auto gamma = [&](const std::string& name) -> Result<Buf*> {
+    KILN_ASSIGN_OR_RETURN(Buf * b, g.make(name, dt, 1, H));
+    KILN_TRY(g.upload(*b, uniform(H, 0.8f, 1.2f)));
+    return b;
+  };
+  auto act = [&](const std::string& name, DType t, int64_t rows, int64_t cols) { return g.make(name, t, rows, cols); };
+
+  // Inputs: token ids and next-token targets (int32), packed sequences of length seq.
+  KILN_ASSIGN_OR_RETURN(m.ids, act("ids", DType::i32, 1, T));
+  KILN_ASSIGN_OR_RETURN(m.targets, act("targets", DType::i32, 1, T));
+  KILN_ASSIGN_OR_RETURN(m.cu_seqlens, act("cu_seqlens", DType::i32, 1, d.micro_batch + 1));
+  {
+    std::uniform_int_distribution<int64_t> tok(0, V - 1);
+    std::vector<float> ids(static_cast<size_t>(T)), tg(static_cast<size_t>(T)), cu;
+    for (auto& x : ids) x = static_cast<float>(tok(rng));
+    for (auto& x : tg) x = static_cast<float>(tok(rng));
+    for (int64_t b = 0; b <= d.micro_batch; ++b) cu.push_back(static_cast<float>(b * d.seq));
+    KILN_TRY(g.upload(*m.ids, ids));
+    KILN_TRY(g.upload(*m.targets, tg));
+    KILN_TRY(g.upload(*m.cu_seqlens, cu));
+  }
+  KILN_ASSIGN_OR_RETURN(m.wemb, g.make("embed.weight", dt, V, H));
+  KILN_TRY(g.upload(*m.wemb, uniform(V * H, -1.0f, 1.0f)));
+  for (int64_t l = 0; l < d.layers; ++l) {
+    Layer L;
+    const std::string p = fmt::format("layers.{}.", l);
+    KILN_ASSIGN_OR_RETURN(L.g_attn, gamma(p + "attn_norm.weight"));
+    KILN_ASSIGN_OR_RETURN(L.wqkv, weight(p + "qkv.weight", Q, H));
+    KILN_ASSIGN_OR_RETURN(L.wo, weight(p + "o.weight", H, HD));
+    KILN_ASSIGN_OR_RETURN(L.g_mlp, gamma(p + "mlp_norm.weight"));
+    KILN_ASSIGN_OR_RETURN(L.wgu, weight(p + "gate_up.weight", 2 * I, H));
+    KILN_ASSIGN_OR_RETURN(L.wd, weight(p + "down.weight", H, I));
+    KILN_ASSIGN_OR_RETURN(L.xn, act(p + "xn", dt, T, H));
+    KILN_ASSIGN_OR_RETURN(L.r, act(p + "r", dt, T, H));
+    KILN_ASSIGN_OR_RETURN(L.rstd1, act(p + "rstd1", DType::f32, 1, T));
+    KILN_ASSIGN_OR_RETURN(L.qkv, act(p + "qkv", dt, T, Q));
+    KILN_ASSIGN_OR_RETURN(L.o, act(p + "o", dt, T, HD));
+    KILN_ASSIGN_OR_RETURN(L.lse, act(p + "lse", DType::f32, d.heads, T));
+    KILN_ASSIGN_OR_RETURN(L.a, act(p + "a", dt, T, H));
+    KILN_ASSIGN_OR_RETURN(L.hn, act(p + "hn", dt, T, H));
+    KILN_ASSIGN_OR_RETURN(L.h, act(p + "h", dt, T, H));
+    KILN_ASSIGN_OR_RETURN(L.rstd2, act(p + "rstd2", DType::f32, 1, T));
+    KILN_ASSIGN_OR_RETURN(L.gu, act(p + "gu", dt, T, 2 * I));
+    KILN_ASSIGN_OR_RETURN(L.s, act(p + "s", dt, T, I));
+    KILN_ASSIGN_OR_RETURN(L.d, act(p + "d", dt, T, H));
+    KILN_ASSIGN_OR_RETURN(L.dg_attn, act(p + "attn_norm.weight.grad", dt, 1, H));
+    KILN_ASSIGN_OR_RETURN(L.dwqkv, act(p + "qkv.weight.grad", DType::f32, Q, H));
+    KILN_ASSIGN_OR_RETURN(L.dwo, act(p + "o.weight.grad", DType::f32, H, HD));
+    KILN_ASSIGN_OR_RETURN(L.dg_mlp, act(p + "mlp_norm.weight.grad", dt, 1, H));
+    KILN_ASSIGN_OR_RETURN(L.dwgu, act(p + "gate_up.weight.grad", DType::f32, 2 * I, H));
+    KILN_ASSIGN_OR_RETURN(L.dwd, act(p + "down.weight.grad", DType::f32, H, I));
+    m.layers.push_back(L);
+  }
+  KILN_ASSIGN_OR_RETURN(m.g_final, gamma("final_norm.weight"));
+  KILN_ASSIGN_OR_RETURN(m.wlm, weight("lm_head.weight", V, H));
+  KILN_ASSIGN_OR_RETURN(m.r0, act("r0", dt, T, H));
+  KILN_ASSIGN_OR_RETURN(m.fn, act("fn", dt, T, H));
+  KILN_ASSIGN_OR_RETURN(m.r_final, act("r_final", dt, T, H));
+  KILN_ASSIGN_OR_RETURN(m.rstd_f, act("rstd_final", DType::f32, 1, T));
+  KILN_ASSIGN_OR_RETURN(m.logits, act("logits", dt, T, V));
+  KILN_ASSIGN_OR_RETURN(m.loss, act("loss", DType::f32, 1, T));
+  KILN_ASSIGN_OR_RETURN(m.lse_ce, act("lse_ce", DType::f32, 1, T));
+  KILN_ASSIGN_OR_RETURN(m.dloss, act("dloss", DType::f32, 1, T));
+  KILN_TRY(g.upload(*m.dloss, std::vector<float>(static_cast<size_t>(T), 1.0f / static_cast<float>(T))));
+  KILN_ASSIGN_OR_RETURN(m.dwemb, act("embed.weight.grad", DType::f32, V, H));
+  KILN_ASSIGN_OR_RETURN(m.dg_final, act("final_norm.weight.grad", dt, 1, H));
+  KILN_ASSIGN_OR_RETURN(m.dwlm, act("lm_head.weight.grad", DType::f32, V, H));
+  KILN_ASSIGN_OR_RETURN(m.g, act("g", dt, T, H));
+  KILN_ASSIGN_OR_RETURN(m.gh, act("gh", dt, T, H));
+  KILN_ASSIGN_OR_RETURN(m.dfn, act("dfn", dt, T, H));
+  KILN_ASSIGN_OR_RETURN(m.ds, act("ds", dt, T, I));
+  KILN_ASSIGN_OR_RETURN(m.dgu, act("dgu", dt, T, 2 * I));
+  KILN_ASSIGN_OR_RETURN(m.dhn, act("dhn", dt, T, H));
+  KILN_ASSIGN_OR_RETURN(m.do_, act("do", dt, T, HD));
+  KILN_ASSIGN_OR_RETURN(m.dqkv, act("dqkv", dt, T, Q));
+  KILN_ASSIGN_OR_RETURN(m.dxn, act("dxn", dt, T, H));
+  return m;
+}
+
+const std::map<std::string, float> kEps = {{"eps", 1e-5f}};
+
+Result<void> forward(Graph& g, Model& m) {
+  const Dims& d = m.dims;
+  const int64_t T = d.tokens(), H = d.hidden, I = d.intermediate, Q = d.qkv_cols(), HD = d.heads * d.head_dim;
+  KILN_TRY(g.run("embedding", embedding(m, false), {whole(*m.ids), whole(*m.wemb)}, {whole(*m.r0)}));
+  for (size_t l = 0; l < m.layers.size(); ++l) {
+    Layer& L = m.layers[l];
+    if (l == 0) {
+      KILN_TRY(g.run("rmsnorm", rmsnorm(m, false), {whole(*m.r0), whole(*L.g_attn)}, {whole(*L.xn), whole(*L.rstd1)}, kEps));
+    } else {  // r_l = h_{l-1} + d_{l-1}, fused
+      const Layer& P = m.layers[l - 1];
+      KILN_TRY(g.run("rmsnorm+residual", rmsnorm(m, true), {whole(*P.h), whole(*P.d), whole(*L.g_attn)},
+                     {whole(*L.xn), whole(*L.r), whole(*L.rstd1)}, kEps));
+    }
+    KILN_TRY(g.run("gemm qkv", gemm(m, T, Q, H, false, true, m.dt), {whole(*L.xn), whole(*L.wqkv)}, {whole(*L.qkv)}));
+    const View q = q_of(m, *L.qkv), k = k_of(m, *L.qkv), v = v_of(m, *L.qkv);
+    KILN_TRY(g.run("rope", rope(m, false), {q, k, whole(*m.cu_seqlens)}, {q, k}));
+    KILN_TRY(g.run("attention", attention(m, false), {q, k, v, whole(*m.cu_seqlens), whole(*m.cu_seqlens)},
+                   {whole(*L.o), whole(*L.lse)}));
+    KILN_TRY(g.run("gemm attn_out", gemm(m, T, H, HD, false, true, m.dt), {whole(*L.o), whole(*L.wo)}, {whole(*L.a)}));
+    const Buf& resid = l == 0 ? *m.r0 : *L.r;
+    KILN_TRY(g.run("rmsnorm+residual", rmsnorm(m, true), {whole(const_cast<Buf&>(resid)), whole(*L.a), whole(*L.g_mlp)},
+                   {whole(*L.hn), whole(*L.h), whole(*L.rstd2)}, kEps));
+    KILN_TRY(g.run("gemm gate_up", gemm(m, T, 2 * I, H, false, true, m.dt), {whole(*L.hn), whole(*L.wgu)}, {whole(*L.gu)}));
+    KILN_TRY(g.run("swiglu", {"swiglu", m.dt, m.dt, {{"rows", T}, {"intermediate", I}}}, {whole(*L.gu)}, {whole(*L.s)}));
+    KILN_TRY(g.run("gemm down", gemm(m, T, H, I, false, true, m.dt), {whole(*L.s), whole(*L.wd)}, {whole(*L.d)}));
+  }
+  const Layer& last = m.layers.back();
+  KILN_TRY(g.run("rmsnorm+residual", rmsnorm(m, true), {whole(*last.h), whole(*last.d), whole(*m.g_final)},
+                 {whole(*m.fn), whole(*m.r_final), whole(*m.rstd_f)}, kEps));
+  KILN_TRY(g.run("gemm lm_head", gemm(m, T, d.vocab, H, false, true, m.dt), {whole(*m.fn), whole(*m.wlm)},
+                 {whole(*m.logits)}));
+  KILN_TRY(g.run("cross_entropy", cross_entropy(m, false), {whole(*m.logits), whole(*m.targets)},
+                 {whole(*m.loss), whole(*m.lse_ce)}));
+  return kiln::ok();
+}
+
+Result<void> backward(Graph& g, Model& m) {
+  const Dims& d = m.dims;
+  const int64_t T = d.tokens(), H = d.hidden, I = d.intermediate, Q = d.qkv_cols(), HD = d.heads * d.head_dim;
+  const DType f32 = DType::f32;
+  // dlogits over the logits (in place), then the lm_head's gradients.
+  KILN_TRY(g.run("cross_entropy_bwd", cross_entropy(m, true),
+                 {whole(*m.dloss), whole(*m.logits), whole(*m.targets), whole(*m.lse_ce)}, {whole(*m.logits)}));
+  KILN_TRY(g.run("gemm lm_head wgrad", gemm(m, d.vocab, H, T, true, false, f32), {whole(*m.logits), whole(*m.fn)},
+                 {whole(*m.dwlm)}));
+  KILN_TRY(g.run("gemm lm_head dgrad", gemm(m, T, H, d.vocab, false, false, m.dt), {whole(*m.logits), whole(*m.wlm)},
+                 {whole(*m.dfn)}));
+  // g = dL/d(h_{L-1} + d_{L-1}).
+  KILN_TRY(g.run("rmsnorm_bwd", rmsnorm_bwd(m, false), {whole(*m.dfn), whole(*m.r_final), whole(*m.g_final), whole(*m.rstd_f)},
+                 {whole(*m.g), whole(*m.dg_final)}));
+  for (size_t li = m.layers.size(); li-- > 0;) {
+    Layer& L = m.layers[li];
+    // MLP: d = s Wd^T, s = swiglu(gu), gu = hn Wgu^T.
+    KILN_TRY(g.run("gemm down wgrad", gemm(m, H, I, T, true, false, f32), {whole(*m.g), whole(*L.s)}, {whole(*L.dwd)}));
+    KILN_TRY(g.run("gemm down dgrad", gemm(m, T, I, H, false, false, m.dt), {whole(*m.g), whole(*L.wd)}, {whole(*m.ds)}));
+    KILN_TRY(g.run("swiglu_bwd", {"swiglu_bwd", m.dt, m.dt, {{"rows", T}, {"intermediate", I}}},
+                   {whole(*m.ds), whole(*L.gu)}, {whole(*m.dgu)}));
+    KILN_TRY(g.run("gemm gate_up wgrad", gemm(m, 2 * I, H, T, true, false, f32), {whole(*m.dgu), whole(*L.hn)},
+                   {whole(*L.dwgu)}));
+    KILN_TRY(g.run("gemm gate_up dgrad", gemm(m, T, H, 2 * I, false, false, m.dt), {whole(*m.dgu), whole(*L.wgu)},
+                   {whole(*m.dhn)}));
+    // gh = dL/dh = g + rmsnorm_bwd(dhn): the residual gradient added in the norm's pass.
+    KILN_TRY(g.run("rmsnorm_bwd+dres", rmsnorm_bwd(m, true),
+                   {whole(*m.dhn), whole(*L.h), whole(*L.g_mlp), whole(*L.rstd2), whole(*m.g)},
+                   {whole(*m.gh), whole(*L.dg_mlp)}));
+    // Attention output projection: a = o Wo^T, dL/da = gh.
+    KILN_TRY(g.run("gemm attn_out wgrad", gemm(m, H, HD, T, true, false, f32), {whole(*m.gh), whole(*L.o)}, {whole(*L.dwo)}));
+    KILN_TRY(g.run("gemm attn_out dgrad", gemm(m, T, HD, H, false, false, m.dt), {whole(*m.gh), whole(*L.wo)},
+                   {whole(*m.do_)}));
+    const View q = q_of(m, *L.qkv), k = k_of(m, *L.qkv), v = v_of(m, *L.qkv);
+    const View dq = q_of(m, *m.dqkv), dk = k_of(m, *m.dqkv), dv = v_of(m, *m.dqkv);
+    KILN_TRY(g.run("attention_bwd", attention(m, true),
+                   {whole(*m.do_), q, k, v, whole(*L.o), whole(*L.lse), whole(*m.cu_seqlens), whole(*m.cu_seqlens)},
+                   {dq, dk, dv}));
+    KILN_TRY(g.run("rope_bwd", rope(m, true), {dq, dk, whole(*m.cu_seqlens)}, {dq, dk}));
+    KILN_TRY(g.run("gemm qkv wgrad", gemm(m, Q, H, T, true, false, f32), {whole(*m.dqkv), whole(*L.xn)}, {whole(*L.dwqkv)}));
+    KILN_TRY(g.run("gemm qkv dgrad", gemm(m, T, H, Q, false, false, m.dt), {whole(*m.dqkv), whole(*L.wqkv)},
+                   {whole(*m.dxn)}));
+    // g = dL/dr_l = gh + rmsnorm_bwd(dxn) (r_0 is the embedding output).
+    Buf& x = li == 0 ? *m.r0 : *L.r;
+    KILN_TRY(g.run("rmsnorm_bwd+dres", rmsnorm_bwd(m, true),
+                   {whole(*m.dxn), whole(x), whole(*L.g_attn), whole(*L.rstd1), whole(*m.gh)},
+                   {whole(*m.g), whole(*L.dg_attn)}));
+  }
+  KILN_TRY(g.run("embedding_bwd", embedding(m, true), {whole(*m.ids), whole(*m.g)}, {whole(*m.dwemb)}));
+  return kiln::ok();
+}
+
+// Every gradient, with its name, in a fixed order.
+std::vector<Buf*> gradients(Model& m) {
+  std::vector<Buf*> out = {m.dwemb};
+  for (Layer& L : m.layers)
+    for (Buf* b : {L.dg_attn, L.dwqkv, L.dwo, L.dg_mlp, L.dwgu, L.dwd}) out.push_back(b);
+  out.push_back(m.dg_final);
+  out.push_back(m.dwlm);
+  return out;
+}
+std::vector<Buf*> parameters(Model& m) {
+  std::vector<Buf*> out = {m.wemb};
+  for (Layer& L : m.layers)
+    for (Buf* b : {L.g_attn, L.wqkv, L.wo, L.g_mlp, L.wgu, L.wd}) out.push_back(b);
+  out.push_back(m.g_final);
+  out.push_back(m.wlm);
+  return out;
+}
+
+Result<double> mean_loss(Graph& g, Model& m) {
+  KILN_ASSIGN_OR_RETURN(auto loss, g.download(*m.loss));
+  double sum = 0;
+  for (float x : loss) sum += x;
+  return sum / static_cast<double>(loss.size());
+}
+
+Result<void> dump(Graph& g, Model& m, double loss, const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return kiln::make_error(kiln::Errc::io_error, fmt::format("--dump {}: {}", dir, ec.message()));
+  nlohmann::ordered_json index;
+  index["model"] = m.dims.name;
+  index["layers"] = m.dims.layers;
+  index["seq"] = m.dims.seq;
+  index["micro_batch"] = m.dims.micro_batch;
+  index["dims"] = {{"hidden", m.dims.hidden},     {"intermediate", m.dims.intermediate}, {"heads", m.dims.heads},
+                   {"kv_heads", m.dims.kv_heads}, {"head_dim", m.dims.head_dim},         {"vocab", m.dims.vocab}};
+  index["rope_theta"] = m.dims.rope_theta;
+  index["rope_scaling"] = m.dims.llama3_scaling ? "llama3" : "none";
+  index["eps"] = 1e-5;
+  index["loss"] = loss;
+  std::vector<Buf*> bufs = {m.ids, m.targets};
+  for (Buf* b : parameters(m)) bufs.push_back(b);
+  for (Buf* b : gradients(m)) bufs.push_back(b);
+  for (Buf* b : bufs) {
+    KILN_ASSIGN_OR_RETURN(auto v, g.download(*b));
+    const std::string file = b->name + ".f32";
+    std::ofstream out(dir + "/" + file, std::ios::binary);
+    out.write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(float)));
+    if (!out) return kiln::make_error(kiln::Errc::io_error, fmt::format("--dump: cannot write {}/{}", dir, file));
+    index["tensors"][b->name] = {{"file", file}, {"shape", {b->rows, b->cols}}, {"dtype", kiln::dtype_name(b->dt)}};
+  }
+  std::ofstream(dir + "/index.json") << index.dump(1) << "\n";
+  return kiln::ok();
+}
+
+int fail(const kiln::Error& e) {
+  std::fprintf(stderr, "llama_step: error: %s\n", e.message.c_str());
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"One training step (forward and backward) of a Llama model through Kiln's C++ API alone"};
+  std::string model = "llama3.1-8b", models_path = KILN_MODELS_JSON, backend = "auto", arch, cache_dir, dump_dir,
+              record;
+  int64_t layers = 2, micro_batch = 1, seq = 0, time_steps = 5;
+  uint64_t seed = 1234;
+  bool check = false, require_prewarmed = false, breakdown = true;
+  app.add_option("--model", model, "model name in the model table (models/models.json, section dense)");
+  app.add_option("--models", models_path, "the model table");
+  app.add_option("--layers", layers, "decoder layers")->check(CLI::Range(1, 1024));
+  app.add_option("--micro-batch", micro_batch, "sequences per step")->check(CLI::Range(1, 1024));
+  app.add_option("--seq", seq, "sequence length (default: the model's)")->check(CLI::Range(0, 1 << 20));
+  app.add_option("--backend", backend, "auto, cuda, hip or emulator");
+  app.add_option("--arch", arch, "with --backend emulator: gfx942 or gfx950");
+  app.add_option("--cache-dir", cache_dir, "kernel cache directory (default: KILN_CACHE_DIR, ~/.cache/kiln)");
+  app.add_option("--time", time_steps, "timed steps after one warm-up (0: none)")->check(CLI::Range(0, 1000));
+  app.add_flag("!--no-breakdown", breakdown, "skip the per-op time breakdown");
+  app.add_flag("--check", check, "compare the loss and every gradient with the same graph on the CPU references");
+  app.add_option("--dump", dump_dir, "write weights, inputs, loss and gradients here (for scripts/llama_step_torch.py)");
+  app.add_flag("--require-prewarmed", require_prewarmed, "fail if the step compiles a kernel");
+  app.add_option("--record", record, "append every kernel spec the step requests to this manifest (JSON lines)");
+  app.add_option("--seed", seed, "seed of the weights and the batch");
+  CLI11_PARSE(app, argc, argv);
+
+  auto dims = load_dims(models_path, model);
+  if (!dims) return fail(dims.error());
+  dims->layers = layers;
+  dims->micro_batch = micro_batch;
+  if (seq > 0) dims->seq = seq;
+  const Dims& d = *dims;
+  // Limits checked before anything is allocated: int32 offsets and the device's memory.
+  if (d.tokens() * std::max(d.vocab, d.qkv_cols()) >= (int64_t{1} << 31))
+    return fail({kiln::Errc::invalid_argument,
+                 fmt::format("--seq {} x --micro-batch {} = {} tokens: tokens x vocab ({}) must stay below 2^31 "
+                             "(the logits' int32 offsets); use fewer tokens",
+                             d.seq, d.micro_batch, d.tokens(), d.vocab)});
+
+  kiln::RuntimeOptions o;
+  o.backend = backend;
+  o.emulator_target = arch;
+  o.cache_dir = cache_dir;
+  o.record_file = record;
+  auto rt = kiln::Runtime::create(o);
+  if (!rt && backend == "emulator" &&
+      (rt.error().code == kiln::Errc::driver_unavailable || rt.error().code == kiln::Errc::unsupported)) {
+    std::printf("llama_step: skipped, the AMD emulator is not available: %s\n", rt.error().message.c_str());
+    return 77;  // the tests' "skipped"
+  }
+  if (!rt) return fail(rt.error());
+  if (!(*rt)->device()) {
+    std::printf("llama_step: no GPU and no --backend emulator: nothing to run\n");
+    return 0;
+  }
+  kiln::Runtime& runtime = **rt;
+  kiln::Device& dev = *runtime.device();
+  const bool emulated = backend == "emulator";
+  std::printf("llama_step: %s, %ld layers, seq %ld x micro-batch %ld = %ld tokens, bf16; device %s (%s)\n",
+              d.name.c_str(), long(d.layers), long(d.seq), long(d.micro_batch), long(d.tokens()), dev.name().c_str(),
+              std::string(dev.target().name).c_str());
+  {  // memory estimate, before allocation
+    const double T = static_cast<double>(d.tokens()), H = static_cast<double>(d.hidden),
+                 I = static_cast<double>(d.intermediate), V = static_cast<double>(d.vocab),
+                 Q = static_cast<double>(d.qkv_cols()), L = static_cast<double>(d.layers);
+    const double per_layer = 2 * (Q * H + H * d.heads * d.head_dim + 3 * I * H) * 3 +   // weights + fp32 grads
+                             2 * T * (6 * H + Q + d.heads * d.head_dim + 3 * I);          // saved activations
+    const double total = L * per_layer + 2 * V * H * 3 * 2 + 2 * T * V + 2 * T * (8 * H + 3 * I + Q);
+    std::printf("llama_step: about %.1f GiB of device memory\n", total / (1 << 30));
+  }
+  const auto stats0 = runtime.stats();
+  Graph g(&runtime, true, false);
+  auto m = build(g, d, DType::bf16, seed);
+  if (!m) return fail(m.error());
+  auto step = [&]() -> Result<void> {
+    KILN_TRY(forward(g, *m));
+    return backward(g, *m);
+  };
+  if (auto r = step(); !r) return fail(r.error());
+  if (auto r = dev.synchronize(); !r) return fail(r.error());
+  const auto stats1 = runtime.stats();
+  const uint64_t compiled = stats1.compiles - stats0.compiles;
+  std::printf("llama_step: first step: %lu kernels compiled, %lu disk hits, %lu memory hits\n", (unsigned long)compiled,
+              (unsigned long)(stats1.disk_hits - stats0.disk_hits), (unsigned long)(stats1.memory_hits - stats0.memory_hits));
+  auto loss = mean_loss(g, *m);
+  if (!loss) return fail(loss.error());
+  std::printf("llama_step: loss %.6f (ln(vocab) = %.6f)\n", *loss, std::log(static_cast<double>(d.vocab)));
+  int rc = 0;
+  if (require_prewarmed && compiled > 0) {
+    std::printf("llama_step: FAIL: the step compiled %lu kernels (run kiln manifest + kiln prewarm first)\n",
+                (unsigned long)compiled);
+    rc = 1;
+  }
+  if (!dump_dir.empty())
+    if (auto r = dump(g, *m, *loss, dump_dir); !r) return fail(r.error());
+
+  if (check) {
+    Graph host(&runtime, false, false);
+    auto hm = build(host, d, DType::bf16, seed);
+    if (!hm) return fail(hm.error());
+    if (auto r = forward(host, *hm); !r) return fail(r.error());
+    if (auto r = backward(host, *hm); !r) return fail(r.error());
+    auto hloss = mean_loss(host, *hm);
+    if (!hloss) return fail(hloss.error());
+    const double rel = std::fabs(*loss - *hloss) / std::max(std::fabs(*hloss), 1e-12);
+    bool pass = rel < 1e-3;
+    std::printf("check: loss %.6f vs CPU references %.6f: relative error %.2e (gate 1e-3) %s\n", *loss, *hloss, rel,
+                rel < 1e-3 ? "PASS" : "FAIL");
+    const auto dg = gradients(*m), hg = gradients(*hm);
+    for (size_t i = 0; i < dg.size(); ++i) {
+      auto a = g.download(*dg[i]);
+      auto b = host.download(*hg[i]);
+      if (!a || !b) return fail(a ? b.error() : a.error());
+      double err = 0, ref = 0;
+      int64_t nonfinite = 0;
+      for (size_t j = 0; j < a->size(); ++j) {
+        if (!std::isfinite((*a)[j])) ++nonfinite;
+        const double e = double((*a)[j]) - double((*b)[j]);
+        err += e * e;
+        ref += double((*b)[j]) * double((*b)[j]);
+      }
+      const double snr = 10 * std::log10(ref / std::max(err, 1e-300));
+      const bool ok = nonfinite == 0 && snr > 30;
+      pass = pass && ok;
+      std::printf("check: %-28s SNR %6.1f dB (gate 30)%s %s\n", dg[i]->name.c_str(), snr,
+                  nonfinite ? fmt::format(", {} non-finite", nonfinite).c_str() : "", ok ? "PASS" : "FAIL");
+    }
+    std::printf("check: %s\n", pass ? "PASS" : "FAIL");
+    if (!pass) rc = 1;
+  }
+
+  if (!emulated && time_steps > 0) {
+    std::vector<float> ms;
+    for (int64_t i = 0; i < time_steps; ++i) {
+      auto t = dev.time_ms(nullptr, step);
+      if (!t) return fail(t.error());
+      ms.push_back(*t);
+    }
+    std::sort(ms.begin(), ms.end());
+    std::printf("llama_step: step time %.3f ms (median of %ld; min %.3f, max %.3f)\n", ms[ms.size() / 2],
+                long(ms.size()), ms.front(), ms.back());
+    if (breakdown) {
+      g.set_breakdown(true);
+      if (auto r = step(); !r) return fail(r.error());
+      std::vector<std::pair<std::string, std::pair<double, int>>> rows(g.times().begin(), g.times().end());
+      std::sort(rows.begin(), rows.end(), [](auto& a, auto& b) { return a.second.first > b.second.first; });
+      double total = 0;
+      for (auto& r : rows) total += r.second.first;
+      std::printf("breakdown (one step, each launch timed alone with device events; sum %.3f ms):\n", total);
+      std::printf("  %-24s %10s %7s %6s\n", "op", "ms", "share", "calls");
+      for (auto& [name, t] : rows)
+        std::printf("  %-24s %10.3f %6.1f%% %6d\n", name.c_str(), t.first, 100 * t.first / total, t.second);
+    }
+  }
+  return rc;
+}
