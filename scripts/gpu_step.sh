@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The training step (issue 16) and the new ops on the GPU machine, in steps that fit the device
+# tool's 10-minute calls (the build directory stays on a warm machine between calls):
+#   scripts/gpu_step.sh build check time     # then, in the next call:
+#   scripts/gpu_step.sh attention tests
+# check: examples/llama_step at --seq $CHECK_SEQ (2048) dumps weights and gradients, and
+#        scripts/llama_step_torch.py compares them with PyTorch in fp32 (loss 1e-3, gradients 30 dB);
+# time:  the step at the model's sequence length (micro-batch $MB, default 1) with its per-op
+#        breakdown, then PyTorch eager and torch.compile of the same model in the same job.
+# Build without LLVM (NVRTC); hiredis from .gpu-carry/hiredis. Logs under $OUT.
+set -uo pipefail
+OUT=${OUT:-$PWD/out}
+mkdir -p "$OUT"
+B=build-gpu
+H=$PWD/.gpu-carry/hiredis
+MODEL=${MODEL:-llama3.1-8b} MB=${MB:-1} CHECK_SEQ=${CHECK_SEQ:-2048}
+export LD_LIBRARY_PATH=$H/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} KILN_CACHE_DIR=${KILN_CACHE_DIR:-/tmp/kiln-cache}
+for step in "$@"; do
+  t0=$(date +%s)
+  case $step in
+    build)
+      nvidia-smi --query-gpu=name,driver_version --format=csv > "$OUT/env.txt" 2>&1; date -u +%FT%TZ >> "$OUT/env.txt"
+      cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_WITH_LLVM=OFF -DHIREDIS_INCLUDE_DIR=$H/include \
+        -DHIREDIS_LIBRARY=$H/lib/libhiredis.so > "$OUT/cmake.log" 2>&1 &&
+        ninja -C $B kiln_cli llama_step test_gpu bench_attention bench_membound > "$OUT/build.log" 2>&1 ||
+        { tail -40 "$OUT/build.log"; exit 1; } ;;
+    check)
+      rm -rf /tmp/step-dump
+      $B/examples/llama_step --model "$MODEL" --seq "$CHECK_SEQ" --micro-batch "$MB" --time 0 --dump /tmp/step-dump \
+        > "$OUT/step_check_kiln.log" 2>&1; tail -3 "$OUT/step_check_kiln.log"
+      python3 scripts/llama_step_torch.py check /tmp/step-dump > "$OUT/step_check_torch.log" 2>&1
+      cat "$OUT/step_check_torch.log" | tail -20 ;;
+    time)
+      $B/examples/llama_step --model "$MODEL" --micro-batch "$MB" --time 5 > "$OUT/step_time_kiln_mb$MB.log" 2>&1 || true
+      cat "$OUT/step_time_kiln_mb$MB.log" | tail -40
+      ms=$(grep -o 'step time [0-9.]*' "$OUT/step_time_kiln_mb$MB.log" | awk '{print $3}')
+      seq=$(python3 -c "import json;print(json.load(open('models/models.json'))['dense']['$MODEL']['seq'])")
+      # the model's dimensions from the check step's dump (same model)
+      python3 scripts/llama_step_torch.py time --model-dims /tmp/step-dump/index.json --seq "$seq" \
+        --micro-batch "$MB" --kiln-ms "${ms:-0}" > "$OUT/step_time_torch_mb$MB.log" 2>&1
+      tail -6 "$OUT/step_time_torch_mb$MB.log" ;;
+    attention)
+      $B/bench/bench_attention "$OUT/attention.csv" --quick > "$OUT/bench_attention.log" 2>&1; tail -25 "$OUT/bench_attention.log"
+      python3 bench/attention_peers.py "$OUT/attention.csv" "$OUT/attention_peers" > "$OUT/attention_peers.log" 2>&1
+      tail -30 "$OUT/attention_peers.log" ;;
+    tests)
+      # every op's test specs with NVRTC (Compilers/Gpu.*/0), the determinism test of embedding_bwd
+      $B/tests/test_gpu --gtest_filter='Compilers/Gpu.*/0:GpuEmbedding*' > "$OUT/test_gpu.log" 2>&1
+      grep -E "specs pass|^\[  (PASSED|FAILED)|FAILED  \]|FAIL " "$OUT/test_gpu.log" | head -40 ;;
+    membound)  # the rows of the new memory-bound ops, with their PyTorch peers
+      $B/bench/bench_membound "$OUT/membound_new.csv" --quick --only cross_entropy,rope,embedding,rmsnorm_bwd_dres \
+        > "$OUT/membound_new.log" 2>&1; tail -15 "$OUT/membound_new.log"
+      python3 bench/membound_peers.py "$OUT/membound_new.csv" "$OUT/membound_peers" > "$OUT/membound_peers.log" 2>&1
+      tail -25 "$OUT/membound_peers.log" ;;
+    *) echo "unknown step $step"; exit 2 ;;
+  esac
+  echo "== $step: $(( $(date +%s) - t0 )) s"
+done
