@@ -105,7 +105,9 @@ TEST(OpContract, ReferencesFillEveryOutputWithFiniteValues) {
         ASSERT_EQ(int64_t(values[i].size()), inputs[i].elements()) << inputs[i].name;
         for (float v : values[i]) {
           // Index tensors (ids, positions, cu_seqlens) hold 0 where it is a valid index.
-          if (!is_integer(inputs[i].dtype)) ASSERT_NE(v, 0.0f) << inputs[i].name << ": inputs are never zero";
+          if (!is_integer(inputs[i].dtype)) {
+            ASSERT_NE(v, 0.0f) << inputs[i].name << ": inputs are never zero";
+          }
           ASSERT_EQ(v, round_to_dtype(v, inputs[i].dtype)) << inputs[i].name << ": inputs are rounded to their dtype";
         }
       }
