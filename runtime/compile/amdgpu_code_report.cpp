@@ -51,7 +51,7 @@ int occupancy_waves_per_simd(int vgprs, int agprs, int lds_bytes, int threads, i
 }
 
 namespace {
-void count(InstructionMix& mix, std::string_view op) {
+[[maybe_unused]] void count(InstructionMix& mix, std::string_view op) {  // unused without LLVM
   ++mix.total;
   auto starts = [&](std::string_view p) { return op.substr(0, p.size()) == p; };
   if (starts("v_mfma")) ++mix.mfma;
