@@ -36,7 +36,11 @@ Result<void> AttentionOp::check(const KernelSpec& spec, const TargetInfo&) const
   return ah::check(name(), spec, with_defaults(spec));
 }
 
-// Two kernels:
+// Three kernels:
+//  - Hopper (attention_sm90.kernel, sm_90a; head_dim == head_dim_v, 64 or 128): FlashAttention-3's
+//    structure, TMA + WGMMA, a producer warpgroup and two consumer warpgroups of 64 query rows,
+//    128-key blocks in a STAGES-deep ring (2 at head dim 128: 160 KiB of shared memory; 4 at 64).
+//    TMA needs 16-byte row strides and bases, which the op requires of every layout anyway.
 //  - portable (attention.kernel, every target): BM query rows of one head per block, key/value
 //    tiles of BN rows through LDS, THREADS threads (THREADS / BM per query row). BM = 16 for head
 //    dims above 128 keeps Q, K, V and P within 48 KiB of static shared memory (44 KiB at 256/256).
@@ -47,8 +51,27 @@ Result<void> AttentionOp::check(const KernelSpec& spec, const TargetInfo&) const
 // so it serves as a tuning candidate, not as a fallback).
 namespace {
 bool mfma(const TileConfig& c) { return c.count("MFMA") && c.at("MFMA") != 0; }
-int64_t block_rows(const TileConfig& c) { return mfma(c) ? 32 * c.at("WAVES") : c.at("BM"); }
-int64_t block_threads(const TileConfig& c) { return mfma(c) ? 64 * c.at("WAVES") : c.at("THREADS"); }
+bool wgmma(const TileConfig& c) { return c.count("WGMMA") && c.at("WGMMA") != 0; }
+int64_t block_rows(const TileConfig& c) {
+  return wgmma(c) ? 128 : mfma(c) ? 32 * c.at("WAVES") : c.at("BM");
+}
+int64_t block_threads(const TileConfig& c) {
+  return wgmma(c) ? 384 : mfma(c) ? 64 * c.at("WAVES") : c.at("THREADS");
+}
+// Dynamic shared memory of the Hopper kernel: 1 KiB of alignment slack, Q (128 rows), STAGES K
+// and V tiles of 128 keys, the mbarriers.
+int64_t sm90_shared_bytes(const KernelSpec& spec, const TileConfig& c) {
+  const int64_t d = spec.param("head_dim");
+  return 1024 + 128 * d * 2 + 2 * c.at("STAGES") * 128 * d * 2 + 8 * (1 + 3 * c.at("STAGES"));
+}
+// PINGPONG: the two consumer warpgroups take turns on the tensor cores (FlashAttention-3).
+TileConfig sm90_config(const KernelSpec& spec, bool pingpong) {
+  return {{"WGMMA", 1}, {"STAGES", spec.param("head_dim") == 64 ? 4 : 2}, {"PINGPONG", pingpong ? 1 : 0}};
+}
+bool has_wgmma(const KernelSpec& spec, const TargetInfo& t) {
+  const int64_t d = spec.param("head_dim");
+  return t.vendor == Vendor::nvidia && t.cpu == "sm_90a" && ah::dim_v(spec) == d && (d == 64 || d == 128);
+}
 TileConfig portable_config(const KernelSpec& spec) {
   const int64_t dmax = std::max(spec.param("head_dim"), ah::dim_v(spec));
   return {{"BM", dmax <= 128 ? 32 : 16}, {"BN", 32}, {"THREADS", 128}};
@@ -57,6 +80,8 @@ bool has_mfma(const TargetInfo& t) { return t.vendor == Vendor::amd && (t.name =
 }  // namespace
 
 std::vector<TileConfig> AttentionOp::variants(const KernelSpec& spec, const TargetInfo& target) const {
+  if (has_wgmma(spec, target))
+    return {sm90_config(spec, true), sm90_config(spec, false), portable_config(spec)};
   if (!has_mfma(target)) return {portable_config(spec)};
   const int64_t dmax = std::max(spec.param("head_dim"), ah::dim_v(spec));
   return {{{"MFMA", 1}, {"WAVES", dmax <= 128 ? 2 : 1}, {"BN", 32}, {"MFMA_K", target.name == "gfx950" ? 16 : 8}},
@@ -64,10 +89,16 @@ std::vector<TileConfig> AttentionOp::variants(const KernelSpec& spec, const Targ
 }
 
 std::string_view AttentionOp::device_template(const TileConfig& c) const {
+  if (wgmma(c)) return embedded_file("templates/attention/attention_sm90.kernel");
   return embedded_file(mfma(c) ? "templates/attention/attention_mfma.kernel" : "templates/attention/attention.kernel");
 }
 
 std::string AttentionOp::specialize(const KernelSpec& spec, const TileConfig& c) const {
+  if (wgmma(c))
+    return ah::specialize_common(spec) +
+           fmt::format("constexpr int BM = 128, BN = 128, STAGES = {};\nconstexpr bool IN_BF16 = {}, PINGPONG = {};\n",
+                       c.at("STAGES"), spec.dtype == DType::bf16 ? "true" : "false",
+                       c.at("PINGPONG") ? "true" : "false");
   if (mfma(c))
     return ah::specialize_common(spec) +
            fmt::format("constexpr int WAVES = {}, BN = {}, MFMA_K = {};\nconstexpr bool IN_BF16 = {};\n", c.at("WAVES"),
@@ -87,10 +118,27 @@ Plan AttentionOp::plan(const KernelSpec& call, const TileConfig& c) const {
   l.geometry.grid.y = static_cast<uint32_t>(call.param("heads"));
   l.geometry.block.x = static_cast<uint32_t>(block_threads(c));
   const bool thd = ah::thd(call);
+  const uint32_t out = thd ? 5 : 3;
   // Tensors: q, k, v, [cu_seqlens_q, cu_seqlens_k], out, lse.
+  if (wgmma(c)) {
+    // q, k, v as TMA tensor maps: rows of the full row stride, boxes of 64 columns (one head's
+    // 64-column chunk) by 128 rows. An empty tensor gets one row: no box of it is ever loaded.
+    auto map = [&](uint32_t t, int64_t stride, int64_t rows) {
+      return KernelArg::tensor_map_of(TensorMapInfo{t, static_cast<uint64_t>(stride),
+                                                    static_cast<uint64_t>(std::max<int64_t>(rows, 1)), 64, 128});
+    };
+    l.args = {map(0, ah::q_stride(call), ah::tokens_q(call)), map(1, ah::k_stride(call), ah::tokens_k(call)),
+              map(2, ah::v_stride(call), ah::tokens_k(call))};
+    if (thd) l.args.insert(l.args.end(), {KernelArg::tensor(3), KernelArg::tensor(4)});
+    l.args.insert(l.args.end(), {KernelArg::tensor(out), KernelArg::tensor(out + 1), KernelArg::i32(call.param("seqlen_q")),
+                                 KernelArg::i32(call.param("seqlen_k")), KernelArg::i32(q_blocks),
+                                 KernelArg::i32(ah::tokens_q(call)), KernelArg::scalar(0)});
+    l.geometry.dynamic_shared_bytes = static_cast<uint32_t>(sm90_shared_bytes(call, c));
+    p.launches.push_back(std::move(l));
+    return p;
+  }
   l.args = {KernelArg::tensor(0), KernelArg::tensor(1), KernelArg::tensor(2)};
   if (thd) l.args.insert(l.args.end(), {KernelArg::tensor(3), KernelArg::tensor(4)});
-  const uint32_t out = thd ? 5 : 3;
   l.args.insert(l.args.end(), {KernelArg::tensor(out), KernelArg::tensor(out + 1), KernelArg::i32(call.param("seqlen_q")),
                                KernelArg::i32(call.param("seqlen_k")), KernelArg::i32(q_blocks),
                                KernelArg::i32(ah::tokens_q(call)), KernelArg::i32(ah::q_stride(call)),
@@ -100,7 +148,17 @@ Plan AttentionOp::plan(const KernelSpec& call, const TileConfig& c) const {
   return p;
 }
 
-// q, k, v and out are read and written 16 bytes at a time.
+// Tuning on sm_90a times the Hopper kernel with and without ping-pong.
+std::vector<TileConfig> AttentionOp::tuning_candidates(const KernelSpec& spec, const TargetInfo& target) const {
+  if (has_wgmma(spec, target)) return {sm90_config(spec, true), sm90_config(spec, false)};
+  return {choose_config(spec, target)};
+}
+
+uint32_t AttentionOp::dynamic_shared_bytes(const KernelSpec& spec, const TileConfig& c) const {
+  return wgmma(c) ? static_cast<uint32_t>(sm90_shared_bytes(spec, c)) : 0;
+}
+
+// q, k, v and out are read and written 16 bytes at a time (and by TMA on Hopper).
 std::vector<uint32_t> AttentionOp::base_alignment(const KernelSpec& spec, const TileConfig&) const {
   return ah::alignment(tensors(spec));
 }

@@ -29,7 +29,7 @@ class AttentionOp final : public OpTemplate {
  public:
   std::string_view name() const override { return "attention"; }
   std::string_view summary() const override {
-    return "flash attention forward (FlashAttention-2): q, k, v -> out, lse; causal, sliding window, softcap, GQA, "
+    return "flash attention forward (FlashAttention-2; FlashAttention-3's TMA + WGMMA on sm_90a): q, k, v -> out, lse; causal, sliding window, softcap, GQA, "
            "varlen";
   }
   std::span<const ParamInfo> params() const override;
@@ -41,6 +41,8 @@ class AttentionOp final : public OpTemplate {
   std::string specialize(const KernelSpec& spec, const TileConfig& config) const override;
   std::string_view kernel_name(const TileConfig&) const override { return "kiln_attention_fwd"; }
   Plan plan(const KernelSpec& call, const TileConfig& config) const override;
+  uint32_t dynamic_shared_bytes(const KernelSpec& spec, const TileConfig& config) const override;
+  std::vector<TileConfig> tuning_candidates(const KernelSpec& spec, const TargetInfo& target) const override;
   std::vector<uint32_t> base_alignment(const KernelSpec& spec, const TileConfig& config) const override;
   void init_inputs(const KernelSpec& spec, std::span<const TensorInfo> inputs, std::vector<std::vector<float>>& values,
                    std::mt19937_64& rng) const override;
