@@ -39,7 +39,8 @@ Result<void> AttentionOp::check(const KernelSpec& spec, const TargetInfo&) const
 // Three kernels:
 //  - Hopper (attention_sm90.kernel, sm_90a; head_dim == head_dim_v, 64 or 128): FlashAttention-3's
 //    structure, TMA + WGMMA, a producer warpgroup and two consumer warpgroups of 64 query rows,
-//    128-key blocks in a STAGES-deep ring (2 at head dim 128: 160 KiB of shared memory; 4 at 64).
+//    128-key blocks in a STAGES-deep ring (2 at head dim 128: 160 KiB of shared memory; 4 at 64),
+//    the softmax of one block overlapped with the GEMMs of the next.
 //    TMA needs 16-byte row strides and bases, which the op requires of every layout anyway.
 //  - portable (attention.kernel, every target): BM query rows of one head per block, key/value
 //    tiles of BN rows through LDS, THREADS threads (THREADS / BM per query row). BM = 16 for head
@@ -64,7 +65,10 @@ int64_t sm90_shared_bytes(const KernelSpec& spec, const TileConfig& c) {
   const int64_t d = spec.param("head_dim");
   return 1024 + 128 * d * 2 + 2 * c.at("STAGES") * 128 * d * 2 + 8 * (1 + 3 * c.at("STAGES"));
 }
-// PINGPONG: the two consumer warpgroups take turns on the tensor cores (FlashAttention-3).
+// PINGPONG: the two consumer warpgroups take turns on the tensor cores (FlashAttention-3). Off by
+// default: on the H100 (2026-11-26, bench_attention --quick --only s8192_b1) it was slower at head
+// dim 128 (320 / 342 TFLOP/s with, 397 / 428 without) and even at 64 (319 / 316); it stays a
+// tuning candidate.
 TileConfig sm90_config(const KernelSpec& spec, bool pingpong) {
   return {{"WGMMA", 1}, {"STAGES", spec.param("head_dim") == 64 ? 4 : 2}, {"PINGPONG", pingpong ? 1 : 0}};
 }
@@ -81,7 +85,7 @@ bool has_mfma(const TargetInfo& t) { return t.vendor == Vendor::amd && (t.name =
 
 std::vector<TileConfig> AttentionOp::variants(const KernelSpec& spec, const TargetInfo& target) const {
   if (has_wgmma(spec, target))
-    return {sm90_config(spec, true), sm90_config(spec, false), portable_config(spec)};
+    return {sm90_config(spec, false), sm90_config(spec, true), portable_config(spec)};
   if (!has_mfma(target)) return {portable_config(spec)};
   const int64_t dmax = std::max(spec.param("head_dim"), ah::dim_v(spec));
   return {{{"MFMA", 1}, {"WAVES", dmax <= 128 ? 2 : 1}, {"BN", 32}, {"MFMA_K", target.name == "gfx950" ? 16 : 8}},
