@@ -45,8 +45,27 @@ std::span<const ParamInfo> AttentionBwdOp::params() const { return kBwdParams; }
 std::span<const ScalarInfo> AttentionBwdOp::scalars() const { return ah::kScalars; }
 std::span<const DType> AttentionBwdOp::dtypes() const { return ah::kDTypes; }
 std::span<const TensorDecl> AttentionBwdOp::signature() const { return kSignature; }
-std::string_view AttentionBwdOp::device_template(const TileConfig&) const {
-  return embedded_file("templates/attention_bwd/attention_bwd.kernel");
+namespace {
+bool wgmma(const TileConfig& c) { return c.count("WGMMA") && c.at("WGMMA") != 0; }
+bool has_wgmma(const KernelSpec& spec, const TargetInfo& t) {
+  const int64_t d = spec.param("head_dim");
+  return t.vendor == Vendor::nvidia && t.cpu == "sm_90a" && ah::dim_v(spec) == d && (d == 64 || d == 128);
+}
+// Dynamic shared memory of the Hopper kernels: 1 KiB of alignment slack, two resident tiles of
+// 128 rows, STAGES pairs of streamed tiles of 64 rows, the mbarriers.
+int64_t sm90_shared_bytes(const KernelSpec& spec, const TileConfig& c) {
+  const int64_t d = spec.param("head_dim"), stages = c.at("STAGES");
+  return 1024 + 2 * 128 * d * 2 + 2 * stages * 64 * d * 2 + 8 * (1 + 3 * stages);
+}
+}  // namespace
+
+std::string_view AttentionBwdOp::device_template(const TileConfig& c) const {
+  return embedded_file(wgmma(c) ? "templates/attention_bwd/attention_bwd_sm90.kernel"
+                                : "templates/attention_bwd/attention_bwd.kernel");
+}
+
+uint32_t AttentionBwdOp::dynamic_shared_bytes(const KernelSpec& spec, const TileConfig& c) const {
+  return wgmma(c) ? static_cast<uint32_t>(sm90_shared_bytes(spec, c)) : 0;
 }
 
 Result<void> AttentionBwdOp::check(const KernelSpec& spec, const TargetInfo&) const {
@@ -56,13 +75,23 @@ Result<void> AttentionBwdOp::check(const KernelSpec& spec, const TargetInfo&) co
 // The portable kernels (attention_bwd.kernel): QB query rows and KB keys per tile pair, 256
 // threads. 16 x 16 tiles for head dims above 128 keep Q, dO, K, V, P and dS within 48 KiB of
 // static shared memory (36 KiB at 256/256; 43 KiB with 32 x 32 tiles at 128/128).
-std::vector<TileConfig> AttentionBwdOp::variants(const KernelSpec& spec, const TargetInfo&) const {
+// sm_90a, head dims 64 and 128 (equal): the TMA + WGMMA kernels (attention_bwd_sm90.kernel),
+// resident tiles of 128 rows, streamed tiles of 64 in a 2-stage ring (132 KiB of shared memory at
+// head dim 128); THREADS is the D = rowsum(dO O) launch's. The portable kernels follow as the
+// fallback and serve every other case.
+std::vector<TileConfig> AttentionBwdOp::variants(const KernelSpec& spec, const TargetInfo& target) const {
   const int64_t dmax = std::max(spec.param("head_dim"), ah::dim_v(spec));
   const int64_t tile = dmax <= 128 ? 32 : 16;
-  return {{{"QB", tile}, {"KB", tile}, {"THREADS", 256}}};
+  TileConfig portable = {{"QB", tile}, {"KB", tile}, {"THREADS", 256}};
+  if (has_wgmma(spec, target)) return {{{"WGMMA", 1}, {"STAGES", 2}, {"THREADS", 256}}, portable};
+  return {portable};
 }
 
 std::string AttentionBwdOp::specialize(const KernelSpec& spec, const TileConfig& c) const {
+  if (wgmma(c))
+    return ah::specialize_common(spec) +
+           fmt::format("constexpr int STAGES = {}, THREADS = {};\nconstexpr bool IN_BF16 = {};\n", c.at("STAGES"),
+                       c.at("THREADS"), spec.dtype == DType::bf16 ? "true" : "false");
   return ah::specialize_common(spec) + fmt::format("constexpr int QB = {}, KB = {}, THREADS = {};\n", c.at("QB"),
                                                    c.at("KB"), c.at("THREADS"));
 }
@@ -95,6 +124,51 @@ Plan AttentionBwdOp::plan(const KernelSpec& call, const TileConfig& c) const {
     dot.geometry.block.x = static_cast<uint32_t>(threads);
     dot.args = {KernelArg::tensor(0), KernelArg::tensor(4), KernelArg::workspace(0), KernelArg::i32(tq)};
     p.launches.push_back(std::move(dot));
+  }
+  if (wgmma(c)) {
+    // dout, q, k, v as TMA tensor maps (boxes of 64 columns by 128 resident or 64 streamed rows),
+    // then lse, [cu_seqlens_q, cu_seqlens_k], the outputs, the D workspace.
+    auto map = [&](uint32_t t, int64_t stride, int64_t rows, uint32_t box_rows) {
+      return KernelArg::tensor_map_of(TensorMapInfo{t, static_cast<uint64_t>(stride),
+                                                    static_cast<uint64_t>(std::max<int64_t>(rows, 1)), 64, box_rows});
+    };
+    const int64_t o_stride = heads * ah::dim_v(call);
+    const uint32_t q_box = 0, k_box = 1;  // which of q / k is resident (128 rows)
+    auto maps = [&](Launch& l, uint32_t resident) {
+      const uint32_t qb = resident == q_box ? 128 : 64, kb = resident == k_box ? 128 : 64;
+      l.args = {map(0, o_stride, tq, qb), map(1, ah::q_stride(call), tq, qb), map(2, ah::k_stride(call), tk, kb),
+                map(3, ah::v_stride(call), tk, kb), KernelArg::tensor(5)};
+      if (thd) l.args.insert(l.args.end(), {KernelArg::tensor(6), KernelArg::tensor(7)});
+      l.geometry.block.x = 384;
+      l.geometry.dynamic_shared_bytes = static_cast<uint32_t>(sm90_shared_bytes(call, c));
+    };
+    if (tk > 0 && ah::max_len_k(call) > 0) {
+      const int64_t k_blocks = ceil_div(ah::max_len_k(call), 128);
+      Launch l;
+      l.kernel = "kiln_attention_bwd_dkdv";
+      maps(l, k_box);
+      l.args.insert(l.args.end(), {KernelArg::tensor(dk), KernelArg::tensor(dv), KernelArg::workspace(0),
+                                   KernelArg::i32(call.param("seqlen_q")), KernelArg::i32(call.param("seqlen_k")),
+                                   KernelArg::i32(k_blocks), KernelArg::i32(tq), KernelArg::i32(ah::k_stride(call)),
+                                   KernelArg::i32(ah::v_stride(call)), KernelArg::scalar(0)});
+      l.geometry.grid.x = static_cast<uint32_t>(k_blocks * batch);
+      l.geometry.grid.y = static_cast<uint32_t>(call.param("kv_heads"));
+      p.launches.push_back(std::move(l));
+    }
+    if (tq > 0 && ah::max_len_q(call) > 0) {
+      const int64_t q_blocks = ceil_div(ah::max_len_q(call), 128);
+      Launch l;
+      l.kernel = "kiln_attention_bwd_dq";
+      maps(l, q_box);
+      l.args.insert(l.args.end(), {KernelArg::tensor(dq), KernelArg::workspace(0),
+                                   KernelArg::i32(call.param("seqlen_q")), KernelArg::i32(call.param("seqlen_k")),
+                                   KernelArg::i32(q_blocks), KernelArg::i32(tq), KernelArg::i32(ah::q_stride(call)),
+                                   KernelArg::scalar(0)});
+      l.geometry.grid.x = static_cast<uint32_t>(q_blocks * batch);
+      l.geometry.grid.y = static_cast<uint32_t>(heads);
+      p.launches.push_back(std::move(l));
+    }
+    return p;
   }
   if (tk > 0 && ah::max_len_k(call) > 0) {  // every key row gets dk, dv (0 where no query sees it)
     const int64_t k_blocks = ceil_div(ah::max_len_k(call), c.at("KB"));

@@ -17,6 +17,7 @@ namespace {
 constexpr std::array kParts = {
     LibraryPart{"amd_vectors", true, false, "ext_vector_type registers of MFMA and 16-byte accesses (u32x4, f32x16, ...)"},
     LibraryPart{"attention", true, true, "attention masks (causal, sliding window), softcap tanh, LDS tile loads and dot products"},
+    LibraryPart{"attention_sm90", false, true, "sm_90a attention registers: exp2, bf16/fp16 A fragments, quad reductions, Q K^T and P V WGMMAs"},
     LibraryPart{"fp8", true, true, "fp8 storage types (OCP e4m3/e5m2, FNUZ), round-to-nearest-even saturating conversions"},
     LibraryPart{"mbarrier", false, true, "sm_90a mbarriers: init, arrive, expect_tx, parity wait"},
     LibraryPart{"mfma", true, false, "CDNA3/CDNA4 MFMA: 32x32x8, 16x16x16 and gfx950's 32x32x16, 16x16x32 (bf16/fp16)"},

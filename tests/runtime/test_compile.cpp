@@ -103,14 +103,15 @@ TEST_P(CompileEveryTarget, ProducesAValidCodeObject) {
     }
     // Known: NVRTC spills 16 bytes in the portable fp32 gemm.kernel with trans_a on sm_90a (fp32
     // GEMMs do not take the tensor-core path there). Everything else must not spill.
-    // Known: clang's PTX of the Hopper attention kernel (attention_sm90.kernel: 384 threads, so
-    // ptxas gives it 168 registers) spills up to a few hundred bytes where NVRTC's (the default
-    // NVIDIA compiler) spills none; the NVRTC case below keeps the 0.
+    // Known: the Hopper attention kernels (384 threads, so ptxas gives them 168 registers) spill:
+    // the forward (attention_sm90.kernel) up to a few hundred bytes with clang's PTX and none with
+    // NVRTC's (the default NVIDIA compiler); the backward (attention_bwd_sm90.kernel) 16 bytes
+    // with NVRTC at head dim 128 and up to about 750 with clang.
     const bool known_spill = spec.op == "gemm" && spec.dtype == DType::f32 && target.vendor == Vendor::nvidia;
-    const bool clang_attention_sm90 = spec.op == "attention" && src->config.count("WGMMA") &&
-                                      std::string(c.compiler) == "clang";
-    EXPECT_LE(info.spill_stores, clang_attention_sm90 ? 512 : known_spill ? 16 : 0)
-        << "no spills expected in these small kernels";
+    const bool clang = std::string(c.compiler) == "clang";
+    const bool attention_sm90 = (spec.op == "attention" || spec.op == "attention_bwd") && src->config.count("WGMMA");
+    const int64_t allowed = attention_sm90 ? (clang ? 1024 : spec.op == "attention_bwd" ? 32 : 0) : known_spill ? 16 : 0;
+    EXPECT_LE(info.spill_stores, allowed) << "no spills expected in these small kernels";
 #if KILN_WITH_LLVM
     const auto symbols = elf_symbols(b);
     EXPECT_TRUE(symbols.count(src->kernel_name)) << "kernel symbol missing from the ELF";
