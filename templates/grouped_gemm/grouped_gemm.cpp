@@ -1,0 +1,170 @@
+#include "templates/grouped_gemm/grouped_gemm.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "support/embedded.h"
+
+namespace kiln {
+namespace {
+constexpr std::string_view kModes[] = {"nt", "nn", "tn"};
+enum Mode : int64_t { kNt = 0, kNn = 1, kTn = 2 };
+constexpr int64_t kInt32Max = (int64_t{1} << 31) - 1;
+const ParamInfo kParams[] = {
+    {"mode",
+     "nt: c = a b[g]^T with b [G, N, K] (forward); nn: c = a b[g] with b [G, K, N] (dgrad); tn: c[g] = a_g^T b_g "
+     "(k-grouped wgrad)",
+     true, false, 0, 2, kModes, 0},
+    {"groups", "groups G (experts)", true, false, 1, 4096},
+    {"N", "columns of c (nt, nn); rows of each c[g] (tn)", true, false, 1, kInt32Max},
+    {"K", "the reduction dimension (nt, nn); columns of each c[g] (tn)", true, false, 1, kInt32Max},
+    {"tokens", "rows of the grouped operands, offsets[G]; a runtime argument (0 is a no-op)", false, false, 0,
+     kInt32Max},
+};
+const DType kDTypes[] = {DType::bf16, DType::f16};
+
+bool tn(const KernelSpec& s) { return s.param("mode") == kTn; }
+std::vector<int64_t> a_shape(const KernelSpec& s) { return {s.param("tokens"), tn(s) ? s.param("N") : s.param("K")}; }
+std::vector<int64_t> b_shape(const KernelSpec& s) {
+  if (tn(s)) return {s.param("tokens"), s.param("K")};
+  if (s.param("mode") == kNt) return {s.param("groups"), s.param("N"), s.param("K")};
+  return {s.param("groups"), s.param("K"), s.param("N")};
+}
+std::vector<int64_t> offsets_shape(const KernelSpec& s) { return {s.param("groups") + 1}; }
+std::vector<int64_t> c_shape(const KernelSpec& s) {
+  if (tn(s)) return {s.param("groups"), s.param("N"), s.param("K")};
+  return {s.param("tokens"), s.param("N")};
+}
+const TensorDecl kSignature[] = {
+    {"a", Role::input, DTypeRule::in, DType::f32, "[tokens, K] (nt, nn); [tokens, N] (tn)", a_shape},
+    {"b", Role::input, DTypeRule::in, DType::f32, "[G, N, K] (nt); [G, K, N] (nn); [tokens, K] (tn)", b_shape},
+    {"offsets", Role::input, DTypeRule::fixed, DType::i32, "[G + 1]", offsets_shape, nullptr,
+     "group g is rows offsets[g] .. offsets[g + 1] - 1 of the grouped operands (0 = offsets[0] <= ... <= offsets[G] "
+     "= tokens)"},
+    {"c", Role::output, DTypeRule::out, DType::f32, "[tokens, N] (nt, nn); [G, N, K] (tn)", c_shape},
+};
+}  // namespace
+
+std::span<const ParamInfo> GroupedGemmOp::params() const { return kParams; }
+std::span<const DType> GroupedGemmOp::dtypes() const { return kDTypes; }
+std::span<const TensorDecl> GroupedGemmOp::signature() const { return kSignature; }
+
+// The portable kernel (grouped_gemm.kernel, every target): 64 x 64 tiles of c, 16-deep slices
+// through LDS in fp32, 4 x 4 outputs per thread (256 threads).
+std::vector<TileConfig> GroupedGemmOp::variants(const KernelSpec&, const TargetInfo&) const {
+  return {{{"BM", 64}, {"BN", 64}, {"BK", 16}, {"TM", 4}, {"TN", 4}, {"THREADS", 256}}};
+}
+
+std::string_view GroupedGemmOp::device_template(const TileConfig&) const {
+  return embedded_file("templates/grouped_gemm/grouped_gemm.kernel");
+}
+
+std::string GroupedGemmOp::specialize(const KernelSpec& spec, const TileConfig& c) const {
+  return fmt::format(
+      "constexpr int MODE = {}, GROUPS = {};\nconstexpr long long N = {}, K = {};\n"
+      "constexpr int BM = {}, BN = {}, BK = {}, TM = {}, TN = {}, THREADS = {};\ntypedef {} in_t;\ntypedef {} out_t;\n",
+      spec.param("mode"), spec.param("groups"), spec.param("N"), spec.param("K"), c.at("BM"), c.at("BN"), c.at("BK"),
+      c.at("TM"), c.at("TN"), c.at("THREADS"), device_type_name(spec.dtype), device_type_name(spec.out_dtype));
+}
+
+// nt, nn: grid.x covers every group's row tiles (at most ceil(tokens / BM) + G - 1 of them: each
+// group wastes less than one tile), grid.y the column tiles; a block finds its group from the
+// offsets and blocks past the last tile exit. tn: one block per (BM x BN tile of c[g], g).
+Plan GroupedGemmOp::plan(const KernelSpec& call, const TileConfig& c) const {
+  Plan p;
+  const int64_t tokens = call.param("tokens"), G = call.param("groups");
+  LaunchGeometry g;
+  g.block.x = static_cast<uint32_t>(c.at("THREADS"));
+  if (tn(call)) {  // every c[g] is written, zeros for empty groups, even with no tokens
+    g.grid.x = static_cast<uint32_t>(ceil_div(call.param("N"), c.at("BM")) * ceil_div(call.param("K"), c.at("BN")));
+    g.grid.y = static_cast<uint32_t>(G);
+  } else {
+    if (tokens == 0) return p;
+    g.grid.x = static_cast<uint32_t>(ceil_div(tokens, c.at("BM")) + G - 1);
+    g.grid.y = static_cast<uint32_t>(ceil_div(call.param("N"), c.at("BN")));
+  }
+  Launch l = single_launch(call, c, g);
+  l.args.push_back(KernelArg::i32(tokens));
+  p.launches.push_back(std::move(l));
+  return p;
+}
+
+// Random rows, and offsets that split the tokens over the groups unevenly (a Zipf-like law: group
+// g gets a share 1 / (g + 1), shuffled), with some groups empty when G > 2.
+void GroupedGemmOp::init_inputs(const KernelSpec& spec, std::span<const TensorInfo> inputs,
+                                std::vector<std::vector<float>>& values, std::mt19937_64& rng) const {
+  OpTemplate::init_inputs(spec, inputs, values, rng);
+  const int64_t G = spec.param("groups"), tokens = spec.param("tokens");
+  std::vector<double> share(static_cast<size_t>(G));
+  for (int64_t g = 0; g < G; ++g) share[g] = (G > 2 && g % 3 == 1) ? 0.0 : 1.0 / static_cast<double>(g + 1);
+  std::shuffle(share.begin(), share.end(), rng);
+  double total = 0;
+  for (double x : share) total += x;
+  std::vector<int64_t> size(static_cast<size_t>(G), 0);
+  int64_t used = 0;
+  for (int64_t g = 0; g < G; ++g) {
+    size[g] = static_cast<int64_t>(static_cast<double>(tokens) * share[g] / total);
+    used += size[g];
+  }
+  for (int64_t g = 0; used < tokens; g = (g + 1) % G)
+    if (share[g] > 0) ++size[g], ++used;
+  std::vector<float>& off = values[2];
+  off.assign(static_cast<size_t>(G + 1), 0.0f);
+  for (int64_t g = 0; g < G; ++g) off[g + 1] = off[g] + static_cast<float>(size[g]);
+}
+
+// fp64 over every element (the check compares all of c).
+void GroupedGemmOp::reference(const KernelSpec& s, const Scalars&, std::span<const std::vector<float>> in,
+                              std::span<const int64_t>, std::vector<RefOutput>& outputs) const {
+  const int64_t G = s.param("groups"), N = s.param("N"), K = s.param("K"), tokens = s.param("tokens");
+  const std::vector<float>&a = in[0], &b = in[1], &off = in[2];
+  outputs.assign(1, {});
+  std::vector<double>& c = outputs[0].values;
+  for (int64_t g = 0; g < G; ++g) {
+    const int64_t r0 = static_cast<int64_t>(off[g]), r1 = static_cast<int64_t>(off[g + 1]);
+    if (tn(s)) {
+      if (g == 0) c.assign(static_cast<size_t>(G * N * K), 0.0);
+      for (int64_t t = r0; t < r1; ++t)
+        for (int64_t n = 0; n < N; ++n) {
+          const double x = a[static_cast<size_t>(t * N + n)];
+          double* row = &c[static_cast<size_t>((g * N + n) * K)];
+          for (int64_t k = 0; k < K; ++k) row[k] += x * b[static_cast<size_t>(t * K + k)];
+        }
+      continue;
+    }
+    if (g == 0) c.assign(static_cast<size_t>(tokens * N), 0.0);
+    const bool nt = s.param("mode") == kNt;
+    for (int64_t t = r0; t < r1; ++t)
+      for (int64_t n = 0; n < N; ++n) {
+        double acc = 0;
+        for (int64_t k = 0; k < K; ++k)
+          acc += double(a[static_cast<size_t>(t * K + k)]) *
+                 b[static_cast<size_t>(nt ? (g * N + n) * K + k : (g * K + k) * N + n)];
+        c[static_cast<size_t>(t * N + n)] = acc;
+      }
+  }
+}
+
+// 2 tokens N K: each token's row (nt, nn) or each token's contribution (tn) costs 2 N K.
+double GroupedGemmOp::flops(const KernelSpec& s) const {
+  return 2.0 * static_cast<double>(s.param("tokens")) * static_cast<double>(s.param("N")) *
+         static_cast<double>(s.param("K"));
+}
+
+std::vector<TestSpec> GroupedGemmOp::test_specs(const TargetInfo&) const {
+  std::vector<TestSpec> out;
+  auto add = [&](DType t, DType o, int64_t mode, int64_t G, int64_t tokens, int64_t N, int64_t K, std::string_view why) {
+    out.push_back({{"grouped_gemm", t, o, {{"mode", mode}, {"groups", G}, {"tokens", tokens}, {"N", N}, {"K", K}}}, why});
+  };
+  add(DType::bf16, DType::bf16, kNt, 4, 150, 72, 40, "nt forward, uneven groups (one empty), N and K tails");
+  add(DType::f16, DType::f32, kNn, 3, 97, 65, 33, "nn dgrad, fp16 in, fp32 out, odd sizes");
+  add(DType::bf16, DType::f32, kTn, 5, 120, 40, 70, "tn wgrad into fp32, empty groups give zeros");
+  add(DType::bf16, DType::bf16, kNt, 1, 64, 64, 64, "one group: a plain GEMM");
+  add(DType::bf16, DType::bf16, kNt, 8, 0, 32, 32, "no tokens: a no-op");
+  add(DType::bf16, DType::f32, kTn, 3, 0, 16, 24, "tn with no tokens: every c[g] is zero");
+  add(DType::bf16, DType::bf16, kNt, 16, 700, 256, 128, "GPU size: 16 experts");
+  return out;
+}
+
+}  // namespace kiln

@@ -1,0 +1,45 @@
+// grouped_gemm: many GEMMs of one shape family in one launch, the groups' row counts on the device
+// (Mixture-of-Experts layers: one GEMM per expert over the tokens routed to it).
+#pragma once
+
+#include "templates/op_template.h"
+
+namespace kiln {
+
+/// Parameters: mode (baked): nt, nn (m-grouped) or tn (k-grouped); groups G, N, K (baked);
+/// tokens (runtime: rows of the grouped operands; 0 is a no-op).
+/// Tensors, with group g the rows offsets[g] .. offsets[g + 1] - 1 (int32 [G + 1], offsets[0] = 0,
+/// offsets[G] = tokens, non-decreasing; as moe_permute writes them, on the device):
+///   nt (forward y = x W_g^T): a [tokens, K], b [G, N, K], offsets -> c [tokens, N];
+///   nn (dgrad dx = dy W_g):   a [tokens, K], b [G, K, N], offsets -> c [tokens, N];
+///   tn (wgrad dW_g = dy_g^T x_g): a [tokens, N], b [tokens, K], offsets -> c [G, N, K]
+///     (an empty group's c[g] is zero).
+/// All row-major. Inputs bf16/fp16, c bf16, fp16 or fp32; fp32 accumulation. Empty groups and
+/// group sizes that are not multiples of a tile are legal; no host synchronisation.
+/// Errors: offsets that are not as above are the caller's to avoid (the kernel reads them as
+/// given; rows outside [0, tokens) are never touched).
+class GroupedGemmOp final : public OpTemplate {
+ public:
+  std::string_view name() const override { return "grouped_gemm"; }
+  std::string_view summary() const override {
+    return "MoE grouped GEMM: one launch over G groups whose row offsets live on the device (nt, nn: m-grouped; tn: "
+           "k-grouped wgrad)";
+  }
+  std::span<const ParamInfo> params() const override;
+  std::span<const DType> dtypes() const override;
+  bool supports_out_dtype(DType, DType out) const override { return is_float16_or_32(out); }
+  std::span<const TensorDecl> signature() const override;
+  std::vector<TileConfig> variants(const KernelSpec& spec, const TargetInfo& target) const override;
+  std::string_view device_template(const TileConfig& config) const override;
+  std::string specialize(const KernelSpec& spec, const TileConfig& config) const override;
+  std::string_view kernel_name(const TileConfig&) const override { return "kiln_grouped_gemm"; }
+  Plan plan(const KernelSpec& call, const TileConfig& config) const override;
+  void init_inputs(const KernelSpec& spec, std::span<const TensorInfo> inputs, std::vector<std::vector<float>>& values,
+                   std::mt19937_64& rng) const override;
+  void reference(const KernelSpec& spec, const Scalars& scalars, std::span<const std::vector<float>> inputs,
+                 std::span<const int64_t> rows, std::vector<RefOutput>& outputs) const override;
+  double flops(const KernelSpec& spec) const override;
+  std::vector<TestSpec> test_specs(const TargetInfo& target) const override;
+};
+
+}  // namespace kiln
