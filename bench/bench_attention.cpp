@@ -759,23 +759,10 @@ int run(Bench& b, const std::vector<Case>& cases, std::vector<Group>& groups) {
       }
 
   // Compiles the kernels ahead of the case that needs them, into the runtime's caches.
-  std::atomic<bool> stop{false};
-  std::thread prefetch([&] {
-    const std::string target(dev.target().name);
-    for (const Case& c : cases)
-      for (bool backward : {false, true}) {
-        if (stop) return;
-        (void)b.rt->compile(make_spec(c, backward), target);
-      }
-  });
-  struct JoinGuard {
-    std::atomic<bool>& stop;
-    std::thread& t;
-    ~JoinGuard() {
-      stop = true;
-      t.join();
-    }
-  } join_guard{stop, prefetch};
+  std::vector<kiln::KernelSpec> specs;
+  for (const Case& c : cases)
+    for (bool backward : {false, true}) specs.push_back(make_spec(c, backward));
+  const kiln::bench::BackgroundCompile prefetch(*b.rt, std::string(dev.target().name), std::move(specs));
 
   std::vector<Row> rows(cases.size());
   std::vector<bool> ran(cases.size(), false);

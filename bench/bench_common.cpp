@@ -66,4 +66,17 @@ void print_table(std::FILE* out, const std::vector<std::string>& header, const s
   for (const auto& r : rows) line(r);
 }
 
+BackgroundCompile::BackgroundCompile(kiln::Runtime& rt, std::string target, std::vector<kiln::KernelSpec> specs)
+    : thread_([this, &rt, target = std::move(target), specs = std::move(specs)] {
+        for (const kiln::KernelSpec& s : specs) {
+          if (stop_) return;
+          (void)rt.compile(s, target);
+        }
+      }) {}
+
+BackgroundCompile::~BackgroundCompile() {
+  stop_ = true;
+  thread_.join();
+}
+
 }  // namespace kiln::bench

@@ -3,9 +3,11 @@
 // bench/bench_common.cpp, linked into each benchmark.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdio>
 #include <string>
+#include <thread>
 #include <string_view>
 #include <vector>
 
@@ -42,5 +44,20 @@ std::vector<std::string> split_header(std::string_view csv);
 /// Prints `header` and `rows` to `out` as columns: the first left-aligned, the others right-aligned,
 /// two spaces apart, each as wide as its widest cell.
 void print_table(std::FILE* out, const std::vector<std::string>& header, const std::vector<std::vector<std::string>>& rows);
+
+/// Compiles `specs` in order for `target` on a thread of its own, into the runtime's caches, so
+/// that a case's kernels are ready when it starts (errors are left for the case's own call to
+/// report). Destroying it stops after the spec being compiled and joins the thread.
+class BackgroundCompile {
+ public:
+  BackgroundCompile(kiln::Runtime& rt, std::string target, std::vector<kiln::KernelSpec> specs);
+  ~BackgroundCompile();
+  BackgroundCompile(const BackgroundCompile&) = delete;
+  BackgroundCompile& operator=(const BackgroundCompile&) = delete;
+
+ private:
+  std::atomic<bool> stop_{false};
+  std::thread thread_;  // after stop_: it reads stop_ from its first instruction
+};
 
 }  // namespace kiln::bench

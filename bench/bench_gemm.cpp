@@ -731,23 +731,10 @@ int run(const Options& opt, std::unique_ptr<kiln::Runtime> runtime) {
   }
 
   // Compiles every Kiln kernel ahead of the shape that needs it, into the runtime's caches.
-  std::atomic<bool> stop{false};
-  std::thread prefetch([&] {
-    const std::string target(b.dev->target().name);
-    for (const Shape& s : shapes)
-      for (const Gemm& g : layer_gemms(s.M, s.N, s.K)) {
-        if (stop) return;
-        (void)b.rt->compile(gemm_spec(g), target);
-      }
-  });
-  struct JoinGuard {
-    std::atomic<bool>& stop;
-    std::thread& t;
-    ~JoinGuard() {
-      stop = true;
-      t.join();
-    }
-  } join_guard{stop, prefetch};
+  std::vector<kiln::KernelSpec> specs;
+  for (const Shape& s : shapes)
+    for (const Gemm& g : layer_gemms(s.M, s.N, s.K)) specs.push_back(gemm_spec(g));
+  const kiln::bench::BackgroundCompile prefetch(*b.rt, std::string(b.dev->target().name), std::move(specs));
 
   const std::filesystem::path dir(opt.out);
   std::error_code ec;
