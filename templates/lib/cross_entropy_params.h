@@ -29,6 +29,9 @@ constexpr ParamInfo tokens_param() {
 constexpr ParamInfo vocab_param() {
   return {"vocab", "classes: the logits' last dimension", true, false, 1, int64_t{1} << 24};
 }
+// target_dtype: int64 by default, what F.cross_entropy takes (torch.long), so a PyTorch caller's
+// targets need no cast; int32 reads half the bytes (examples/llama_step and the manifests name
+// it; docs/cross-entropy.md).
 constexpr ParamInfo target_dtype_param() {
   return {"target_dtype", "dtype of the targets: int64 (PyTorch's) or int32", true, false, 0, 1, kTargetDTypes,
           kTargets64};

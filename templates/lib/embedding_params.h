@@ -17,7 +17,9 @@ inline constexpr int64_t kInt32Max = (int64_t{1} << 31) - 1;
 inline constexpr std::string_view kIdTypes[] = {"int32", "int64"};
 enum IdsDType : int64_t { kIds32 = 0, kIds64 = 1 };
 
-/// ids_dtype: int32 or int64 (the default, as PyTorch's token ids).
+/// ids_dtype: int32 or int64, the default: PyTorch's token ids are torch.long, so a PyTorch
+/// caller's tensors need no cast. int32 reads half the id bytes; examples/llama_step and the
+/// manifests use it and name it (docs/embedding.md).
 constexpr ParamInfo ids_dtype_param() {
   return {"ids_dtype", "dtype of ids: int32 or int64 (default, as PyTorch's token ids)", true, false, 0, 1, kIdTypes,
           kIds64};
