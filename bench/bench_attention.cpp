@@ -69,6 +69,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/bench_common.h"
 #include "kiln/kiln.h"
 #include "runtime/device_impl.h"
 #include "support/memory.h"
@@ -240,25 +241,7 @@ kiln::KernelSpec make_spec(const Case& c, bool backward) {
 
 // ---- device memory -----------------------------------------------------------------------------
 
-/// Device memory freed on scope exit.
-struct DeviceBuffer {
-  kiln::Device* device = nullptr;
-  void* ptr = nullptr;
-  size_t bytes = 0;
-  DeviceBuffer() = default;
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  ~DeviceBuffer() {
-    if (ptr) (void)device->free(ptr);
-  }
-  Result<void> allocate(kiln::Device& d, size_t n) {
-    device = &d;
-    bytes = n;
-    KILN_ASSIGN_OR_RETURN(ptr, d.malloc(std::max<size_t>(n, 256)));
-    return kiln::ok();
-  }
-  Result<void> poison() { return device->memset(ptr, 0xff, bytes); }  // NaN in bf16 and fp32
-};
+using kiln::bench::DeviceBuffer;
 
 /// Byte sizes of a group's tensors: q, k, v, out, lse, dout, dq, dk, dv, cu_seqlens, workspace.
 struct Sizes {
@@ -507,28 +490,8 @@ std::vector<int64_t> sample_tokens(int64_t len, int64_t count, std::mt19937_64& 
 
 // ---- timing ------------------------------------------------------------------------------------
 
-struct Timing {
-  double median_ms = 0, tflops = 0, stddev = 0;
-};
-
-/// Median time; TFLOP/s at the median; sample stddev of the per-repetition TFLOP/s.
-Timing summarize(std::vector<double> ms, double flops) {
-  Timing t;
-  if (ms.empty()) return t;
-  std::vector<double> rates;
-  for (double m : ms) rates.push_back(flops / (m * 1e9));
-  std::sort(ms.begin(), ms.end());
-  const size_t n = ms.size();
-  t.median_ms = n % 2 ? ms[n / 2] : 0.5 * (ms[n / 2 - 1] + ms[n / 2]);
-  t.tflops = flops / (t.median_ms * 1e9);
-  if (n > 1) {
-    double mean = 0, var = 0;
-    for (double r : rates) mean += r / double(n);
-    for (double r : rates) var += (r - mean) * (r - mean) / double(n - 1);
-    t.stddev = std::sqrt(var);
-  }
-  return t;
-}
+using kiln::bench::summarize;
+using kiln::bench::Timing;
 
 // ---- the run -----------------------------------------------------------------------------------
 
@@ -719,23 +682,7 @@ std::vector<std::string> row_fields(const Case& c, const Row& r) {
 }
 
 void print_table(const std::vector<std::vector<std::string>>& rows) {
-  std::vector<std::string> header;
-  for (std::string_view rest = kHeader; !rest.empty();) {
-    const size_t comma = rest.find(',');
-    header.emplace_back(rest.substr(0, comma));
-    rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
-  }
-  std::vector<size_t> w(header.size());
-  for (size_t i = 0; i < header.size(); ++i) w[i] = header[i].size();
-  for (const auto& r : rows)
-    for (size_t i = 0; i < r.size() && i < w.size(); ++i) w[i] = std::max(w[i], r[i].size());
-  auto line = [&](const std::vector<std::string>& r) {
-    std::string s;
-    for (size_t i = 0; i < r.size(); ++i) s += i == 0 ? fmt::format("{:<{}}", r[i], w[i]) : fmt::format("  {:>{}}", r[i], w[i]);
-    std::printf("%s\n", s.c_str());
-  };
-  line(header);
-  for (const auto& r : rows) line(r);
+  kiln::bench::print_table(stdout, kiln::bench::split_header(kHeader), rows);
 }
 
 /// The exit code of a dry run without a compiler for the target (ctest's SKIP_RETURN_CODE).
@@ -812,23 +759,10 @@ int run(Bench& b, const std::vector<Case>& cases, std::vector<Group>& groups) {
       }
 
   // Compiles the kernels ahead of the case that needs them, into the runtime's caches.
-  std::atomic<bool> stop{false};
-  std::thread prefetch([&] {
-    const std::string target(dev.target().name);
-    for (const Case& c : cases)
-      for (bool backward : {false, true}) {
-        if (stop) return;
-        (void)b.rt->compile(make_spec(c, backward), target);
-      }
-  });
-  struct JoinGuard {
-    std::atomic<bool>& stop;
-    std::thread& t;
-    ~JoinGuard() {
-      stop = true;
-      t.join();
-    }
-  } join_guard{stop, prefetch};
+  std::vector<kiln::KernelSpec> specs;
+  for (const Case& c : cases)
+    for (bool backward : {false, true}) specs.push_back(make_spec(c, backward));
+  const kiln::bench::BackgroundCompile prefetch(*b.rt, std::string(dev.target().name), std::move(specs));
 
   std::vector<Row> rows(cases.size());
   std::vector<bool> ran(cases.size(), false);

@@ -49,6 +49,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/bench_common.h"
 #include "kiln/kiln.h"
 
 namespace {
@@ -217,25 +218,10 @@ std::vector<float> random_bf16(int64_t n, double scale, uint64_t seed) {
   return v;
 }
 
-/// Device memory freed on scope exit.
-struct DeviceBuffer {
-  kiln::Device* device = nullptr;
-  void* ptr = nullptr;
-  size_t bytes = 0;
-  DeviceBuffer() = default;
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  ~DeviceBuffer() {
-    if (ptr) (void)device->free(ptr);
-  }
-  Result<void> allocate(kiln::Device& d, int64_t elements) {
-    device = &d;
-    bytes = static_cast<size_t>(elements) * 2;
-    KILN_ASSIGN_OR_RETURN(ptr, d.malloc(bytes));
-    return kiln::ok();
-  }
-  Result<void> poison() { return device->memset(ptr, 0xff, bytes); }  // 0xffff is a bf16 NaN
-};
+using kiln::bench::DeviceBuffer;
+
+/// Bytes of n bf16 elements.
+size_t bf16_bytes(int64_t n) { return static_cast<size_t>(n) * 2; }
 
 /// Copies bf16-exact floats to the device as bf16, in chunks.
 Result<void> upload_bf16(kiln::Device& d, DeviceBuffer& dst, const std::vector<float>& v) {
@@ -348,28 +334,8 @@ std::string describe(const Accuracy& a) {
 
 // ---- results -----------------------------------------------------------------------------------
 
-struct Timing {
-  double median_ms = 0, tflops = 0, stddev = 0;
-};
-
-/// Median time; TFLOP/s at the median; sample stddev of the per-repetition TFLOP/s.
-Timing summarize(std::vector<double> ms, double flops) {
-  Timing t;
-  if (ms.empty()) return t;
-  std::vector<double> rates;
-  for (double m : ms) rates.push_back(flops / (m * 1e9));
-  std::sort(ms.begin(), ms.end());
-  const size_t n = ms.size();
-  t.median_ms = n % 2 ? ms[n / 2] : 0.5 * (ms[n / 2 - 1] + ms[n / 2]);
-  t.tflops = flops / (t.median_ms * 1e9);
-  if (n > 1) {
-    double mean = 0, var = 0;
-    for (double r : rates) mean += r / double(n);
-    for (double r : rates) var += (r - mean) * (r - mean) / double(n - 1);
-    t.stddev = std::sqrt(var);
-  }
-  return t;
-}
+using kiln::bench::summarize;
+using kiln::bench::Timing;
 
 /// One implementation's result on one shape.
 struct Side {
@@ -414,20 +380,7 @@ std::vector<std::string> report_row(const std::string& label, const Case& c, con
           fmt_snr(s.acc[kWgrad])};
 }
 
-void print_table(std::FILE* out, const std::vector<std::string>& header, const std::vector<std::vector<std::string>>& rows) {
-  std::vector<size_t> w(header.size());
-  for (size_t i = 0; i < header.size(); ++i) w[i] = header[i].size();
-  for (const auto& r : rows)
-    for (size_t i = 0; i < r.size(); ++i) w[i] = std::max(w[i], r[i].size());
-  auto line = [&](const std::vector<std::string>& r) {
-    std::string s;
-    for (size_t i = 0; i < r.size(); ++i)
-      s += i == 0 ? fmt::format("{:<{}}", r[i], w[i]) : fmt::format("  {:>{}}", r[i], w[i]);
-    std::fprintf(out, "%s\n", s.c_str());
-  };
-  line(header);
-  for (const auto& r : rows) line(r);
-}
+using kiln::bench::print_table;
 
 Result<void> write_csv(const std::filesystem::path& path, const std::vector<std::string>& header,
                        const std::vector<std::vector<std::string>>& rows) {
@@ -539,12 +492,12 @@ Result<void> run_shape(Bench& b, const Shape& s, ShapeResult& out) {
   std::vector<float> w = random_bf16(s.N * s.K, 1.0 / std::sqrt(double(s.K)), seed + 1);
   std::vector<float> dy = random_bf16(s.M * s.N, 1.0, seed + 2);
   DeviceBuffer dx_in, dw_in, ddy, dy_out, ddx_out, ddw_out;
-  KILN_TRY(dx_in.allocate(*b.dev, s.M * s.K));
-  KILN_TRY(dw_in.allocate(*b.dev, s.N * s.K));
-  KILN_TRY(ddy.allocate(*b.dev, s.M * s.N));
-  KILN_TRY(dy_out.allocate(*b.dev, s.M * s.N));
-  KILN_TRY(ddx_out.allocate(*b.dev, s.M * s.K));
-  KILN_TRY(ddw_out.allocate(*b.dev, s.N * s.K));
+  KILN_TRY(dx_in.allocate(*b.dev, bf16_bytes(s.M * s.K)));
+  KILN_TRY(dw_in.allocate(*b.dev, bf16_bytes(s.N * s.K)));
+  KILN_TRY(ddy.allocate(*b.dev, bf16_bytes(s.M * s.N)));
+  KILN_TRY(dy_out.allocate(*b.dev, bf16_bytes(s.M * s.N)));
+  KILN_TRY(ddx_out.allocate(*b.dev, bf16_bytes(s.M * s.K)));
+  KILN_TRY(ddw_out.allocate(*b.dev, bf16_bytes(s.N * s.K)));
   KILN_TRY(upload_bf16(*b.dev, dx_in, x));
   KILN_TRY(upload_bf16(*b.dev, dw_in, w));
   KILN_TRY(upload_bf16(*b.dev, ddy, dy));
@@ -618,9 +571,9 @@ Result<bool> self_test(Bench& b) {
       std::vector<std::vector<float>> in = {random_bf16(a_n, 1.0, b.rng()),
                                             random_bf16(b_n, 1.0 / std::sqrt(double(g.K)), b.rng())};
       DeviceBuffer A, B, C;
-      KILN_TRY(A.allocate(*b.dev, a_n));
-      KILN_TRY(B.allocate(*b.dev, b_n));
-      KILN_TRY(C.allocate(*b.dev, c_n));
+      KILN_TRY(A.allocate(*b.dev, bf16_bytes(a_n)));
+      KILN_TRY(B.allocate(*b.dev, bf16_bytes(b_n)));
+      KILN_TRY(C.allocate(*b.dev, bf16_bytes(c_n)));
       KILN_TRY(upload_bf16(*b.dev, A, in[0]));
       KILN_TRY(upload_bf16(*b.dev, B, in[1]));
       std::vector<int64_t> rows;
@@ -778,23 +731,10 @@ int run(const Options& opt, std::unique_ptr<kiln::Runtime> runtime) {
   }
 
   // Compiles every Kiln kernel ahead of the shape that needs it, into the runtime's caches.
-  std::atomic<bool> stop{false};
-  std::thread prefetch([&] {
-    const std::string target(b.dev->target().name);
-    for (const Shape& s : shapes)
-      for (const Gemm& g : layer_gemms(s.M, s.N, s.K)) {
-        if (stop) return;
-        (void)b.rt->compile(gemm_spec(g), target);
-      }
-  });
-  struct JoinGuard {
-    std::atomic<bool>& stop;
-    std::thread& t;
-    ~JoinGuard() {
-      stop = true;
-      t.join();
-    }
-  } join_guard{stop, prefetch};
+  std::vector<kiln::KernelSpec> specs;
+  for (const Shape& s : shapes)
+    for (const Gemm& g : layer_gemms(s.M, s.N, s.K)) specs.push_back(gemm_spec(g));
+  const kiln::bench::BackgroundCompile prefetch(*b.rt, std::string(b.dev->target().name), std::move(specs));
 
   const std::filesystem::path dir(opt.out);
   std::error_code ec;

@@ -305,6 +305,8 @@ KernelSpec cross_entropy(const Model& m, bool bwd) {
   if (bwd) s.params["inplace"] = 1;
   return s;
 }
+// Ids and targets are int32 here (half the bytes of the ops' int64 default, PyTorch's torch.long),
+// named explicitly: the step and its manifest (tools/kiln/models.cpp) must agree.
 KernelSpec embedding(const Model& m, bool bwd) {
   return {bwd ? "embedding_bwd" : "embedding", m.dt, m.dt,
           {{"tokens", m.dims.tokens()}, {"vocab", m.dims.vocab}, {"hidden", m.dims.hidden}, {"ids_dtype", 0}}};

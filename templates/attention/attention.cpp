@@ -197,11 +197,11 @@ Gate AttentionOp::gate(const KernelSpec&, const TensorInfo& output) const {
 }
 
 // 2 x (D + Dv) per visible (query, key) pair and head; causal halves a square: BENCHMARKS.md's
-// 4 B Hq S^2 D (/ 2). thd: counted at the longest key length for every query (an upper bound).
+// 4 B Hq S^2 D (/ 2). thd: the pairs the spec's totals and longest lengths allow (ah::pairs:
+// exact with one sequence or full-length sequences on one side, else an upper bound).
 double AttentionOp::flops(const KernelSpec& spec) const {
   const double per_pair = 2.0 * static_cast<double>(spec.param("head_dim") + ah::dim_v(spec));
-  const double pairs = static_cast<double>(ah::tokens_q(spec)) * static_cast<double>(ah::max_len_k(spec)) *
-                       static_cast<double>(spec.param("heads"));
+  const double pairs = ah::pairs(spec) * static_cast<double>(spec.param("heads"));
   return per_pair * pairs * (spec.param("causal") ? 0.5 : 1.0);
 }
 

@@ -288,11 +288,10 @@ Gate AttentionBwdOp::gate(const KernelSpec&, const TensorInfo&) const {
   return g;
 }
 
-// 2.5 x the forward's FLOPs (BENCHMARKS.md's count for the backward).
+// 2.5 x the forward's FLOPs (BENCHMARKS.md's count for the backward; thd as the forward's).
 double AttentionBwdOp::flops(const KernelSpec& spec) const {
   const double per_pair = 2.0 * static_cast<double>(spec.param("head_dim") + ah::dim_v(spec));
-  const double pairs = static_cast<double>(ah::tokens_q(spec)) * static_cast<double>(ah::max_len_k(spec)) *
-                       static_cast<double>(spec.param("heads"));
+  const double pairs = ah::pairs(spec) * static_cast<double>(spec.param("heads"));
   return 2.5 * per_pair * pairs * (spec.param("causal") ? 0.5 : 1.0);
 }
 

@@ -7,42 +7,31 @@
 #include <limits>
 
 #include "support/embedded.h"
+#include "templates/lib/cross_entropy_params.h"
 
 namespace kiln {
 namespace {
-constexpr std::string_view kTargetDTypes[] = {"int64", "int32"};
+namespace cp = cross_entropy_params;
 constexpr std::string_view kSplitChoices[] = {"auto", "never", "always"};
 const ParamInfo kParams[] = {
-    {"tokens", "rows of the logits; a runtime argument, not baked; 0 is a no-op", false, false, 0,
-     (int64_t{1} << 31) - 1},
-    {"vocab", "classes: the logits' last dimension", true, false, 1, int64_t{1} << 24},
-    {"target_dtype", "dtype of the targets: int64 (PyTorch's) or int32", true, false, 0, 1, kTargetDTypes, 0},
-    {"ignore_index", "target value of tokens left out of the loss (loss 0)", true, false,
-     std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max(), {}, -100},
-    {"smoothing", "label smoothing with weight label_smoothing (PyTorch's definition)", true, true, 0, 1, {}, 0},
-    {"z_loss", "add z_loss_weight * lse^2 (PaLM's z-loss)", true, true, 0, 1, {}, 0},
+    cp::tokens_param(),
+    cp::vocab_param(),
+    cp::target_dtype_param(),
+    cp::ignore_index_param("target value of tokens left out of the loss (loss 0)"),
+    cp::smoothing_param(),
+    cp::z_loss_param("add z_loss_weight * lse^2 (PaLM's z-loss)"),
     {"split_rows", "several blocks per row and a second launch: auto (below 2 blocks per SM/CU), never, always",
      true, false, 0, 2, kSplitChoices, 0},
 };
-const ScalarInfo kScalars[] = {
-    {"label_smoothing", 0.1f, "with smoothing: the weight s of the uniform distribution, in [0, 1]"},
-    {"z_loss_weight", 1e-4f, "with z_loss: the weight z of lse^2 (PaLM: 1e-4)"},
-};
-const DType kDTypes[] = {DType::bf16, DType::f16, DType::f32};
 constexpr uint32_t kFinishThreads = 64;  // FINISH_THREADS of the template
 
-std::vector<int64_t> tokens_vocab(const KernelSpec& s) { return {s.param("tokens"), s.param("vocab")}; }
-std::vector<int64_t> tokens(const KernelSpec& s) { return {s.param("tokens")}; }
-bool int64_targets(const KernelSpec& s) { return s.param("target_dtype") == 0; }
-bool int32_targets(const KernelSpec& s) { return s.param("target_dtype") == 1; }
-
-// One tensor `targets`, int64 or int32 as target_dtype says (one of the two is present).
 const TensorDecl kSignature[] = {
-    {"logits", Role::input, DTypeRule::in, DType::f32, "[tokens, vocab]", tokens_vocab},
-    {"targets", Role::input, DTypeRule::fixed, DType::i64, "[tokens]", tokens, int64_targets, "class ids (int64)"},
-    {"targets", Role::input, DTypeRule::fixed, DType::i32, "[tokens]", tokens, int32_targets, "class ids (int32)"},
-    {"loss", Role::output, DTypeRule::fixed, DType::f32, "[tokens]", tokens, nullptr, "per-token loss; 0 where ignored"},
-    {"lse", Role::output, DTypeRule::fixed, DType::f32, "[tokens]", tokens, nullptr, "log-sum-exp of each row"},
+    {"logits", Role::input, DTypeRule::in, DType::f32, "[tokens, vocab]", cp::tokens_vocab},
+    cp::targets_decl(cp::kTargets64),
+    cp::targets_decl(cp::kTargets32),
+    {"loss", Role::output, DTypeRule::fixed, DType::f32, "[tokens]", cp::tokens, nullptr,
+     "per-token loss; 0 where ignored"},
+    {"lse", Role::output, DTypeRule::fixed, DType::f32, "[tokens]", cp::tokens, nullptr, "log-sum-exp of each row"},
 };
 
 // A configuration of `threads` threads with `unroll` loads in flight each, and its split form:
@@ -71,20 +60,15 @@ uint64_t split_workspace(int64_t tokens, const TileConfig& c) {
 }  // namespace
 
 std::span<const ParamInfo> CrossEntropyOp::params() const { return kParams; }
-std::span<const ScalarInfo> CrossEntropyOp::scalars() const { return kScalars; }
-std::span<const DType> CrossEntropyOp::dtypes() const { return kDTypes; }
+std::span<const ScalarInfo> CrossEntropyOp::scalars() const { return cp::kScalars; }
+std::span<const DType> CrossEntropyOp::dtypes() const { return cp::kDTypes; }
 std::span<const TensorDecl> CrossEntropyOp::signature() const { return kSignature; }
 std::string_view CrossEntropyOp::device_template(const TileConfig&) const {
   return embedded_file("templates/cross_entropy/cross_entropy.kernel");
 }
 
 std::vector<TileConfig> CrossEntropyOp::variants(const KernelSpec& spec, const TargetInfo& target) const {
-  const int64_t vocab = spec.param("vocab");
-  const int64_t vec = 16 / static_cast<int64_t>(dtype_size(spec.dtype));
-  std::vector<TileConfig> out;
-  if (vocab % vec == 0) out.push_back(row_config(vocab, vec, target));
-  out.push_back(row_config(vocab, 1, target));
-  return out;
+  return cp::vector_then_scalar(spec, [&](int64_t vocab, int64_t vec) { return row_config(vocab, vec, target); });
 }
 std::vector<TileConfig> CrossEntropyOp::tuning_candidates(const KernelSpec& spec, const TargetInfo& target) const {
   // The heuristic's, then 256 / 512 threads with 2 / 4 / 8 loads in flight each and 1024 threads
@@ -153,25 +137,8 @@ Plan CrossEntropyOp::plan(const KernelSpec& call, const TileConfig& c) const {
 void CrossEntropyOp::init_inputs(const KernelSpec& spec, std::span<const TensorInfo> inputs,
                                  std::vector<std::vector<float>>& values, std::mt19937_64& rng) const {
   values.assign(inputs.size(), {});
-  // Logits uniform in [-4, 4] (never 0): probabilities spread over about e^8, as trained models'.
-  std::uniform_real_distribution<float> u(-4.0f, 4.0f);
-  values[0].resize(static_cast<size_t>(inputs[0].elements()));
-  for (float& v : values[0]) {
-    v = round_to_dtype(u(rng), inputs[0].dtype);
-    if (v == 0.0f) v = 0.25f;
-  }
-  // Targets in [1, vocab) (never 0, as every input), and always the second token ignored:
-  // ignored tokens are covered whenever there are two. Of the others, one in six is ignored in
-  // test-sized calls and one in 128 in benchmark-sized ones (above 64 tokens), so that a
-  // benchmark moves nearly every byte that its GB/s counts.
-  const int64_t vocab = spec.param("vocab"), ignore = spec.param("ignore_index");
-  std::uniform_int_distribution<int64_t> cls(1, std::max<int64_t>(vocab - 1, 1));
-  std::uniform_int_distribution<int> one_in(0, spec.param("tokens") > 64 ? 127 : 5);
-  values[1].resize(static_cast<size_t>(inputs[1].elements()));
-  for (size_t i = 0; i < values[1].size(); ++i) {
-    const bool ignored = vocab == 1 || i == 1 || one_in(rng) == 0;
-    values[1][i] = static_cast<float>(ignored ? ignore : cls(rng));
-  }
+  cp::init_logits(values[0], inputs[0].elements(), inputs[0].dtype, rng);
+  cp::init_targets(spec, values[1], rng);
 }
 
 void CrossEntropyOp::reference(const KernelSpec& spec, const Scalars& scalars, std::span<const std::vector<float>> in,
@@ -207,12 +174,9 @@ std::vector<TestSpec> CrossEntropyOp::test_specs(const TargetInfo&) const {
   std::vector<TestSpec> out;
   auto add = [&](DType t, int64_t tokens, int64_t vocab, int64_t target_dtype, int64_t smoothing, int64_t z,
                  int64_t split, std::string_view why) {
-    out.push_back({{"cross_entropy", t, t,
-                    {{"tokens", tokens}, {"vocab", vocab}, {"target_dtype", target_dtype}, {"smoothing", smoothing},
-                     {"z_loss", z}, {"split_rows", split}}},
-                   why});
+    out.push_back(cp::test_spec(name(), t, tokens, vocab, target_dtype, smoothing, z, {"split_rows", split}, why));
   };
-  for (DType t : kDTypes) {
+  for (DType t : cp::kDTypes) {
     add(t, 3, 1, 0, 0, 0, 0, "vocab 1 (every token ignored: no class but 0)");
     add(t, 5, 7, 1, 1, 0, 0, "vocab 7, int32 targets, label smoothing (scalar variant)");
     add(t, 4, 1000, 0, 0, 1, 0, "vocab 1000, z-loss");

@@ -7,10 +7,11 @@
 namespace kiln {
 
 /// Parameters: tokens (runtime; 0 is a no-op), vocab (baked), target_dtype (baked: int64 (0,
-/// default) or int32 (1)), ignore_index (baked, default -100), smoothing and z_loss (baked
-/// booleans, default 0) that switch on the terms whose weights are the runtime scalars
-/// label_smoothing (default 0.1) and z_loss_weight (default 1e-4); split_rows (baked: auto (0,
-/// default), never (1), always (2); see below).
+/// default: PyTorch's torch.long targets, taken without a cast; docs/cross-entropy.md) or int32
+/// (1)), ignore_index (baked, default -100), smoothing and z_loss (baked booleans, default 0)
+/// that switch on the terms whose weights are the runtime scalars label_smoothing (default 0.1)
+/// and z_loss_weight (default 1e-4); split_rows (baked: auto (0, default), never (1), always (2);
+/// see below).
 /// Tensors: logits [tokens, vocab] (bf16/fp16/fp32), targets [tokens] (int64 or int32) ->
 /// loss [tokens] fp32, lse [tokens] fp32 (log-sum-exp of the row, saved for cross_entropy_bwd).
 ///   lse_i  = log(sum_j exp(x_ij))

@@ -7,44 +7,34 @@
 #include <limits>
 
 #include "support/embedded.h"
+#include "templates/lib/cross_entropy_params.h"
 
 namespace kiln {
 namespace {
+namespace cp = cross_entropy_params;
 // The parameters and scalars of cross_entropy (templates/cross_entropy), and inplace.
-constexpr std::string_view kTargetDTypes[] = {"int64", "int32"};
 const ParamInfo kParams[] = {
-    {"tokens", "rows of the logits; a runtime argument, not baked; 0 is a no-op", false, false, 0,
-     (int64_t{1} << 31) - 1},
-    {"vocab", "classes: the logits' last dimension", true, false, 1, int64_t{1} << 24},
-    {"target_dtype", "dtype of the targets: int64 (PyTorch's) or int32", true, false, 0, 1, kTargetDTypes, 0},
-    {"ignore_index", "target value of tokens left out of the loss (gradient 0)", true, false,
-     std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max(), {}, -100},
-    {"smoothing", "label smoothing with weight label_smoothing (PyTorch's definition)", true, true, 0, 1, {}, 0},
-    {"z_loss", "the gradient of z_loss_weight * lse^2 (PaLM's z-loss)", true, true, 0, 1, {}, 0},
+    cp::tokens_param(),
+    cp::vocab_param(),
+    cp::target_dtype_param(),
+    cp::ignore_index_param("target value of tokens left out of the loss (gradient 0)"),
+    cp::smoothing_param(),
+    cp::z_loss_param("the gradient of z_loss_weight * lse^2 (PaLM's z-loss)"),
     {"inplace", "write dlogits over the logits (pass the logits buffer for both)", true, true, 0, 1, {}, 0},
 };
-const ScalarInfo kScalars[] = {
-    {"label_smoothing", 0.1f, "with smoothing: the weight s of the uniform distribution, in [0, 1]"},
-    {"z_loss_weight", 1e-4f, "with z_loss: the weight z of lse^2 (PaLM: 1e-4)"},
-};
-const DType kDTypes[] = {DType::bf16, DType::f16, DType::f32};
-
-std::vector<int64_t> tokens_vocab(const KernelSpec& s) { return {s.param("tokens"), s.param("vocab")}; }
-std::vector<int64_t> tokens(const KernelSpec& s) { return {s.param("tokens")}; }
-bool int64_targets(const KernelSpec& s) { return s.param("target_dtype") == 0; }
-bool int32_targets(const KernelSpec& s) { return s.param("target_dtype") == 1; }
 bool out_of_place(const KernelSpec& s) { return s.param("inplace") == 0; }
 bool in_place(const KernelSpec& s) { return s.param("inplace") != 0; }
 
 // Tensors: dloss, logits, targets, lse -> dlogits (one `targets` and one `dlogits` present).
 const TensorDecl kSignature[] = {
-    {"dloss", Role::input, DTypeRule::fixed, DType::f32, "[tokens]", tokens, nullptr, "upstream gradient per token"},
-    {"logits", Role::input, DTypeRule::in, DType::f32, "[tokens, vocab]", tokens_vocab},
-    {"targets", Role::input, DTypeRule::fixed, DType::i64, "[tokens]", tokens, int64_targets, "class ids (int64)"},
-    {"targets", Role::input, DTypeRule::fixed, DType::i32, "[tokens]", tokens, int32_targets, "class ids (int32)"},
-    {"lse", Role::input, DTypeRule::fixed, DType::f32, "[tokens]", tokens, nullptr, "saved by cross_entropy"},
-    {"dlogits", Role::output, DTypeRule::in, DType::f32, "[tokens, vocab]", tokens_vocab, out_of_place},
-    {"dlogits", Role::output, DTypeRule::in, DType::f32, "[tokens, vocab]", tokens_vocab, in_place,
+    {"dloss", Role::input, DTypeRule::fixed, DType::f32, "[tokens]", cp::tokens, nullptr,
+     "upstream gradient per token"},
+    {"logits", Role::input, DTypeRule::in, DType::f32, "[tokens, vocab]", cp::tokens_vocab},
+    cp::targets_decl(cp::kTargets64),
+    cp::targets_decl(cp::kTargets32),
+    {"lse", Role::input, DTypeRule::fixed, DType::f32, "[tokens]", cp::tokens, nullptr, "saved by cross_entropy"},
+    {"dlogits", Role::output, DTypeRule::in, DType::f32, "[tokens, vocab]", cp::tokens_vocab, out_of_place},
+    {"dlogits", Role::output, DTypeRule::in, DType::f32, "[tokens, vocab]", cp::tokens_vocab, in_place,
      "written over the logits", "logits"},
 };
 constexpr size_t kLogits = 1, kDLogits = 4;  // tensor indices
@@ -60,20 +50,15 @@ TileConfig row_config(int64_t vocab, int64_t vec, const TargetInfo& target) {
 }  // namespace
 
 std::span<const ParamInfo> CrossEntropyBwdOp::params() const { return kParams; }
-std::span<const ScalarInfo> CrossEntropyBwdOp::scalars() const { return kScalars; }
-std::span<const DType> CrossEntropyBwdOp::dtypes() const { return kDTypes; }
+std::span<const ScalarInfo> CrossEntropyBwdOp::scalars() const { return cp::kScalars; }
+std::span<const DType> CrossEntropyBwdOp::dtypes() const { return cp::kDTypes; }
 std::span<const TensorDecl> CrossEntropyBwdOp::signature() const { return kSignature; }
 std::string_view CrossEntropyBwdOp::device_template(const TileConfig&) const {
   return embedded_file("templates/cross_entropy_bwd/cross_entropy_bwd.kernel");
 }
 
 std::vector<TileConfig> CrossEntropyBwdOp::variants(const KernelSpec& spec, const TargetInfo& target) const {
-  const int64_t vocab = spec.param("vocab");
-  const int64_t vec = 16 / static_cast<int64_t>(dtype_size(spec.dtype));
-  std::vector<TileConfig> out;
-  if (vocab % vec == 0) out.push_back(row_config(vocab, vec, target));
-  out.push_back(row_config(vocab, 1, target));
-  return out;
+  return cp::vector_then_scalar(spec, [&](int64_t vocab, int64_t vec) { return row_config(vocab, vec, target); });
 }
 std::vector<TileConfig> CrossEntropyBwdOp::tuning_candidates(const KernelSpec& spec, const TargetInfo& target) const {
   // The heuristic's, then 128 / 256 / 512 threads with 2 / 4 / 8 accesses each, where a row
@@ -121,26 +106,13 @@ Plan CrossEntropyBwdOp::plan(const KernelSpec& call, const TileConfig& c) const 
 void CrossEntropyBwdOp::init_inputs(const KernelSpec& spec, std::span<const TensorInfo> inputs,
                                     std::vector<std::vector<float>>& values, std::mt19937_64& rng) const {
   values.assign(inputs.size(), {});
-  const int64_t n = spec.param("tokens"), V = spec.param("vocab"), ignore = spec.param("ignore_index");
+  const int64_t n = spec.param("tokens"), V = spec.param("vocab");
   // dloss: positive and negative upstream gradients, never 0.
   std::uniform_real_distribution<float> du(0.5f, 2.0f);
   std::bernoulli_distribution sign(0.5);
   for (int64_t i = 0; i < n; ++i) values[0].push_back(sign(rng) ? du(rng) : -du(rng));
-  // Logits uniform in [-4, 4] (never 0), as cross_entropy's.
-  std::uniform_real_distribution<float> u(-4.0f, 4.0f);
-  values[1].resize(static_cast<size_t>(n * V));
-  for (float& v : values[1]) {
-    v = round_to_dtype(u(rng), inputs[1].dtype);
-    if (v == 0.0f) v = 0.25f;
-  }
-  // Targets in [1, vocab) and the second token ignored; of the others, one in six ignored up to
-  // 64 tokens, one in 128 above (as cross_entropy's: an ignored row's logits are not read).
-  std::uniform_int_distribution<int64_t> cls(1, std::max<int64_t>(V - 1, 1));
-  std::uniform_int_distribution<int> one_in(0, n > 64 ? 127 : 5);
-  for (int64_t i = 0; i < n; ++i) {
-    const bool ignored = V == 1 || i == 1 || one_in(rng) == 0;
-    values[2].push_back(static_cast<float>(ignored ? ignore : cls(rng)));
-  }
+  cp::init_logits(values[1], n * V, inputs[1].dtype, rng);  // as cross_entropy's
+  cp::init_targets(spec, values[2], rng);
   // lse as the forward saves it, from the rounded logits. fp32 exponentials (a benchmark's
   // [8192, 152064] takes 1.2e9): the reference reads lse as given, so its last bits do not
   // matter, only that it is the row's log-sum-exp to fp32 accuracy (sums in fp64).
@@ -183,12 +155,9 @@ std::vector<TestSpec> CrossEntropyBwdOp::test_specs(const TargetInfo&) const {
   std::vector<TestSpec> out;
   auto add = [&](DType t, int64_t tokens, int64_t vocab, int64_t target_dtype, int64_t smoothing, int64_t z,
                  int64_t inplace, std::string_view why) {
-    out.push_back({{"cross_entropy_bwd", t, t,
-                    {{"tokens", tokens}, {"vocab", vocab}, {"target_dtype", target_dtype}, {"smoothing", smoothing},
-                     {"z_loss", z}, {"inplace", inplace}}},
-                   why});
+    out.push_back(cp::test_spec(name(), t, tokens, vocab, target_dtype, smoothing, z, {"inplace", inplace}, why));
   };
-  for (DType t : kDTypes) {
+  for (DType t : cp::kDTypes) {
     add(t, 3, 1, 0, 0, 0, 0, "vocab 1 (every token ignored: no class but 0)");
     add(t, 5, 7, 1, 1, 0, 1, "vocab 7, int32 targets, smoothing, in place (scalar variant)");
     add(t, 4, 1000, 0, 0, 1, 0, "vocab 1000, z-loss");

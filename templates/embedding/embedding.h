@@ -5,8 +5,9 @@
 
 namespace kiln {
 
-/// Parameters: tokens (runtime; 0 is a no-op), vocab, hidden (baked), ids_dtype (int32 or int64,
-/// default int64 as PyTorch's token ids).
+/// Parameters: tokens (runtime; 0 is a no-op), vocab, hidden (baked), ids_dtype (int32 or int64;
+/// default int64, PyTorch's torch.long token ids, so a PyTorch caller's ids need no cast; int32
+/// reads half the id bytes: examples/llama_step and the manifests name it. docs/embedding.md).
 /// Tensors: ids [tokens] (int32/int64), W [vocab, hidden] (dtype) -> y [tokens, hidden] (dtype):
 /// y[t] = W[ids[t]]; an id outside [0, vocab) gives a row of zeros (PyTorch raises an error there;
 /// a kernel cannot: docs/embedding.md). bf16/fp16/fp32, copied exactly.

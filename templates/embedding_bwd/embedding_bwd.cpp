@@ -5,40 +5,25 @@
 #include <algorithm>
 
 #include "support/embedded.h"
+#include "templates/lib/embedding_params.h"
 
 namespace kiln {
 namespace {
-constexpr std::string_view kIdTypes[] = {"int32", "int64"};
+namespace ep = embedding_params;
 const ParamInfo kParams[] = {
-    {"tokens", "tokens (ids); a runtime argument, not baked; 0 writes dW = 0", false, false, 0, (int64_t{1} << 31) - 1},
-    {"vocab", "rows of dW", true, false, 1, (int64_t{1} << 31) - 2},
+    {"tokens", "tokens (ids); a runtime argument, not baked; 0 writes dW = 0", false, false, 0, ep::kInt32Max},
+    {"vocab", "rows of dW", true, false, 1, ep::kInt32Max - 1},
     {"hidden", "columns of dy and dW", true, false, 1, int64_t{1} << 20},
-    {"ids_dtype", "dtype of ids: int32 or int64 (default, as PyTorch's token ids)", true, false, 0, 1, kIdTypes, 1},
+    ep::ids_dtype_param(),
 };
-const DType kDTypes[] = {DType::bf16, DType::f16, DType::f32};
-std::vector<int64_t> tokens(const KernelSpec& s) { return {s.param("tokens")}; }
-std::vector<int64_t> vocab_hidden(const KernelSpec& s) { return {s.param("vocab"), s.param("hidden")}; }
-std::vector<int64_t> tokens_hidden(const KernelSpec& s) { return {s.param("tokens"), s.param("hidden")}; }
-bool ids32(const KernelSpec& s) { return s.param("ids_dtype") == 0; }
-bool ids64(const KernelSpec& s) { return s.param("ids_dtype") == 1; }
-// ids is one of two declarations (int32 or int64): a tensor's dtype is fixed per declaration.
 const TensorDecl kSignature[] = {
-    {"ids", Role::input, DTypeRule::fixed, DType::i32, "[tokens]", tokens, ids32, "token ids (ids_dtype = int32)"},
-    {"ids", Role::input, DTypeRule::fixed, DType::i64, "[tokens]", tokens, ids64, "token ids (ids_dtype = int64)"},
-    {"dy", Role::input, DTypeRule::in, DType::f32, "[tokens, hidden]", tokens_hidden, nullptr, "gradient of y"},
-    {"dW", Role::output, DTypeRule::fixed, DType::f32, "[vocab, hidden]", vocab_hidden},
+    ep::ids_decl(ep::kIds32),
+    ep::ids_decl(ep::kIds64),
+    {"dy", Role::input, DTypeRule::in, DType::f32, "[tokens, hidden]", ep::tokens_hidden, nullptr, "gradient of y"},
+    {"dW", Role::output, DTypeRule::fixed, DType::f32, "[vocab, hidden]", ep::vocab_hidden},
 };
 // Threads of the counting-sort launches (zero, rank, scan, offset, scatter); a power of two.
 constexpr int64_t kAux = 256;
-
-// The sum launch: up to 256 threads of at most 2 accesses each per block (as the elementwise
-// row ops), a block per (id, column chunk).
-TileConfig row_config(int64_t columns, int64_t vec, const TargetInfo& target) {
-  const int64_t nvec = ceil_div(columns, vec);
-  const int64_t threads = std::clamp<int64_t>(round_up(ceil_div(nvec, 2), target.wave_size), target.wave_size, 256);
-  const int64_t items = std::clamp<int64_t>(ceil_div(nvec, threads), 1, 2);
-  return {{"THREADS", threads}, {"VEC", vec}, {"ITEMS", items}};
-}
 
 // The workspace: int32 count [vocab], start [vocab + 1], rank [tokens], sorted [tokens],
 // tiles [ceil(vocab / kAux)], each at a 256-byte boundary.
@@ -58,18 +43,15 @@ Workspace workspace(int64_t vocab, int64_t tokens) {
 }  // namespace
 
 std::span<const ParamInfo> EmbeddingBwdOp::params() const { return kParams; }
-std::span<const DType> EmbeddingBwdOp::dtypes() const { return kDTypes; }
+std::span<const DType> EmbeddingBwdOp::dtypes() const { return ep::kDTypes; }
 std::span<const TensorDecl> EmbeddingBwdOp::signature() const { return kSignature; }
 std::string_view EmbeddingBwdOp::device_template(const TileConfig&) const {
   return embedded_file("templates/embedding_bwd/embedding_bwd.kernel");
 }
 
+// The sum launch's configuration: a block per (id, column chunk), as embedding's row gather.
 std::vector<TileConfig> EmbeddingBwdOp::variants(const KernelSpec& spec, const TargetInfo& target) const {
-  const int64_t hidden = spec.param("hidden"), vec = 16 / static_cast<int64_t>(dtype_size(spec.dtype));
-  std::vector<TileConfig> out;
-  if (hidden % vec == 0) out.push_back(row_config(hidden, vec, target));
-  out.push_back(row_config(hidden, 1, target));
-  return out;
+  return ep::variants(spec, target);
 }
 std::vector<uint32_t> EmbeddingBwdOp::base_alignment(const KernelSpec& spec, const TileConfig& config) const {
   std::vector<uint32_t> a = vector_variant_alignment(config, tensors(spec).size(), {0});  // ids: one at a time
@@ -114,23 +96,10 @@ Plan EmbeddingBwdOp::plan(const KernelSpec& call, const TileConfig& c) const {
   return p;
 }
 
-// Token ids as a training batch has them: a quarter from a few frequent ids (repeated ids),
-// the rest uniform over the vocabulary (most ids never seen when vocab > tokens), and every 61st
-// token (from the 31st) out of range, alternately -1 and vocab (no contribution).
-static void embedding_ids(int64_t vocab, std::vector<float>& ids, std::mt19937_64& rng) {
-  std::uniform_int_distribution<int64_t> any(0, vocab - 1), hot(0, std::min<int64_t>(vocab, 8) - 1);
-  std::uniform_int_distribution<int> quarter(0, 3);
-  for (size_t t = 0; t < ids.size(); ++t) {
-    int64_t id = quarter(rng) == 0 ? hot(rng) : any(rng);
-    if (t % 61 == 30) id = (t / 61) % 2 ? vocab : -1;
-    ids[t] = static_cast<float>(id);
-  }
-}
-
 void EmbeddingBwdOp::init_inputs(const KernelSpec& spec, std::span<const TensorInfo> inputs,
                                  std::vector<std::vector<float>>& values, std::mt19937_64& rng) const {
   OpTemplate::init_inputs(spec, inputs, values, rng);
-  embedding_ids(spec.param("vocab"), values[0], rng);
+  ep::init_ids(spec.param("vocab"), values[0], rng);
 }
 
 void EmbeddingBwdOp::reference(const KernelSpec& spec, const Scalars&, std::span<const std::vector<float>> in,
@@ -155,8 +124,7 @@ void EmbeddingBwdOp::reference(const KernelSpec& spec, const Scalars&, std::span
 std::vector<TestSpec> EmbeddingBwdOp::test_specs(const TargetInfo&) const {
   std::vector<TestSpec> out;
   auto add = [&](DType t, int64_t tokens, int64_t vocab, int64_t hidden, int64_t ids, std::string_view why) {
-    out.push_back(
-        {{"embedding_bwd", t, t, {{"tokens", tokens}, {"vocab", vocab}, {"hidden", hidden}, {"ids_dtype", ids}}}, why});
+    out.push_back(ep::test_spec(name(), t, tokens, vocab, hidden, ids, why));
   };
   add(DType::bf16, 300, 40, 64, 1, "int64 ids, many repeats, out of range; two rank chunks");
   add(DType::f16, 70, 300, 7, 0, "int32 ids, hidden 7 (scalar), ids never seen; two scan tiles");

@@ -6,7 +6,7 @@
 namespace kiln {
 
 /// Parameters: tokens (runtime; 0 is a no-op that writes dW = 0), vocab, hidden (baked),
-/// ids_dtype (int32 or int64, default int64).
+/// ids_dtype (int32 or int64, default int64 as embedding's: docs/embedding.md).
 /// Tensors: ids [tokens] (int32/int64), dy [tokens, hidden] (dtype) -> dW [vocab, hidden] fp32:
 /// dW[v] = sum of dy[t] over the tokens with ids[t] = v, in token order, in fp32; 0 for ids
 /// never seen; ids outside [0, vocab) contribute nothing. Bitwise deterministic: a counting sort

@@ -70,6 +70,18 @@ inline int64_t dim_v(const KernelSpec& s) { return s.param("head_dim_v") ? s.par
 inline int64_t max_len_q(const KernelSpec& s) { return thd(s) ? s.param("max_seqlen_q") : s.param("seqlen_q"); }
 inline int64_t max_len_k(const KernelSpec& s) { return thd(s) ? s.param("max_seqlen_k") : s.param("seqlen_k"); }
 
+// (query, key) pairs of one head before masking, for flops(): bshd batch * seqlen_q * seqlen_k;
+// thd the sum over sequences of their lengths' product, which the spec does not carry: the least
+// of total_q * max_seqlen_k, max_seqlen_q * total_k and total_q * total_k, exact with one sequence
+// and where every query (or key) sequence has the longest length, else an upper bound.
+inline double pairs(const KernelSpec& s) {
+  if (!thd(s)) return static_cast<double>(s.param("batch")) * static_cast<double>(s.param("seqlen_q")) *
+                      static_cast<double>(s.param("seqlen_k"));
+  const double tq = static_cast<double>(s.param("total_q")), tk = static_cast<double>(s.param("total_k"));
+  const double mq = static_cast<double>(s.param("max_seqlen_q")), mk = static_cast<double>(s.param("max_seqlen_k"));
+  return std::min({tq * mk, mq * tk, tq * tk});
+}
+
 // Row strides (elements between consecutive tokens) of q, k, v and of dq, dk, dv: the parameter,
 // or the contiguous one when it is 0.
 inline int64_t q_stride(const KernelSpec& s) {
@@ -160,7 +172,7 @@ inline Result<void> check(std::string_view op, const KernelSpec& given, const Ke
   const char* mine[] = {"seqlen_q", "seqlen_k"};
   if (thd(s)) {
     for (const char* p : mine)
-      if (given.params.count(p))
+      if (given.params.count(p) && given.param(p) != 0)  // 0, the default, is not giving it
         return bad(fmt::format("'{}' belongs to layout=bshd; with layout=thd give total_q, total_k, max_seqlen_q and "
                                "max_seqlen_k",
                                p));
@@ -173,7 +185,7 @@ inline Result<void> check(std::string_view op, const KernelSpec& given, const Ke
     }
   } else {
     for (const char* p : other)
-      if (given.params.count(p))
+      if (given.params.count(p) && given.param(p) != 0)
         return bad(fmt::format("'{}' belongs to layout=thd; with layout=bshd give seqlen_q and seqlen_k", p));
     for (const char* p : mine)
       if (s.param("batch") * s.param(p) > kInt32Max)

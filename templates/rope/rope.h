@@ -1,7 +1,7 @@
 // rope: rotary position embedding of q and k in one launch (forward).
 #pragma once
 
-#include "templates/op_template.h"
+#include "templates/lib/rope_params.h"
 
 namespace kiln {
 
@@ -20,31 +20,18 @@ namespace kiln {
 /// [tokens], cos and sin fp32 [max_pos, R/2] (with cos_sin = cache) -> q_out, k_out (q's and
 /// k's shapes, dtype; written over q and k with inplace).
 /// bf16/fp16/fp32, computed in fp32. docs/rope.md gives the conventions and the numerics.
-class RopeOp final : public OpTemplate {
+class RopeOp final : public RopeOpBase {
  public:
   std::string_view name() const override { return "rope"; }
   std::string_view summary() const override {
     return "rotary position embedding of q [tokens, Hq, D] and k [tokens, Hkv, D] in one launch (forward)";
   }
-  std::span<const ParamInfo> params() const override;
-  std::span<const DType> dtypes() const override;
   std::span<const TensorDecl> signature() const override;
-  std::vector<TileConfig> variants(const KernelSpec& spec, const TargetInfo& target) const override;
   std::string_view device_template(const TileConfig& config) const override;
-  std::string specialize(const KernelSpec& spec, const TileConfig& config) const override;
   std::string_view kernel_name(const TileConfig&) const override { return "kiln_rope"; }
-  Plan plan(const KernelSpec& call, const TileConfig& config) const override;
-  std::vector<uint32_t> base_alignment(const KernelSpec& spec, const TileConfig& config) const override;
-  void init_inputs(const KernelSpec& spec, std::span<const TensorInfo> inputs, std::vector<std::vector<float>>& values,
-                   std::mt19937_64& rng) const override;
-  void reference(const KernelSpec& spec, const Scalars& scalars, std::span<const std::vector<float>> inputs,
-                 std::span<const int64_t> rows, std::vector<RefOutput>& outputs) const override;
-  std::vector<TestSpec> test_specs(const TargetInfo& target) const override;
-  double bytes(const KernelSpec& spec) const override;
-  std::string short_form(const KernelSpec& spec) const override;
 
  protected:
-  Result<void> check(const KernelSpec& spec, const TargetInfo& target) const override;
+  int sign() const override { return 1; }
 };
 
 }  // namespace kiln

@@ -1,7 +1,7 @@
 // rope_bwd: the backward of rope, the inverse rotation of the gradients of q and k in one launch.
 #pragma once
 
-#include "templates/op_template.h"
+#include "templates/lib/rope_params.h"
 
 namespace kiln {
 
@@ -16,31 +16,18 @@ namespace kiln {
 /// [tokens, q_row_stride], dk_out and dk [tokens, k_row_stride].
 /// The rotation by -angle of each pair (its transpose, the inverse), the pass-through copied.
 /// bf16/fp16/fp32, computed in fp32. docs/rope.md.
-class RopeBwdOp final : public OpTemplate {
+class RopeBwdOp final : public RopeOpBase {
  public:
   std::string_view name() const override { return "rope_bwd"; }
   std::string_view summary() const override {
     return "backward of rope: dq, dk from dq_out, dk_out by the inverse rotation, in one launch";
   }
-  std::span<const ParamInfo> params() const override;
-  std::span<const DType> dtypes() const override;
   std::span<const TensorDecl> signature() const override;
-  std::vector<TileConfig> variants(const KernelSpec& spec, const TargetInfo& target) const override;
   std::string_view device_template(const TileConfig& config) const override;
-  std::string specialize(const KernelSpec& spec, const TileConfig& config) const override;
   std::string_view kernel_name(const TileConfig&) const override { return "kiln_rope_bwd"; }
-  Plan plan(const KernelSpec& call, const TileConfig& config) const override;
-  std::vector<uint32_t> base_alignment(const KernelSpec& spec, const TileConfig& config) const override;
-  void init_inputs(const KernelSpec& spec, std::span<const TensorInfo> inputs, std::vector<std::vector<float>>& values,
-                   std::mt19937_64& rng) const override;
-  void reference(const KernelSpec& spec, const Scalars& scalars, std::span<const std::vector<float>> inputs,
-                 std::span<const int64_t> rows, std::vector<RefOutput>& outputs) const override;
-  std::vector<TestSpec> test_specs(const TargetInfo& target) const override;
-  double bytes(const KernelSpec& spec) const override;
-  std::string short_form(const KernelSpec& spec) const override;
 
  protected:
-  Result<void> check(const KernelSpec& spec, const TargetInfo& target) const override;
+  int sign() const override { return -1; }
 };
 
 }  // namespace kiln

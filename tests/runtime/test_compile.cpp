@@ -263,6 +263,13 @@ KILN_GLOBAL KILN_LAUNCH_BOUNDS(256) void kiln_library_test(float* out, const kil
   kiln::barrier();
   s += kiln::attention_dot_lds<64>(tile, tile + 72) + kiln::attention_tanh(v);
   s += kiln::attention_visible<true, 4, -1>(1, 2, 3, 4) ? 1.0f : 0.0f;
+  float sn, cs;
+  kiln::rope_sincos(v, sn, cs);
+  s += sn + cs;
+  kiln::rope_token<2, 1, 64, 32, true, false, false, false, -1, 64, 4, 8, 4>(
+      in, in, (const int*)q, scratch, scratch, [](float* f) { f[0] = 1.0f; }, tile, tile, 3, 1, 8, 128, 64);
+  kiln::rope_token<2, 1, 8, 8, false, true, true, true, 1, 8, 4, 1, 1>(
+      in, in, (const int*)q, scratch, scratch, [](float*) {}, out, out, 3, 1, 8, 16, 8);
   out[kiln::thread_x()] = s + kiln::to_float(p.e[3]);
 }
 )";

@@ -73,6 +73,59 @@ TEST(Attention, ValidationNamesTheParameterAndTheFix) {
 // q, k, v with row strides (columns of one fused qkv buffer): the references read the strided
 // rows as the contiguous tensors they hold, and attention_bwd's dq, dk, dv have the same strides,
 // their columns past the heads NaN (unwritten; the check path expects the NaN poison there).
+// A spec with its defaults filled in (what OpInterface::with_defaults, the CLI and the runtime
+// hand around) is as valid as the spec as given: the other layout's parameters then stand at
+// their defaults (0), which is not giving them.
+TEST(Attention, ValidateAcceptsASpecWithItsDefaults) {
+  for (const char* op : {"attention", "attention_bwd"}) {
+    SCOPED_TRACE(op);
+    const OpTemplate* o = *find_op(op);
+    const KernelSpec t{op, DType::bf16, DType::bf16,
+                       {{"layout", 1}, {"batch", 2}, {"total_q", 30}, {"total_k", 10}, {"max_seqlen_q", 20},
+                        {"max_seqlen_k", 8}, {"heads", 4}, {"kv_heads", 2}, {"head_dim", 64}}};
+    ASSERT_TRUE(o->validate(t, target("sm_90a")).ok());
+    auto r = o->validate(o->with_defaults(t), target("sm_90a"));
+    EXPECT_TRUE(r.ok()) << r.error().message;
+    const KernelSpec s = bshd(op, 2, 16, 16, 4, 4, 128);
+    ASSERT_TRUE(o->validate(s, target("gfx942")).ok());
+    r = o->validate(o->with_defaults(s), target("gfx942"));
+    EXPECT_TRUE(r.ok()) << r.error().message;
+    // A non-zero parameter of the other layout is still refused.
+    KernelSpec u = o->with_defaults(t);
+    u.params["seqlen_q"] = 20;
+    expect_error(u, "'seqlen_q' belongs to layout=bshd");
+  }
+}
+
+// FLOPs: bshd counts seqlen_q x seqlen_k pairs per sequence; thd, whose spec does not carry each
+// sequence's length, counts what total_q, total_k, max_seqlen_q and max_seqlen_k allow: exact for
+// one sequence and where every query (or key) sequence has the longest length, else the least
+// upper bound of those, never total_q x max_seqlen_k for ragged keys.
+TEST(Attention, FlopsCountTheLengthsTheSpecKnows) {
+  for (const char* op : {"attention", "attention_bwd"}) {
+    SCOPED_TRACE(op);
+    const OpTemplate* o = *find_op(op);
+    const double per_pair = 2.0 * (64 + 64) * 2 /* heads */ * (std::string(op) == "attention_bwd" ? 2.5 : 1.0);
+    auto thd = [&](int64_t b, int64_t tq, int64_t tk, int64_t mq, int64_t mk) {
+      return o->with_defaults({op, DType::bf16, DType::bf16,
+                               {{"layout", 1}, {"batch", b}, {"total_q", tq}, {"total_k", tk}, {"max_seqlen_q", mq},
+                                {"max_seqlen_k", mk}, {"heads", 2}, {"kv_heads", 1}, {"head_dim", 64}}});
+    };
+    EXPECT_DOUBLE_EQ(o->flops(o->with_defaults(bshd(op, 3, 16, 20, 2, 1, 64))), per_pair * 3 * 16 * 20);
+    // One sequence of 30 queries and 50 keys (the longest lengths given larger): 30 x 50 pairs.
+    EXPECT_DOUBLE_EQ(o->flops(thd(1, 30, 50, 40, 60)), per_pair * 30 * 50);
+    // Three query sequences of 16 (all full) and 20 keys in all: 16 x 20 pairs.
+    EXPECT_DOUBLE_EQ(o->flops(thd(3, 48, 20, 16, 16)), per_pair * 16 * 20);
+    // Ragged both ways: the bound min(total_q x max_seqlen_k, max_seqlen_q x total_k), 600 both
+    // times (the old count, total_q x max_seqlen_k, gave 800 for the second).
+    EXPECT_DOUBLE_EQ(o->flops(thd(3, 30, 40, 20, 20)), per_pair * 600);
+    EXPECT_DOUBLE_EQ(o->flops(thd(3, 40, 30, 20, 20)), per_pair * 600);
+    KernelSpec causal = thd(1, 30, 50, 40, 60);
+    causal.params["causal"] = 1;
+    EXPECT_DOUBLE_EQ(o->flops(causal), per_pair * 30 * 50 / 2);
+  }
+}
+
 TEST(Attention, ReferencesWithRowStridesMatchTheContiguousOnes) {
   const int64_t H = 4, Hkv = 2, D = 64, stride = (H + 2 * Hkv) * D, T = 10;
   for (const char* name : {"attention", "attention_bwd"}) {

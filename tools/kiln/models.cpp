@@ -203,6 +203,8 @@ Manifest training_manifest(const Model& m, const std::vector<int64_t>& micro_bat
                       {"max_seqlen_k", seq}, {"q_row_stride", qkv_cols}, {"k_row_stride", qkv_cols},
                       {"v_row_stride", qkv_cols}}},
           (bwd ? "attention.bwd" : "attention.fwd") + suffix);
+      // int32 ids and targets, as examples/llama_step launches them, named explicitly (the ops'
+      // default is int64, PyTorch's torch.long: docs/embedding.md, docs/cross-entropy.md).
       add(KernelSpec{bwd ? "embedding_bwd" : "embedding", dtype, dtype,
                      {{"tokens", M}, {"vocab", m.vocab}, {"hidden", m.hidden}, {"ids_dtype", 0}}},
           (bwd ? "embedding.bwd" : "embedding.fwd") + suffix);

@@ -1,0 +1,82 @@
+#include "bench/bench_common.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace kiln::bench {
+
+DeviceBuffer::~DeviceBuffer() {
+  if (ptr) (void)device->free(ptr);
+}
+
+Result<void> DeviceBuffer::allocate(kiln::Device& d, size_t n) {
+  device = &d;
+  bytes = n;
+  KILN_ASSIGN_OR_RETURN(ptr, d.malloc(std::max<size_t>(n, 256)));
+  return kiln::ok();
+}
+
+Result<void> DeviceBuffer::poison() { return device->memset(ptr, 0xff, bytes); }
+
+Timing summarize(std::vector<double> ms, double flops) {
+  Timing t;
+  if (ms.empty()) return t;
+  std::vector<double> rates;
+  for (double m : ms) rates.push_back(flops / (m * 1e9));
+  std::sort(ms.begin(), ms.end());
+  const size_t n = ms.size();
+  t.median_ms = n % 2 ? ms[n / 2] : 0.5 * (ms[n / 2 - 1] + ms[n / 2]);
+  t.tflops = flops / (t.median_ms * 1e9);
+  if (n > 1) {
+    double mean = 0, var = 0;
+    for (double r : rates) mean += r / double(n);
+    for (double r : rates) var += (r - mean) * (r - mean) / double(n - 1);
+    t.stddev = std::sqrt(var);
+  }
+  return t;
+}
+
+std::vector<std::string> split_header(std::string_view csv) {
+  std::vector<std::string> header;
+  for (std::string_view rest = csv; !rest.empty();) {
+    const size_t comma = rest.find(',');
+    header.emplace_back(rest.substr(0, comma));
+    rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
+  }
+  return header;
+}
+
+void print_table(std::FILE* out, const std::vector<std::string>& header, const std::vector<std::vector<std::string>>& rows) {
+  std::vector<size_t> w(header.size());
+  for (size_t i = 0; i < header.size(); ++i) w[i] = header[i].size();
+  for (const auto& r : rows)
+    for (size_t i = 0; i < r.size(); ++i) {
+      if (i == w.size()) w.push_back(0);  // a row longer than the header
+      w[i] = std::max(w[i], r[i].size());
+    }
+  auto line = [&](const std::vector<std::string>& r) {
+    std::string s;
+    for (size_t i = 0; i < r.size(); ++i)
+      s += i == 0 ? fmt::format("{:<{}}", r[i], w[i]) : fmt::format("  {:>{}}", r[i], w[i]);
+    std::fprintf(out, "%s\n", s.c_str());
+  };
+  line(header);
+  for (const auto& r : rows) line(r);
+}
+
+BackgroundCompile::BackgroundCompile(kiln::Runtime& rt, std::string target, std::vector<kiln::KernelSpec> specs)
+    : thread_([this, &rt, target = std::move(target), specs = std::move(specs)] {
+        for (const kiln::KernelSpec& s : specs) {
+          if (stop_) return;
+          (void)rt.compile(s, target);
+        }
+      }) {}
+
+BackgroundCompile::~BackgroundCompile() {
+  stop_ = true;
+  thread_.join();
+}
+
+}  // namespace kiln::bench

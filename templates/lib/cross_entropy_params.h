@@ -1,0 +1,113 @@
+// Host helpers of the cross-entropy ops (cross_entropy, cross_entropy_bwd): the parameters both
+// take, the scalars, shapes, the targets tensor, the vector width, test logits and targets and
+// the test specs. Part of the library (templates/lib/): no op folder includes another's.
+// Header-only (inline).
+#pragma once
+
+#include <algorithm>
+#include <limits>
+#include <random>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "templates/op_template.h"
+
+namespace kiln::cross_entropy_params {
+
+inline constexpr std::string_view kTargetDTypes[] = {"int64", "int32"};
+enum TargetDType : int64_t { kTargets64 = 0, kTargets32 = 1 };
+
+// The parameters both ops take, in this order, then the op's own (cross_entropy: split_rows;
+// cross_entropy_bwd: inplace). `ignored` and `z_loss` say what the op does with an ignored
+// token and with the z-loss.
+constexpr ParamInfo tokens_param() {
+  return {"tokens", "rows of the logits; a runtime argument, not baked; 0 is a no-op", false, false, 0,
+          (int64_t{1} << 31) - 1};
+}
+constexpr ParamInfo vocab_param() {
+  return {"vocab", "classes: the logits' last dimension", true, false, 1, int64_t{1} << 24};
+}
+// target_dtype: int64 by default, what F.cross_entropy takes (torch.long), so a PyTorch caller's
+// targets need no cast; int32 reads half the bytes (examples/llama_step and the manifests name
+// it; docs/cross-entropy.md).
+constexpr ParamInfo target_dtype_param() {
+  return {"target_dtype", "dtype of the targets: int64 (PyTorch's) or int32", true, false, 0, 1, kTargetDTypes,
+          kTargets64};
+}
+constexpr ParamInfo ignore_index_param(std::string_view doc) {
+  return {"ignore_index", doc, true, false, std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max(),
+          {}, -100};
+}
+constexpr ParamInfo smoothing_param() {
+  return {"smoothing", "label smoothing with weight label_smoothing (PyTorch's definition)", true, true, 0, 1, {}, 0};
+}
+constexpr ParamInfo z_loss_param(std::string_view doc) { return {"z_loss", doc, true, true, 0, 1, {}, 0}; }
+
+inline const ScalarInfo kScalars[] = {
+    {"label_smoothing", 0.1f, "with smoothing: the weight s of the uniform distribution, in [0, 1]"},
+    {"z_loss_weight", 1e-4f, "with z_loss: the weight z of lse^2 (PaLM: 1e-4)"},
+};
+inline const DType kDTypes[] = {DType::bf16, DType::f16, DType::f32};
+
+inline std::vector<int64_t> tokens_vocab(const KernelSpec& s) { return {s.param("tokens"), s.param("vocab")}; }
+inline std::vector<int64_t> tokens(const KernelSpec& s) { return {s.param("tokens")}; }
+inline bool int64_targets(const KernelSpec& s) { return s.param("target_dtype") == kTargets64; }
+inline bool int32_targets(const KernelSpec& s) { return s.param("target_dtype") == kTargets32; }
+/// targets [tokens]: one tensor, int64 or int32 as target_dtype says (two declarations, one
+/// present; a tensor's dtype is fixed per declaration). The int64 one first.
+constexpr TensorDecl targets_decl(TargetDType t) {
+  if (t == kTargets64)
+    return {"targets", Role::input, DTypeRule::fixed, DType::i64, "[tokens]", tokens, int64_targets, "class ids (int64)"};
+  return {"targets", Role::input, DTypeRule::fixed, DType::i32, "[tokens]", tokens, int32_targets, "class ids (int32)"};
+}
+
+/// The op's configurations for rows of vocab elements: `row_config(vocab, vec)` with 16-byte
+/// accesses when vocab is a multiple of the vector, then with one element per access.
+template <class RowConfig>
+std::vector<TileConfig> vector_then_scalar(const KernelSpec& spec, RowConfig row_config) {
+  const int64_t vocab = spec.param("vocab");
+  const int64_t vec = 16 / static_cast<int64_t>(dtype_size(spec.dtype));
+  std::vector<TileConfig> out;
+  if (vocab % vec == 0) out.push_back(row_config(vocab, vec));
+  out.push_back(row_config(vocab, 1));
+  return out;
+}
+
+/// Logits [tokens, vocab] (`elements` of them) uniform in [-4, 4], rounded to `t`, never 0:
+/// probabilities spread over about e^8, as trained models'.
+inline void init_logits(std::vector<float>& logits, int64_t elements, DType t, std::mt19937_64& rng) {
+  std::uniform_real_distribution<float> u(-4.0f, 4.0f);
+  logits.resize(static_cast<size_t>(elements));
+  for (float& v : logits) {
+    v = round_to_dtype(u(rng), t);
+    if (v == 0.0f) v = 0.25f;
+  }
+}
+
+/// Targets in [1, vocab) (never 0, as every input), and always the second token ignored:
+/// ignored tokens are covered whenever there are two. Of the others, one in six is ignored in
+/// test-sized calls and one in 128 in benchmark-sized ones (above 64 tokens), so that a
+/// benchmark moves nearly every byte that its GB/s counts (an ignored row's logits are not read).
+inline void init_targets(const KernelSpec& spec, std::vector<float>& targets, std::mt19937_64& rng) {
+  const int64_t n = spec.param("tokens"), vocab = spec.param("vocab"), ignore = spec.param("ignore_index");
+  std::uniform_int_distribution<int64_t> cls(1, std::max<int64_t>(vocab - 1, 1));
+  std::uniform_int_distribution<int> one_in(0, n > 64 ? 127 : 5);
+  targets.resize(static_cast<size_t>(n));
+  for (size_t i = 0; i < targets.size(); ++i) {
+    const bool ignored = vocab == 1 || i == 1 || one_in(rng) == 0;
+    targets[i] = static_cast<float>(ignored ? ignore : cls(rng));
+  }
+}
+
+/// One test spec of op `op`, with the op's own parameter `own` (split_rows or inplace).
+inline TestSpec test_spec(std::string_view op, DType t, int64_t tokens, int64_t vocab, int64_t target_dtype,
+                          int64_t smoothing, int64_t z, std::pair<const char*, int64_t> own, std::string_view why) {
+  return {{std::string(op), t, t,
+           {{"tokens", tokens}, {"vocab", vocab}, {"target_dtype", target_dtype}, {"smoothing", smoothing},
+            {"z_loss", z}, {own.first, own.second}}},
+          why};
+}
+
+}  // namespace kiln::cross_entropy_params
