@@ -71,6 +71,12 @@ Env read_env() {
                                         "at most {:.0f} (e.g. 300)",
                                         printable(t, 40), kMaxLockTimeout));
   }
+  if (auto f = get("KILN_EMULATOR_FP8"); !f.empty()) {
+    if (f == "ocp" || f == "fnuz") e.emulator_fp8 = f;
+    else e.errors.push_back(fmt::format("KILN_EMULATOR_FP8='{}' is not an fp8 encoding; give ocp or fnuz, or leave it "
+                                        "unset for the target's own (FNUZ on gfx942, OCP on gfx950)",
+                                        printable(f, 40)));
+  }
   return e;
 }
 

@@ -28,6 +28,10 @@ struct Env {
   std::string amd_emulator;     ///< KILN_AMD_EMULATOR: folder of tinygrad's CDNA emulator (backend "emulator").
   std::string emulator_python;  ///< KILN_EMULATOR_PYTHON: Python with tinygrad 0.14.0 and numpy.
   double emulator_timeout_s = 300;  ///< KILN_EMULATOR_TIMEOUT: seconds one emulator request may take.
+  /// KILN_EMULATOR_FP8: "ocp" or "fnuz", how the emulator decodes fp8 operands; empty (the
+  /// default): the target's encoding (FNUZ on gfx942, OCP on gfx950). The tests set "ocp" on
+  /// gfx942 to show that an fp8 kernel checked with the wrong decoding fails.
+  std::string emulator_fp8;
   /// Invalid values, one message each naming the variable, the value and what is accepted; the
   /// field keeps its default. Runtime::create and the CLI refuse to start with any.
   std::vector<std::string> errors;

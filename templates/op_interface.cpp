@@ -76,7 +76,10 @@ std::vector<TensorInfo> OpInterface::tensors(const KernelSpec& given) const {
   std::vector<TensorInfo> out;
   for (const TensorDecl& d : signature()) {
     if (d.present && !d.present(spec)) continue;
-    const DType t = d.dtype_rule == DTypeRule::in ? spec.dtype : d.dtype_rule == DTypeRule::out ? spec.out_dtype : d.fixed;
+    const DType t = d.dtype_rule == DTypeRule::in        ? spec.dtype
+                    : d.dtype_rule == DTypeRule::out     ? spec.out_dtype
+                    : d.dtype_rule == DTypeRule::derived ? d.derive(spec)
+                                                         : d.fixed;
     out.push_back({std::string(d.name), t, d.shape(spec), d.role == Role::output});
     if (!d.overwrites.empty() && (!d.in_place || d.in_place(spec)))
       for (size_t i = 0; i < out.size(); ++i)

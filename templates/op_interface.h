@@ -53,6 +53,8 @@ enum class DTypeRule : uint8_t {
   in,     ///< KernelSpec::dtype
   out,    ///< KernelSpec::out_dtype
   fixed,  ///< TensorDecl::fixed (fp32 scales and rstd, int32 indices)
+  derived,  ///< TensorDecl::derive(spec), described by TensorDecl::dtype_doc (gemm_fp8's B, whose
+            ///< fp8 format is a parameter: e5m2 beside an e4m3 A in a hybrid GEMM)
 };
 
 /// One tensor of an op's signature.
@@ -75,6 +77,10 @@ struct TensorDecl {
   /// output has a buffer of its own.
   std::string_view overwrites = {};
   bool (*in_place)(const KernelSpec&) = nullptr;
+  /// With DTypeRule::derived: the tensor's dtype for a spec, and its description for `kiln ops`
+  /// ("fp8 format b_format in dtype's encoding").
+  DType (*derive)(const KernelSpec&) = nullptr;
+  std::string_view dtype_doc = {};
 };
 
 /// One tensor argument of a concrete spec, in signature order (inputs before outputs).

@@ -254,8 +254,14 @@ Result<std::unique_ptr<DeviceImpl>> start_emulator(const TargetInfo* target) {
                       "the AMD emulator compiles each instruction with 'clang', and none was found (on PATH or in "
                       "LLVM's bin folder): install clang-22");
   config.timeout_s = e.emulator_timeout_s;
+  // The emulator decodes fp8 MFMA operands as OCP unless CDNA_FP8=fnuz: gfx942 code takes FNUZ
+  // data (shared/AMD-EMULATION.md). One process serves one target, so one decoding.
+  const std::string fp8 =
+      !e.emulator_fp8.empty() ? e.emulator_fp8 : target->fp8_encoding == Fp8Encoding::fnuz ? "fnuz" : "ocp";
+  config.env.push_back("CDNA_FP8=" + fp8);
   KILN_ASSIGN_OR_RETURN(auto process, EmulatorProcess::start(config));
-  KILN_LOG_DEBUG("AMD emulator for {} started: {} with {}", target->name, config.python, config.emulator_dir);
+  KILN_LOG_DEBUG("AMD emulator for {} started: {} with {} (fp8 {})", target->name, config.python, config.emulator_dir,
+                 fp8);
   return std::unique_ptr<DeviceImpl>(new EmulatorDevice(std::move(process), target));
 }
 

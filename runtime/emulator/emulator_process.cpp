@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -91,8 +92,12 @@ Result<std::unique_ptr<EmulatorProcess>> EmulatorProcess::start(const EmulatorCo
   for (char** e = environ; e && *e; ++e) {
     std::string_view v(*e);
     if (v.starts_with("PATH=") && !config.path_prefix.empty()) continue;
+    if (std::any_of(config.env.begin(), config.env.end(),
+                    [&](const std::string& set) { return v.starts_with(set.substr(0, set.find('=') + 1)); }))
+      continue;
     env_strings.emplace_back(v);
   }
+  for (const std::string& set : config.env) env_strings.push_back(set);
   if (!config.path_prefix.empty()) {
     const char* path = std::getenv("PATH");
     env_strings.push_back("PATH=" + config.path_prefix + (path && *path ? std::string(":") + path : ""));

@@ -25,6 +25,9 @@ struct EmulatorConfig {
   std::string python;        ///< Interpreter with tinygrad 0.14.0 and numpy.
   std::string emulator_dir;  ///< Holds test/mockgpu/amd/emu.py.
   std::string path_prefix;   ///< Prepended to the child's PATH ("" = none): where `clang` is.
+  /// NAME=VALUE entries set in the child's environment, replacing the same names of ours
+  /// (CDNA_FP8: the emulator's fp8 decoding, read when it is imported).
+  std::vector<std::string> env;
   double timeout_s = 300;    ///< Deadline of one request (the startup import included).
 };
 

@@ -296,6 +296,34 @@ Result<std::unique_ptr<Runtime>> emulator_runtime(const std::string& target) {
   return Runtime::create(o);
 }
 
+// gfx942's fp8 MFMAs take FNUZ data; the emulator decodes OCP unless CDNA_FP8=fnuz, which the
+// backend sets for gfx942. With the decoding forced to OCP (KILN_EMULATOR_FP8=ocp) the same
+// gfx942 fp8 GEMM fails its gate: the cases above pass because of the switch, not in spite of
+// it. (Read as OCP, an FNUZ code is worth twice its value: biases 7 and 15 instead of 8 and 16.)
+TEST(EmulatorBackend, Gfx942Fp8NeedsTheFnuzDecoding) {
+  KILN_REQUIRE_LLVM();
+  const KernelSpec spec{"gemm_fp8", DType::e4m3fnuz, DType::f32,
+                        {{"M", 33}, {"N", 40}, {"K", 64}, {"granularity", 1}, {"b_format", 1}}};
+  CheckOptions options;
+  options.seed = 42;
+  for (const char* decoding : {"fnuz", "ocp"}) {
+    SCOPED_TRACE(decoding);
+    ScopedEnv env("KILN_EMULATOR_FP8", decoding);
+    auto rt = emulator_runtime("gfx942");
+    if (!rt && (rt.error().code == Errc::driver_unavailable || rt.error().code == Errc::unsupported))
+      GTEST_SKIP() << rt.error().message;
+    ASSERT_TRUE(rt.ok()) << rt.error().message;
+    auto kernel = (*rt)->kernel(spec);
+    ASSERT_TRUE(kernel.ok()) << kernel.error().message;
+    ASSERT_NE((*kernel)->compiled().info().config.find("MFMA=1"), std::string::npos)
+        << (*kernel)->compiled().info().config;
+    auto report = check_on_device(**rt, spec, options);
+    ASSERT_TRUE(report.ok()) << report.error().message;
+    std::printf("[ emulator ] gfx942 with CDNA_FP8=%s: %s\n", decoding, format_report(*report).c_str());
+    EXPECT_EQ(report->pass, std::string(decoding) == "fnuz") << format_report(*report);
+  }
+}
+
 TEST(EmulatorBackend, RefusesAMissingOrNonAmdTarget) {
   for (const char* target : {"", "sm_90a", "gfx90a"}) {
     auto rt = emulator_runtime(target);

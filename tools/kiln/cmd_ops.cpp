@@ -22,9 +22,10 @@ std::string join(const std::vector<std::string>& items, std::string_view sep = "
 std::string tensor_order(const OpTemplate& op) {
   std::vector<std::string> ins, outs;
   for (const TensorDecl& d : op.signature()) {
-    std::string dtype = d.dtype_rule == DTypeRule::in    ? "dtype"
-                        : d.dtype_rule == DTypeRule::out ? "out_dtype"
-                                                         : std::string(dtype_name(d.fixed));
+    std::string dtype = d.dtype_rule == DTypeRule::in        ? "dtype"
+                        : d.dtype_rule == DTypeRule::out     ? "out_dtype"
+                        : d.dtype_rule == DTypeRule::derived ? std::string(d.dtype_doc)
+                                                             : std::string(dtype_name(d.fixed));
     std::string s = fmt::format("{} {} ({}", d.name, d.shape_doc, dtype);
     // The values of the boolean and enumerated parameters for which `holds` is true, where not all
     // or none of them are.
@@ -108,9 +109,10 @@ nlohmann::json op_json(const OpTemplate& op) {
   for (const TensorDecl& d : op.signature()) {
     tensors.push_back({{"name", d.name},
                        {"role", d.role == Role::input ? "input" : "output"},
-                       {"dtype", d.dtype_rule == DTypeRule::in    ? std::string("dtype")
-                                 : d.dtype_rule == DTypeRule::out ? std::string("out_dtype")
-                                                                  : std::string(dtype_name(d.fixed))},
+                       {"dtype", d.dtype_rule == DTypeRule::in        ? std::string("dtype")
+                                 : d.dtype_rule == DTypeRule::out     ? std::string("out_dtype")
+                                 : d.dtype_rule == DTypeRule::derived ? std::string(d.dtype_doc)
+                                                                      : std::string(dtype_name(d.fixed))},
                        {"shape", d.shape_doc},
                        {"optional", d.present != nullptr}});
     if (!d.overwrites.empty()) tensors.back()["overwrites"] = d.overwrites;

@@ -1,0 +1,149 @@
+// gemm_fp8 on the CPU: its signature (B's derived dtype, the scale shapes of each granularity, the
+// in-place accumulation), its validation, its reference by hand, and the fp8 training recipe end to
+// end: bf16 operands quantized by quantize_fp8's definition (its reference), multiplied by
+// gemm_fp8's reference, against the unquantized product, with the BENCHMARKS.md fp8 gates (e4m3
+// > 25 dB, hybrid > 20 dB).
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "kiln/kiln.h"
+#include "templates/lib/fp8_scaling.h"
+#include "templates/registry.h"
+
+namespace kiln {
+namespace {
+
+const OpTemplate& op() { return **find_op("gemm_fp8"); }
+const TargetInfo& target(const char* name) { return **find_target(name); }
+
+KernelSpec spec(int64_t M, int64_t N, int64_t K, int64_t g, DType a, int64_t b_format, DType out, int64_t acc = 0) {
+  return {"gemm_fp8", a, out, {{"M", M}, {"N", N}, {"K", K}, {"granularity", g}, {"b_format", b_format}, {"accumulate", acc}}};
+}
+
+TEST(GemmFp8, SignatureFollowsTheGranularityAndTheFormats) {
+  // blockwise, e5m2 x e4m3 in FNUZ: B is e4m3fnuz, sa [M, ceil(K/128)], sb [ceil(N/128), ceil(K/128)].
+  auto t = op().tensors(spec(7, 130, 300, kGemmBlockwise, DType::e5m2fnuz, 0, DType::bf16));
+  ASSERT_EQ(t.size(), 5u);
+  EXPECT_EQ(t[0].dtype, DType::e5m2fnuz);
+  EXPECT_EQ(t[1].dtype, DType::e4m3fnuz);
+  EXPECT_EQ(t[1].shape, (std::vector<int64_t>{130, 300}));
+  EXPECT_EQ(t[2].shape, (std::vector<int64_t>{7, 3}));
+  EXPECT_EQ(t[3].shape, (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(t[4].name, "C");
+  EXPECT_EQ(t[4].overwrites, -1);
+  // rowwise, e4m3 x e5m2 in OCP, accumulating: C_in is C's buffer.
+  t = op().tensors(spec(7, 130, 300, kGemmRowwise, DType::e4m3, 1, DType::f32, 1));
+  ASSERT_EQ(t.size(), 6u);
+  EXPECT_EQ(t[1].dtype, DType::e5m2);
+  EXPECT_EQ(t[2].shape, (std::vector<int64_t>{7}));
+  EXPECT_EQ(t[3].shape, (std::vector<int64_t>{130}));
+  EXPECT_EQ(t[4].name, "C_in");
+  EXPECT_EQ(t[5].overwrites, 4);
+  t = op().tensors(spec(7, 130, 300, kGemmBlock1x128, DType::e5m2, 0, DType::f32));
+  EXPECT_EQ(t[2].shape, (std::vector<int64_t>{7, 3}));
+  EXPECT_EQ(t[3].shape, (std::vector<int64_t>{130, 3}));
+  t = op().tensors(spec(7, 130, 300, kGemmTensorwise, DType::e4m3, 0, DType::f16));
+  EXPECT_EQ(t[2].shape, (std::vector<int64_t>{1}));
+  EXPECT_EQ(t[3].shape, (std::vector<int64_t>{1}));
+}
+
+TEST(GemmFp8, ValidationNamesTheParameterAndTheFix) {
+  EXPECT_TRUE(op().validate(spec(1, 1, 1, kGemmTensorwise, DType::e4m3fnuz, 1, DType::bf16), target("gfx942")).ok());
+  EXPECT_TRUE(op().validate(spec(1, 1, 1, kGemmBlockwise, DType::e5m2, 0, DType::f32, 1), target("sm_90a")).ok());
+  auto acc = op().validate(spec(8, 8, 8, kGemmRowwise, DType::e4m3, 0, DType::bf16, 1), target("gfx950"));
+  ASSERT_FALSE(acc.ok());
+  EXPECT_NE(acc.error().message.find("out_dtype fp32"), std::string::npos) << acc.error().message;
+  // OCP data on gfx942 (FNUZ), for A and, through b_format, for B.
+  auto ocp = op().validate(spec(8, 8, 8, kGemmRowwise, DType::e4m3, 0, DType::bf16), target("gfx942"));
+  ASSERT_FALSE(ocp.ok());
+  EXPECT_NE(ocp.error().message.find("'A'"), std::string::npos) << ocp.error().message;
+  auto fnuz = op().validate(spec(8, 8, 8, kGemmRowwise, DType::e4m3fnuz, 1, DType::bf16), target("gfx950"));
+  ASSERT_FALSE(fnuz.ok());
+  auto out = op().validate(spec(8, 8, 8, kGemmRowwise, DType::e4m3, 0, DType::e4m3), target("sm_90a"));
+  ASSERT_FALSE(out.ok());
+  EXPECT_NE(out.error().message.find("out_dtype"), std::string::npos) << out.error().message;
+  auto bf16 = op().validate(spec(8, 8, 8, kGemmRowwise, DType::bf16, 0, DType::bf16), target("sm_90a"));
+  ASSERT_FALSE(bf16.ok());
+  EXPECT_NE(bf16.error().message.find("fp8_e4m3"), std::string::npos) << bf16.error().message;
+}
+
+TEST(GemmFp8, ReferenceByHand) {
+  // M = 1, N = 129 (B's second 128-row block), K = 130 (two k-blocks), blockwise: C[0][n] =
+  // sum_k A[k] sa[k / 128] B[n][k] sb[n / 128][k / 128].
+  const KernelSpec s = spec(1, 129, 130, kGemmBlockwise, DType::e4m3, 0, DType::f32, 1);
+  std::vector<std::vector<float>> in(5);
+  in[0].assign(130, 2.0f);
+  in[1].assign(129 * 130, 0.5f);
+  in[1][128 * 130 + 129] = 4.0f;  // B[128][129]
+  in[2] = {1.0f, 3.0f};                 // sa [1, 2]
+  in[3] = {1.0f, 10.0f, 100.0f, 1000.0f};  // sb [2, 2]
+  in[4].assign(129, 0.25f);              // C_in
+  std::vector<RefOutput> out;
+  op().reference(s, {}, in, {}, out);
+  ASSERT_EQ(out.size(), 1u);
+  ASSERT_EQ(out[0].values.size(), 129u);
+  EXPECT_DOUBLE_EQ(out[0].values[0], 0.25 + 128 * 2 * 1 * 0.5 * 1 + 2 * 2 * 3 * 0.5 * 10);
+  EXPECT_DOUBLE_EQ(out[0].values[128], 0.25 + 128 * 2 * 1 * 0.5 * 100 + 2 * 3 * 1000 * (0.5 + 4.0));
+}
+
+// The recipe against the unquantized product: x [M, K] and W [N, K] in bf16 (Gaussian, rows and
+// 128-column blocks of x at different magnitudes, as activations are), each quantized as
+// quantize_fp8 defines it (its CPU reference: scales amax / FP8_MAX per group), then gemm_fp8's
+// reference on the quantized operands, against the fp64 product of the bf16 ones.
+double recipe_snr(DType fa, DType fb, int64_t g, uint64_t seed) {
+  constexpr int64_t M = 48, N = 256, K = 320;
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> x(M * K), w(N * K);
+  for (int64_t i = 0; i < M * K; ++i)
+    x[i] = round_to_dtype(std::ldexp(normal(rng), static_cast<int>((i / K) % 7 - (i % K) / 128 % 3)), DType::bf16);
+  for (float& v : w) v = round_to_dtype(normal(rng) / std::sqrt(float(K)), DType::bf16);
+  const OpTemplate& quantize = **find_op("quantize_fp8");
+  // q and scale of one operand, as floats.
+  auto quantized = [&](const std::vector<float>& v, int64_t rows, DType fp8, Fp8Granularity gran) {
+    const KernelSpec q{"quantize_fp8", DType::bf16, fp8, {{"rows", rows}, {"cols", K}, {"granularity", gran}}};
+    std::vector<RefOutput> out;
+    const std::vector<std::vector<float>> in = {v};
+    quantize.reference(q, {}, in, {}, out);
+    std::vector<float> values(out[0].values.begin(), out[0].values.end());
+    std::vector<float> scales(out[1].values.begin(), out[1].values.end());
+    return std::pair{values, scales};
+  };
+  auto [qa, sa] = quantized(x, M, fa, fp8_gemm_operand_granularity(g, false));
+  auto [qb, sb] = quantized(w, N, fb, fp8_gemm_operand_granularity(g, true));
+  const bool b_e5m2 = fb == DType::e5m2 || fb == DType::e5m2fnuz;
+  std::vector<RefOutput> out;
+  op().reference(spec(M, N, K, g, fa, b_e5m2 ? 1 : 0, DType::bf16), {}, std::vector<std::vector<float>>{qa, qb, sa, sb},
+                 {}, out);
+  double signal = 0, noise = 0;
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n) {
+      double ref = 0;
+      for (int64_t k = 0; k < K; ++k) ref += double(x[m * K + k]) * double(w[n * K + k]);
+      const double got = round_to_dtype(static_cast<float>(out[0].values[m * N + n]), DType::bf16);  // C in bf16
+      signal += ref * ref;
+      noise += (ref - got) * (ref - got);
+    }
+  return 10 * std::log10(signal / noise);
+}
+
+TEST(GemmFp8, RecipeMeetsTheFp8GatesAgainstTheBf16Product) {
+  for (Fp8Encoding enc : {Fp8Encoding::ocp, Fp8Encoding::fnuz}) {
+    const DType e4 = fp8_in_encoding(DType::e4m3, enc), e5 = fp8_in_encoding(DType::e5m2, enc);
+    for (int64_t g : {kGemmTensorwise, kGemmRowwise, kGemmBlockwise, kGemmBlock1x128}) {
+      const double fwd = recipe_snr(e4, e4, g, 1), dgrad = recipe_snr(e5, e4, g, 2), other = recipe_snr(e4, e5, g, 3);
+      const std::string what = fmt::format("{} {}: e4m3 x e4m3 {:.1f} dB, e5m2 x e4m3 {:.1f} dB, e4m3 x e5m2 {:.1f} dB",
+                                           fp8_encoding_name(enc), fp8_gemm_scaling_names()[g], fwd, dgrad, other);
+      std::printf("%s\n", what.c_str());
+      EXPECT_GT(fwd, 25) << what;
+      EXPECT_GT(dgrad, 20) << what;
+      EXPECT_GT(other, 20) << what;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kiln
