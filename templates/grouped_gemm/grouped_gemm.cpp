@@ -50,17 +50,49 @@ std::span<const ParamInfo> GroupedGemmOp::params() const { return kParams; }
 std::span<const DType> GroupedGemmOp::dtypes() const { return kDTypes; }
 std::span<const TensorDecl> GroupedGemmOp::signature() const { return kSignature; }
 
-// The portable kernel (grouped_gemm.kernel, every target): 64 x 64 tiles of c, 16-deep slices
-// through LDS in fp32, 4 x 4 outputs per thread (256 threads).
-std::vector<TileConfig> GroupedGemmOp::variants(const KernelSpec&, const TargetInfo&) const {
-  return {{{"BM", 64}, {"BN", 64}, {"BK", 16}, {"TM", 4}, {"TN", 4}, {"THREADS", 256}}};
+// Two kernels:
+//  - Hopper (grouped_gemm_sm90.kernel, sm_90a, N and K multiples of 8): WGMMA on 128 x 128 tiles,
+//    64-deep slices in a 4-stage cp.async pipeline (129 KiB of shared memory), the structure of
+//    the bf16 GEMM's cp.async kernel; 16-byte aligned a, b and c.
+//  - portable (grouped_gemm.kernel, every target; the fallback on sm_90a): 64 x 64 tiles of c,
+//    16-deep slices through LDS in fp32, 4 x 4 outputs per thread (256 threads).
+namespace {
+bool wgmma(const TileConfig& c) { return c.count("WGMMA") && c.at("WGMMA") != 0; }
+int64_t sm90_shared_bytes(const TileConfig& c) { return 1024 + c.at("STAGES") * (c.at("BM") + c.at("BN")) * c.at("BK") * 2; }
+}  // namespace
+
+std::vector<TileConfig> GroupedGemmOp::variants(const KernelSpec& spec, const TargetInfo& target) const {
+  TileConfig portable = {{"BM", 64}, {"BN", 64}, {"BK", 16}, {"TM", 4}, {"TN", 4}, {"THREADS", 256}};
+  if (target.vendor == Vendor::nvidia && target.cpu == "sm_90a" && spec.param("N") % 8 == 0 &&
+      spec.param("K") % 8 == 0)
+    return {{{"WGMMA", 1}, {"BM", 128}, {"BN", 128}, {"BK", 64}, {"STAGES", 4}, {"THREADS", 256}}, portable};
+  return {portable};
 }
 
-std::string_view GroupedGemmOp::device_template(const TileConfig&) const {
-  return embedded_file("templates/grouped_gemm/grouped_gemm.kernel");
+std::vector<uint32_t> GroupedGemmOp::base_alignment(const KernelSpec& spec, const TileConfig& c) const {
+  std::vector<uint32_t> out(tensors(spec).size(), 1);
+  if (wgmma(c)) out = {16, 16, 1, 16};  // a, b, offsets, c: 16-byte rows through cp.async
+  return out;
+}
+
+uint32_t GroupedGemmOp::dynamic_shared_bytes(const KernelSpec&, const TileConfig& c) const {
+  return wgmma(c) ? static_cast<uint32_t>(sm90_shared_bytes(c)) : 0;
+}
+
+std::string_view GroupedGemmOp::device_template(const TileConfig& c) const {
+  return embedded_file(wgmma(c) ? "templates/grouped_gemm/grouped_gemm_sm90.kernel"
+                                : "templates/grouped_gemm/grouped_gemm.kernel");
 }
 
 std::string GroupedGemmOp::specialize(const KernelSpec& spec, const TileConfig& c) const {
+  if (wgmma(c))
+    return fmt::format(
+        "constexpr int MODE = {}, GROUPS = {};\nconstexpr long long N = {}, K = {};\n"
+        "constexpr int BM = {}, BN = {}, BK = {}, STAGES = {}, THREADS = {};\nconstexpr bool IN_BF16 = {};\n"
+        "typedef {} in_t;\ntypedef {} out_t;\n",
+        spec.param("mode"), spec.param("groups"), spec.param("N"), spec.param("K"), c.at("BM"), c.at("BN"),
+        c.at("BK"), c.at("STAGES"), c.at("THREADS"), spec.dtype == DType::bf16 ? "true" : "false",
+        device_type_name(spec.dtype), device_type_name(spec.out_dtype));
   return fmt::format(
       "constexpr int MODE = {}, GROUPS = {};\nconstexpr long long N = {}, K = {};\n"
       "constexpr int BM = {}, BN = {}, BK = {}, TM = {}, TN = {}, THREADS = {};\ntypedef {} in_t;\ntypedef {} out_t;\n",
@@ -84,6 +116,7 @@ Plan GroupedGemmOp::plan(const KernelSpec& call, const TileConfig& c) const {
     g.grid.x = static_cast<uint32_t>(ceil_div(tokens, c.at("BM")) + G - 1);
     g.grid.y = static_cast<uint32_t>(ceil_div(call.param("N"), c.at("BN")));
   }
+  if (wgmma(c)) g.dynamic_shared_bytes = static_cast<uint32_t>(sm90_shared_bytes(c));
   Launch l = single_launch(call, c, g);
   l.args.push_back(KernelArg::i32(tokens));
   p.launches.push_back(std::move(l));
@@ -114,35 +147,38 @@ void GroupedGemmOp::init_inputs(const KernelSpec& spec, std::span<const TensorIn
   for (int64_t g = 0; g < G; ++g) off[g + 1] = off[g] + static_cast<float>(size[g]);
 }
 
-// fp64 over every element (the check compares all of c).
+// fp64. nt, nn: the sampled rows of c (every row when none are asked for); tn: every c[g].
 void GroupedGemmOp::reference(const KernelSpec& s, const Scalars&, std::span<const std::vector<float>> in,
-                              std::span<const int64_t>, std::vector<RefOutput>& outputs) const {
+                              std::span<const int64_t> sample, std::vector<RefOutput>& outputs) const {
   const int64_t G = s.param("groups"), N = s.param("N"), K = s.param("K"), tokens = s.param("tokens");
   const std::vector<float>&a = in[0], &b = in[1], &off = in[2];
   outputs.assign(1, {});
-  std::vector<double>& c = outputs[0].values;
-  for (int64_t g = 0; g < G; ++g) {
-    const int64_t r0 = static_cast<int64_t>(off[g]), r1 = static_cast<int64_t>(off[g + 1]);
-    if (tn(s)) {
-      if (g == 0) c.assign(static_cast<size_t>(G * N * K), 0.0);
-      for (int64_t t = r0; t < r1; ++t)
+  RefOutput& out = outputs[0];
+  if (tn(s)) {
+    out.values.assign(static_cast<size_t>(G * N * K), 0.0);
+    for (int64_t g = 0; g < G; ++g)
+      for (int64_t t = static_cast<int64_t>(off[g]); t < static_cast<int64_t>(off[g + 1]); ++t)
         for (int64_t n = 0; n < N; ++n) {
           const double x = a[static_cast<size_t>(t * N + n)];
-          double* row = &c[static_cast<size_t>((g * N + n) * K)];
+          double* row = &out.values[static_cast<size_t>((g * N + n) * K)];
           for (int64_t k = 0; k < K; ++k) row[k] += x * b[static_cast<size_t>(t * K + k)];
         }
-      continue;
+    return;
+  }
+  out.rows.assign(sample.begin(), sample.end());
+  if (out.rows.empty())
+    for (int64_t t = 0; t < tokens; ++t) out.rows.push_back(t);
+  const bool nt = s.param("mode") == kNt;
+  for (int64_t t : out.rows) {
+    int64_t g = 0;
+    while (g + 1 < G && static_cast<int64_t>(off[g + 1]) <= t) ++g;  // the group holding row t
+    for (int64_t n = 0; n < N; ++n) {
+      double acc = 0;
+      for (int64_t k = 0; k < K; ++k)
+        acc += double(a[static_cast<size_t>(t * K + k)]) *
+               b[static_cast<size_t>(nt ? (g * N + n) * K + k : (g * K + k) * N + n)];
+      out.values.push_back(acc);
     }
-    if (g == 0) c.assign(static_cast<size_t>(tokens * N), 0.0);
-    const bool nt = s.param("mode") == kNt;
-    for (int64_t t = r0; t < r1; ++t)
-      for (int64_t n = 0; n < N; ++n) {
-        double acc = 0;
-        for (int64_t k = 0; k < K; ++k)
-          acc += double(a[static_cast<size_t>(t * K + k)]) *
-                 b[static_cast<size_t>(nt ? (g * N + n) * K + k : (g * K + k) * N + n)];
-        c[static_cast<size_t>(t * N + n)] = acc;
-      }
   }
 }
 
@@ -160,6 +196,8 @@ std::vector<TestSpec> GroupedGemmOp::test_specs(const TargetInfo&) const {
   add(DType::bf16, DType::bf16, kNt, 4, 150, 72, 40, "nt forward, uneven groups (one empty), N and K tails");
   add(DType::f16, DType::f32, kNn, 3, 97, 65, 33, "nn dgrad, fp16 in, fp32 out, odd sizes");
   add(DType::bf16, DType::f32, kTn, 5, 120, 40, 70, "tn wgrad into fp32, empty groups give zeros");
+  add(DType::bf16, DType::bf16, kNn, 3, 130, 48, 80, "nn dgrad, 16-byte rows (the WGMMA kernel on sm_90a)");
+  add(DType::bf16, DType::f32, kTn, 4, 150, 64, 40, "tn wgrad into fp32, 16-byte rows (WGMMA on sm_90a)");
   add(DType::bf16, DType::bf16, kNt, 1, 64, 64, 64, "one group: a plain GEMM");
   add(DType::bf16, DType::bf16, kNt, 8, 0, 32, 32, "no tokens: a no-op");
   add(DType::bf16, DType::f32, kTn, 3, 0, 16, 24, "tn with no tokens: every c[g] is zero");
