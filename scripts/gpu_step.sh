@@ -3,6 +3,7 @@
 # tool's 10-minute calls (the build directory stays on a warm machine between calls):
 #   scripts/gpu_step.sh build check time     # then, in the next call:
 #   scripts/gpu_step.sh attention tests
+#   scripts/gpu_step.sh grouped              # bench_grouped_gemm + torch._grouped_mm (GROUPED_QUICK=1: DeepSeek-V3 only)
 # check: examples/llama_step at --seq $CHECK_SEQ (2048) dumps weights and gradients, and
 #        scripts/llama_step_torch.py compares them with PyTorch in fp32 (loss 1e-3, gradients 30 dB);
 # time:  the step at the model's sequence length (micro-batch $MB, default 1) with its per-op
@@ -22,7 +23,7 @@ for step in "$@"; do
       nvidia-smi --query-gpu=name,driver_version --format=csv > "$OUT/env.txt" 2>&1; date -u +%FT%TZ >> "$OUT/env.txt"
       cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_WITH_LLVM=OFF -DHIREDIS_INCLUDE_DIR=$H/include \
         -DHIREDIS_LIBRARY=$H/lib/libhiredis.so > "$OUT/cmake.log" 2>&1 &&
-        ninja -C $B kiln_cli llama_step test_gpu bench_attention bench_membound > "$OUT/build.log" 2>&1 ||
+        ninja -C $B kiln_cli llama_step test_gpu bench_attention bench_membound bench_grouped_gemm > "$OUT/build.log" 2>&1 ||
         { tail -40 "$OUT/build.log"; exit 1; } ;;
     check)
       rm -rf /tmp/step-dump
@@ -52,6 +53,11 @@ for step in "$@"; do
         > "$OUT/membound_new.log" 2>&1; tail -15 "$OUT/membound_new.log"
       python3 bench/membound_peers.py "$OUT/membound_new.csv" "$OUT/membound_peers" > "$OUT/membound_peers.log" 2>&1
       tail -25 "$OUT/membound_peers.log" ;;
+    grouped)  # grouped_gemm (MoE forward) against torch._grouped_mm, same group sizes, same job
+      $B/bench/bench_grouped_gemm "$OUT/grouped.csv" ${GROUPED_QUICK:+--quick} > "$OUT/bench_grouped.log" 2>&1
+      tail -12 "$OUT/bench_grouped.log"
+      python3 bench/grouped_gemm_peers.py "$OUT/grouped.csv" > "$OUT/grouped_peers.log" 2>&1
+      tail -12 "$OUT/grouped_peers.log" ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
   echo "== $step: $(( $(date +%s) - t0 )) s"

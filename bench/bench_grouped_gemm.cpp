@@ -1,0 +1,272 @@
+// bench_grouped_gemm: Kiln's grouped_gemm (mode nt, the MoE forward y_g = x_g W_g^T) on the
+// grouped-GEMM cases of ../shared/reference/BENCHMARKS.md, with balanced and skewed (Zipf) loads,
+// in the BENCHMARKS.md GEMM format; bench/grouped_gemm_peers.py times torch._grouped_mm on the
+// same group sizes (CSV.groups.json) in the same job and prints the ratios.
+//
+//   build/bench/bench_grouped_gemm OUT.csv [--quick]   # GPU; --list prints the cases
+//
+// Cases (bf16 in and out, fp32 accumulation; weights [G, N, K]):
+//   Mixtral-8x7B gate_up / down, G 8, 16384 tokens; DeepSeek-V3 gate_up / down, G 32 local
+//   experts, 32768 tokens; each with balanced loads (tokens split evenly) and Zipf loads
+//   (exponent 1.2 over the experts, the last expert empty), as BENCHMARKS.md's peers.
+//   --quick: the DeepSeek-V3 cases only.
+// Inputs: a fixed table of random bf16 values tiled over a and W (so that the check can recompute
+// any element on the host); c poisoned with NaN. Check: 16 rows spread over the tokens (the last
+// one included) x 256 columns against an fp64 reference, SNR > 40 dB, no
+// non-finite value.
+// Timing: device events around each launch, L2 evicted (a 256 MiB memset) before each, 1 warm-up,
+// repetitions until about 300 ms of device time (5 .. 100); median. FLOPs 2 tokens N K.
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "bench/bench_common.h"
+#include "kiln/kiln.h"
+
+namespace {
+using kiln::Result;
+using kiln::bench::DeviceBuffer;
+
+struct Case {
+  std::string label;
+  int64_t groups, tokens, N, K;
+  bool zipf;
+  std::vector<int64_t> sizes;  // tokens per group
+};
+
+std::vector<int64_t> group_sizes(int64_t G, int64_t tokens, bool zipf) {
+  std::vector<int64_t> sizes(static_cast<size_t>(G), tokens / G);
+  if (!zipf) {
+    for (int64_t g = 0; g < tokens % G; ++g) ++sizes[g];
+    return sizes;
+  }
+  // Zipf, exponent 1.2, over the first G - 1 experts (the last stays empty).
+  std::vector<double> w(static_cast<size_t>(G), 0.0);
+  double total = 0;
+  for (int64_t g = 0; g + 1 < G || G == 1; ++g) {
+    w[g] = 1.0 / std::pow(static_cast<double>(g + 1), 1.2);
+    total += w[g];
+    if (G == 1) break;
+  }
+  int64_t used = 0;
+  for (int64_t g = 0; g < G; ++g) {
+    sizes[g] = static_cast<int64_t>(static_cast<double>(tokens) * w[g] / total);
+    used += sizes[g];
+  }
+  sizes[0] += tokens - used;
+  return sizes;
+}
+
+std::vector<Case> cases(bool quick) {
+  struct Shape {
+    const char* name;
+    int64_t G, tokens, N, K;
+  };
+  const Shape shapes[] = {{"mixtral-8x7b_gate_up", 8, 16384, 28672, 4096},
+                          {"mixtral-8x7b_down", 8, 16384, 4096, 14336},
+                          {"deepseek-v3_gate_up", 32, 32768, 4096, 7168},
+                          {"deepseek-v3_down", 32, 32768, 7168, 2048}};
+  std::vector<Case> out;
+  for (const Shape& s : shapes) {
+    if (quick && std::string(s.name).rfind("deepseek", 0) != 0) continue;
+    for (bool zipf : {false, true})
+      out.push_back({fmt::format("{}_G{}_{}", s.name, s.G, zipf ? "zipf" : "balanced"), s.G, s.tokens, s.N, s.K, zipf,
+                     group_sizes(s.G, s.tokens, zipf)});
+  }
+  return out;
+}
+
+// The value of element i of a tensor: a table of 1,000,003 random bf16 values (as bits), tiled;
+// `salt` shifts the tiling so that a and W differ.
+struct Table {
+  std::vector<uint16_t> bits;
+  explicit Table(uint64_t seed) : bits(1000003) {
+    std::mt19937_64 rng(seed);
+    std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+    for (uint16_t& b : bits) {
+      float x;
+      do x = d(rng);
+      while (x == 0.0f);
+      uint32_t u;
+      std::memcpy(&u, &x, 4);
+      b = static_cast<uint16_t>((u + 0x7fff + ((u >> 16) & 1)) >> 16);  // round to nearest even
+    }
+  }
+  uint16_t at(int64_t i, int64_t salt) const { return bits[static_cast<size_t>((i + salt) % 1000003)]; }
+  static double value(uint16_t b) {
+    const uint32_t u = static_cast<uint32_t>(b) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  }
+};
+
+Result<void> fill(kiln::Device& dev, void* dst, int64_t n, const Table& t, int64_t salt) {
+  constexpr int64_t kChunk = int64_t{1} << 24;
+  std::vector<uint16_t> stage;
+  for (int64_t off = 0; off < n; off += kChunk) {
+    const int64_t len = std::min(kChunk, n - off);
+    stage.resize(static_cast<size_t>(len));
+    for (int64_t i = 0; i < len; ++i) stage[static_cast<size_t>(i)] = t.at(off + i, salt);
+    KILN_TRY(dev.copy_to_device(static_cast<uint16_t*>(dst) + off, stage.data(), static_cast<size_t>(len) * 2));
+  }
+  return kiln::ok();
+}
+
+struct Row {
+  std::string check = "-";
+  double snr = 0;
+  kiln::bench::Timing timing;
+};
+
+constexpr int64_t kSaltA = 0, kSaltW = 499979;
+constexpr size_t kFlushBytes = size_t{256} << 20;
+
+Result<Row> run_case(kiln::Runtime& rt, const Case& c, const Table& table, DeviceBuffer& flush) {
+  kiln::Device& dev = *rt.device();
+  const kiln::KernelSpec spec{"grouped_gemm", kiln::DType::bf16, kiln::DType::bf16,
+                              {{"mode", 0}, {"groups", c.groups}, {"N", c.N}, {"K", c.K}, {"tokens", c.tokens}}};
+  KILN_ASSIGN_OR_RETURN(auto kernel, rt.kernel(spec));
+  DeviceBuffer a, w, off, out;
+  KILN_TRY(a.allocate(dev, static_cast<size_t>(c.tokens * c.K) * 2));
+  KILN_TRY(w.allocate(dev, static_cast<size_t>(c.groups * c.N * c.K) * 2));
+  KILN_TRY(off.allocate(dev, static_cast<size_t>(c.groups + 1) * 4));
+  KILN_TRY(out.allocate(dev, static_cast<size_t>(c.tokens * c.N) * 2));
+  KILN_TRY(fill(dev, a.ptr, c.tokens * c.K, table, kSaltA));
+  KILN_TRY(fill(dev, w.ptr, c.groups * c.N * c.K, table, kSaltW));
+  std::vector<int32_t> offsets(static_cast<size_t>(c.groups + 1), 0);
+  for (int64_t g = 0; g < c.groups; ++g) offsets[g + 1] = offsets[g] + static_cast<int32_t>(c.sizes[g]);
+  KILN_TRY(dev.copy_to_device(off.ptr, offsets.data(), offsets.size() * 4));
+  KILN_TRY(out.poison());
+  const std::vector<void*> buffers = {a.ptr, w.ptr, off.ptr, out.ptr};
+  auto launch = [&]() -> Result<void> { return kernel->launch(spec, buffers); };
+  KILN_TRY(launch());
+  KILN_TRY(dev.synchronize(nullptr));
+
+  // Check: 16 rows spread over the tokens, 256 columns spread over N, fp64.
+  Row row;
+  double sig = 0, err = 0;
+  bool finite = true;
+  std::vector<uint16_t> got(static_cast<size_t>(c.N));
+  for (int s = 0; s < 16; ++s) {
+    const int64_t t = s == 15 ? c.tokens - 1 : s * (c.tokens / 16) + s;
+    int64_t g = 0;
+    while (g + 1 < c.groups && offsets[g + 1] <= t) ++g;
+    KILN_TRY(dev.copy_to_host(got.data(), static_cast<const uint16_t*>(out.ptr) + t * c.N, got.size() * 2));
+    for (int64_t j = 0; j < std::min<int64_t>(c.N, 256); ++j) {
+      const int64_t n = c.N <= 256 ? j : j * (c.N / 256) + j % 7;
+      double ref = 0;
+      for (int64_t k = 0; k < c.K; ++k)
+        ref += Table::value(table.at(t * c.K + k, kSaltA)) * Table::value(table.at((g * c.N + n) * c.K + k, kSaltW));
+      const double x = Table::value(got[static_cast<size_t>(n)]);
+      if (!std::isfinite(x)) finite = false;
+      sig += ref * ref;
+      err += (x - ref) * (x - ref);
+    }
+  }
+  row.snr = err > 0 ? 10 * std::log10(sig / err) : 200;
+  row.check = finite && row.snr > 40 ? "PASS" : "FAIL";
+
+  std::vector<double> ms;
+  int reps = 100;
+  for (int r = 0; r < reps; ++r) {
+    KILN_TRY(dev.memset(flush.ptr, static_cast<uint8_t>(r), kFlushBytes));
+    KILN_ASSIGN_OR_RETURN(float t, dev.time_ms(nullptr, launch));
+    ms.push_back(t);
+    if (r == 0) reps = std::clamp(static_cast<int>(300.0 / std::max(double(t), 1e-3)), 5, 100);
+  }
+  row.timing = kiln::bench::summarize(ms, 2.0 * double(c.tokens) * double(c.N) * double(c.K));
+  return row;
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Kiln grouped_gemm (MoE forward) on the BENCHMARKS.md grouped-GEMM cases"};
+  std::string csv;
+  bool quick = false, list = false;
+  app.add_option("csv", csv, "Output CSV (group sizes in CSV.groups.json)");
+  app.add_flag("--quick", quick, "The DeepSeek-V3 cases only");
+  app.add_flag("--list", list, "Print the cases and exit");
+  CLI11_PARSE(app, argc, argv);
+  const std::vector<Case> all = cases(quick);
+  if (list) {
+    for (const Case& c : all)
+      std::printf("%-40s G=%-3lld tokens=%-6lld N=%-6lld K=%-6lld largest group %lld\n", c.label.c_str(),
+                  (long long)c.groups, (long long)c.tokens, (long long)c.N, (long long)c.K,
+                  (long long)*std::max_element(c.sizes.begin(), c.sizes.end()));
+    return 0;
+  }
+  if (csv.empty()) {
+    std::fprintf(stderr, "bench_grouped_gemm: give the output CSV; --help\n");
+    return 2;
+  }
+  auto rt = kiln::Runtime::create();
+  if (!rt || !(*rt)->device()) {
+    std::fprintf(stderr, "bench_grouped_gemm: no GPU (%s)\n", rt ? "the runtime has no device" : rt.error().message.c_str());
+    return 77;
+  }
+  kiln::Runtime& runtime = **rt;
+  DeviceBuffer flush;
+  if (auto r = flush.allocate(*runtime.device(), kFlushBytes); !r) {
+    std::fprintf(stderr, "bench_grouped_gemm: %s\n", r.error().message.c_str());
+    return 1;
+  }
+  const Table table(20261126);
+  std::FILE* out = std::fopen(csv.c_str(), "w");
+  std::ofstream groups(csv + ".groups.json");
+  if (!out || !groups) {
+    std::fprintf(stderr, "bench_grouped_gemm: cannot write %s\n", csv.c_str());
+    return 1;
+  }
+  const std::string header = "label,G,tokens,N,K,loads,Check,snr_db,TFLOPS,TFLOPS_stddev,Time (ms)";
+  std::fprintf(out, "%s\n", header.c_str());
+  groups << "{";
+  std::vector<std::vector<std::string>> rows;
+  int failed = 0;
+  for (size_t i = 0; i < all.size(); ++i) {
+    const Case& c = all[i];
+    groups << (i ? ",\n" : "\n") << "\"" << c.label << "\": [";
+    for (size_t g = 0; g < c.sizes.size(); ++g) groups << (g ? ", " : "") << c.sizes[g];
+    groups << "]";
+    auto r = run_case(runtime, c, table, flush);
+    if (!r) {
+      std::fprintf(stderr, "%s: %s\n", c.label.c_str(), r.error().message.c_str());
+      ++failed;
+      continue;
+    }
+    if (r->check != "PASS") ++failed;
+    const std::vector<std::string> cells = {c.label,
+                                            std::to_string(c.groups),
+                                            std::to_string(c.tokens),
+                                            std::to_string(c.N),
+                                            std::to_string(c.K),
+                                            c.zipf ? "zipf" : "balanced",
+                                            r->check,
+                                            fmt::format("{:.1f}", r->snr),
+                                            fmt::format("{:.1f}", r->timing.tflops),
+                                            fmt::format("{:.2f}", r->timing.stddev),
+                                            fmt::format("{:.4f}", r->timing.median_ms)};
+    std::string line;
+    for (size_t k = 0; k < cells.size(); ++k) line += (k ? "," : "") + cells[k];
+    std::fprintf(out, "%s\n", line.c_str());
+    std::fflush(out);
+    std::printf("%-40s %s snr %.1f dB  %.1f TFLOP/s (%.3f ms)\n", c.label.c_str(), r->check.c_str(), r->snr,
+                r->timing.tflops, r->timing.median_ms);
+    rows.push_back(cells);
+  }
+  groups << "\n}\n";
+  std::fclose(out);
+  std::printf("\n");
+  kiln::bench::print_table(stdout, kiln::bench::split_header(header), rows);
+  std::printf("device: %s; %zu rows written to %s; %d failed\n", runtime.device()->name().c_str(), rows.size(),
+              csv.c_str(), failed);
+  return failed ? 1 : 0;
+}
