@@ -50,7 +50,11 @@ std::span<const ParamInfo> GroupedGemmOp::params() const { return kParams; }
 std::span<const DType> GroupedGemmOp::dtypes() const { return kDTypes; }
 std::span<const TensorDecl> GroupedGemmOp::signature() const { return kSignature; }
 
-// Two kernels:
+// Three kernels:
+//  - AMD MFMA (grouped_gemm_mfma.kernel, gfx942 and gfx950): 128 x 128 tiles, four wavefronts of
+//    64 x 64 (2 x 2 blocks of 32 x 32 MFMA), 32-deep k-tiles in two LDS stages (40 KiB), the
+//    structure of the bf16 GEMM's MFMA kernel with bounds from the group's rows; 16-byte aligned a
+//    and b (the portable kernel serves other bases).
 //  - Hopper (grouped_gemm_sm90.kernel, sm_90a, N and K multiples of 8): WGMMA on 128 x 128 tiles,
 //    64-deep slices in a 4-stage cp.async pipeline (129 KiB of shared memory), the structure of
 //    the bf16 GEMM's cp.async kernel; 16-byte aligned a, b and c.
@@ -58,6 +62,7 @@ std::span<const TensorDecl> GroupedGemmOp::signature() const { return kSignature
 //    16-deep slices through LDS in fp32, 4 x 4 outputs per thread (256 threads).
 namespace {
 bool wgmma(const TileConfig& c) { return c.count("WGMMA") && c.at("WGMMA") != 0; }
+bool mfma(const TileConfig& c) { return c.count("MFMA") && c.at("MFMA") != 0; }
 int64_t sm90_shared_bytes(const TileConfig& c) { return 1024 + c.at("STAGES") * (c.at("BM") + c.at("BN")) * c.at("BK") * 2; }
 }  // namespace
 
@@ -66,12 +71,23 @@ std::vector<TileConfig> GroupedGemmOp::variants(const KernelSpec& spec, const Ta
   if (target.vendor == Vendor::nvidia && target.cpu == "sm_90a" && spec.param("N") % 8 == 0 &&
       spec.param("K") % 8 == 0)
     return {{{"WGMMA", 1}, {"BM", 128}, {"BN", 128}, {"BK", 64}, {"STAGES", 4}, {"THREADS", 256}}, portable};
+  if (target.vendor == Vendor::amd && (target.name == "gfx942" || target.name == "gfx950"))
+    return {{{"MFMA", 1},
+             {"BM", 128},
+             {"BN", 128},
+             {"BK", 32},
+             {"WAVES_M", 2},
+             {"WAVES_N", 2},
+             {"THREADS", 256},
+             {"MFMA_K", target.name == "gfx950" ? 16 : 8}},
+            portable};
   return {portable};
 }
 
 std::vector<uint32_t> GroupedGemmOp::base_alignment(const KernelSpec& spec, const TileConfig& c) const {
   std::vector<uint32_t> out(tensors(spec).size(), 1);
   if (wgmma(c)) out = {16, 16, 1, 16};  // a, b, offsets, c: 16-byte rows through cp.async
+  if (mfma(c)) out = {16, 16, 1, 1};    // a, b: 16-byte loads
   return out;
 }
 
@@ -80,8 +96,9 @@ uint32_t GroupedGemmOp::dynamic_shared_bytes(const KernelSpec&, const TileConfig
 }
 
 std::string_view GroupedGemmOp::device_template(const TileConfig& c) const {
-  return embedded_file(wgmma(c) ? "templates/grouped_gemm/grouped_gemm_sm90.kernel"
-                                : "templates/grouped_gemm/grouped_gemm.kernel");
+  return embedded_file(wgmma(c)  ? "templates/grouped_gemm/grouped_gemm_sm90.kernel"
+                       : mfma(c) ? "templates/grouped_gemm/grouped_gemm_mfma.kernel"
+                                 : "templates/grouped_gemm/grouped_gemm.kernel");
 }
 
 std::string GroupedGemmOp::specialize(const KernelSpec& spec, const TileConfig& c) const {
@@ -93,6 +110,14 @@ std::string GroupedGemmOp::specialize(const KernelSpec& spec, const TileConfig& 
         spec.param("mode"), spec.param("groups"), spec.param("N"), spec.param("K"), c.at("BM"), c.at("BN"),
         c.at("BK"), c.at("STAGES"), c.at("THREADS"), spec.dtype == DType::bf16 ? "true" : "false",
         device_type_name(spec.dtype), device_type_name(spec.out_dtype));
+  if (mfma(c))
+    return fmt::format(
+        "constexpr int MODE = {}, GROUPS = {};\nconstexpr long long N = {}, K = {};\n"
+        "constexpr int BM = {}, BN = {}, BK = {}, WAVES_M = {}, WAVES_N = {}, THREADS = {}, MFMA_K = {};\n"
+        "constexpr bool IN_BF16 = {};\ntypedef {} in_t;\ntypedef {} out_t;\n",
+        spec.param("mode"), spec.param("groups"), spec.param("N"), spec.param("K"), c.at("BM"), c.at("BN"),
+        c.at("BK"), c.at("WAVES_M"), c.at("WAVES_N"), c.at("THREADS"), c.at("MFMA_K"),
+        spec.dtype == DType::bf16 ? "true" : "false", device_type_name(spec.dtype), device_type_name(spec.out_dtype));
   return fmt::format(
       "constexpr int MODE = {}, GROUPS = {};\nconstexpr long long N = {}, K = {};\n"
       "constexpr int BM = {}, BN = {}, BK = {}, TM = {}, TN = {}, THREADS = {};\ntypedef {} in_t;\ntypedef {} out_t;\n",
