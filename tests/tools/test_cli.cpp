@@ -356,18 +356,43 @@ TEST_F(CliTest, ManifestFp8ListsTheQuantizeKernelsWithTheirTransposes) {
   ASSERT_TRUE(block.ok()) << block.error().message;
   // Enumerated parameters are written by name.
   EXPECT_NE(slurp(block_file).find(R"("granularity": "block1x128")"), std::string::npos);
-  // Every kernel of the bf16 step is still there, unchanged (the GEMMs are not fp8 yet).
+  // Every kernel of the bf16 step is still there, unchanged, but the layer GEMMs: a gemm_fp8 of the
+  // same label takes each one's place (lm_head stays a bf16 gemm).
+  size_t layer_gemms = 0;
   for (const auto& e : plain->kernels) {
+    const bool layer_gemm = e.spec.op == "gemm" && e.label.find("lm_head") == std::string::npos;
+    layer_gemms += layer_gemm;
     bool found = false;
     for (const auto& f : block->kernels)
-      found |= f.spec.op == e.spec.op && f.spec.dtype == e.spec.dtype && f.spec.out_dtype == e.spec.out_dtype &&
-               f.spec.params == e.spec.params && f.label == e.label;
+      found |= layer_gemm ? f.spec.op == "gemm_fp8" && f.label == e.label
+                          : f.spec.op == e.spec.op && f.spec.dtype == e.spec.dtype &&
+                                f.spec.out_dtype == e.spec.out_dtype && f.spec.params == e.spec.params &&
+                                f.label == e.label;
     EXPECT_TRUE(found) << e.label;
   }
-  std::vector<const kiln::ManifestEntry*> quant;
-  for (const auto& e : block->kernels)
+  std::vector<const kiln::ManifestEntry*> quant, gemm8;
+  for (const auto& e : block->kernels) {
     if (e.spec.op == "quantize_fp8") quant.push_back(&e);
+    if (e.spec.op == "gemm_fp8") gemm8.push_back(&e);
+  }
+  EXPECT_EQ(gemm8.size(), layer_gemms);
   EXPECT_EQ(quant.size() + plain->kernels.size(), block->kernels.size());
+  // qkv's three GEMMs: forward e4m3 x e4m3 blockwise (x 1x128, W 128x128), dgrad e5m2 dy x W^T
+  // blockwise, wgrad e5m2 dy^T x x^T with both 1x128 (block1x128), into fp32.
+  auto find8 = [&](int64_t M, int64_t N, int64_t K) -> const kiln::ManifestEntry* {
+    for (const auto* e : gemm8)
+      if (e->spec.params.at("M") == M && e->spec.params.at("N") == N && e->spec.params.at("K") == K) return e;
+    return nullptr;
+  };
+  const auto *fwd8 = find8(8192, 6144, 4096), *dgrad8 = find8(8192, 4096, 6144), *wgrad8 = find8(6144, 4096, 8192);
+  for (const auto* e : {fwd8, dgrad8, wgrad8}) ASSERT_NE(e, nullptr);
+  EXPECT_EQ(fwd8->label, "qkv.fwd");
+  EXPECT_EQ(fwd8->spec.dtype, kiln::DType::e4m3);
+  EXPECT_EQ(dgrad8->spec.dtype, kiln::DType::e5m2);
+  EXPECT_EQ(wgrad8->spec.out_dtype, kiln::DType::f32);
+  EXPECT_EQ(fwd8->spec.params.at("granularity"), 2);
+  EXPECT_EQ(dgrad8->spec.params.at("granularity"), 2);
+  EXPECT_EQ(wgrad8->spec.params.at("granularity"), 3);
   auto find = [&](int64_t rows, int64_t cols, int64_t gran, int64_t transpose) -> const kiln::ManifestEntry* {
     for (const auto* e : quant)
       if (e->spec.params == std::map<std::string, int64_t>{{"rows", rows}, {"cols", cols}, {"granularity", gran},

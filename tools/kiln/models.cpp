@@ -28,6 +28,17 @@ bool transposes_in_place(int64_t granularity) {
   return granularity == kTensorwise || granularity == kBlock128x128;
 }
 
+// gemm_fp8's granularity for a recipe's layer GEMMs (0 tensorwise, 1 rowwise, 2 blockwise: A 1x128
+// and B 128x128, 3 block1x128: both 1x128), or -1 where gemm_fp8 cannot read the operands (128x128
+// activation blocks). The wgrad's B is x^T, an activation: blockwise becomes block1x128 there.
+int64_t fp8_gemm_granularity(const Fp8Recipe& r, bool wgrad) {
+  if (r.activations == kBlock128x128 || r.gradients == kBlock128x128) return -1;
+  if (r.activations == kTensorwise) return 0;
+  if (r.activations == kRowwise) return 1;
+  if (r.weights == kBlock128x128 && !wgrad) return 2;
+  return 3;
+}
+
 }  // namespace
 
 std::span<const std::string_view> fp8_recipe_names() { return kFp8Recipes; }
@@ -106,9 +117,13 @@ Manifest training_manifest(const Model& m, const std::vector<int64_t>& micro_bat
                 " fp8 ({}: x {}, W {}, dy {}): the quantize_fp8 kernels of the GEMM inputs of every layer, x and W "
                 "to e4m3, dy to e5m2 (fp8_e4m3/fp8_e5m2 name the format; each target compiles its own encoding, "
                 "FNUZ on gfx942), with the transposed forms the dgrad and wgrad GEMMs read (qt where the granularity "
-                "allows it, else a call on the transposed tensor, label suffix T); lm_head stays in {}; the GEMMs "
-                "listed are the {} GEMMs of today (no fp8 GEMM yet).",
-                fp8->name, gran[fp8->activations], gran[fp8->weights], gran[fp8->gradients], dtype_name(dtype),
+                "allows it, else a call on the transposed tensor, label suffix T); {}; lm_head stays in {}.",
+                fp8->name, gran[fp8->activations], gran[fp8->weights], gran[fp8->gradients],
+                fp8_gemm_granularity(*fp8, false) < 0
+                    ? fmt::format("no fp8 GEMM reads 128x128 activation blocks, so the layer GEMMs stay {} GEMMs",
+                                  dtype_name(dtype))
+                    : "every layer GEMM is a gemm_fp8 (forward e4m3 x e4m3, dgrad and wgrad e5m2 x e4m3; wgrad into "
+                      "fp32)",
                 dtype_name(dtype))
           : "";
   out.about = fmt::format(
@@ -147,9 +162,21 @@ Manifest training_manifest(const Model& m, const std::vector<int64_t>& micro_bat
     const int64_t M = seq * mb;
     const std::string suffix = micro_batches.size() > 1 ? fmt::format("[mb={}]", mb) : "";
     for (const Gemm& g : gemms) {
-      add(gemm(M, g.n, g.k, false, true, dtype), fmt::format("{}.fwd{}", g.name, suffix));     // y = x @ W^T
-      add(gemm(M, g.k, g.n, false, false, dtype), fmt::format("{}.dgrad{}", g.name, suffix));  // dx = dy @ W
-      add(gemm(g.n, g.k, M, true, false, DType::f32), fmt::format("{}.wgrad{}", g.name, suffix));  // dW = dy^T @ x
+      if (fp8 && g.fp8 && fp8_gemm_granularity(*fp8, false) >= 0) {
+        // gemm_fp8 reads both operands K-major: forward x [M,K] . W [N,K]; dgrad dy [M,N] . W^T [K,N];
+        // wgrad dy^T [N,M] . x^T [K,M] (the transposed copies quantize_fp8 writes below).
+        auto gemm8 = [&](int64_t M8, int64_t N8, int64_t K8, DType a_format, bool wgrad, DType out_dtype) {
+          return KernelSpec{"gemm_fp8", a_format, out_dtype,
+                            {{"M", M8}, {"N", N8}, {"K", K8}, {"granularity", fp8_gemm_granularity(*fp8, wgrad)}}};
+        };
+        add(gemm8(M, g.n, g.k, DType::e4m3, false, dtype), fmt::format("{}.fwd{}", g.name, suffix));
+        add(gemm8(M, g.k, g.n, DType::e5m2, false, dtype), fmt::format("{}.dgrad{}", g.name, suffix));
+        add(gemm8(g.n, g.k, M, DType::e5m2, true, DType::f32), fmt::format("{}.wgrad{}", g.name, suffix));
+      } else {
+        add(gemm(M, g.n, g.k, false, true, dtype), fmt::format("{}.fwd{}", g.name, suffix));     // y = x @ W^T
+        add(gemm(M, g.k, g.n, false, false, dtype), fmt::format("{}.dgrad{}", g.name, suffix));  // dx = dy @ W
+        add(gemm(g.n, g.k, M, true, false, DType::f32), fmt::format("{}.wgrad{}", g.name, suffix));  // dW = dy^T @ x
+      }
       if (fp8 && g.fp8) {
         // The fp8 GEMM operands, K-major as fp8 tensor-core GEMMs read them: forward x[M,K] and
         // W[N,K]; dgrad dy[M,N] and W^T[K,N]; wgrad dy^T[N,M] and x^T[K,M].
