@@ -90,6 +90,11 @@ std::vector<TileConfig> GemmFp8Op::variants(const KernelSpec& spec, const Target
   const int64_t bm = big ? 128 : 64, t = big ? 8 : 4;
   // The portable kernel: a TM x TN = t x t register tile per thread.
   const TileConfig portable = {{"BM", bm}, {"BN", bm}, {"BK", 16}, {"TM", t}, {"TN", t}, {"THREADS", (bm / t) * (bm / t)}};
+  // sm_90a, K a multiple of 16 (16-byte rows): the WGMMA kernel (gemm_fp8_sm90.kernel), 128 x 128
+  // tiles, 128-deep slices in a 4-stage cp.async pipeline (129 KiB of shared memory), promoted into
+  // fp32 every slice; the portable kernel serves K tails and unaligned views.
+  if (target.vendor == Vendor::nvidia && target.cpu == "sm_90a" && spec.param("K") % 16 == 0)
+    return {{{"WGMMA", 1}, {"BM", 128}, {"BN", 128}, {"BK", 128}, {"STAGES", 4}, {"THREADS", 256}}, portable};
   if (target.vendor != Vendor::amd) return {portable};
   // gfx942 and gfx950: the MFMA kernel on 2 x 2 waves with the 32x32x16 fp8 MFMAs, which both
   // have (MFMA_K=64, gfx950's 32x32x64 f8f6f4, is written but not chosen: in the CDNA emulator it
@@ -107,7 +112,12 @@ std::vector<uint32_t> GemmFp8Op::base_alignment(const KernelSpec& spec, const Ti
   std::vector<uint32_t> out(tensors(spec).size(), 1);
   // The MFMA kernel's 16-byte loads of A and B rows (when K % 16 == 0 makes the rows aligned).
   if (flag(c, "MFMA") && spec.param("K") % 16 == 0) out[0] = out[1] = 16;
+  if (flag(c, "WGMMA")) out[0] = out[1] = 16;  // cp.async's 16-byte chunks
   return out;
+}
+
+uint32_t GemmFp8Op::dynamic_shared_bytes(const KernelSpec&, const TileConfig& c) const {
+  return flag(c, "WGMMA") ? static_cast<uint32_t>(1024 + c.at("STAGES") * (c.at("BM") + c.at("BN")) * c.at("BK")) : 0;
 }
 
 std::string_view GemmFp8Op::device_template(const TileConfig& c) const {
@@ -115,7 +125,9 @@ std::string_view GemmFp8Op::device_template(const TileConfig& c) const {
                                       std::string(embedded_file("templates/gemm_fp8/gemm_fp8.kernel"));
   static const std::string mfma = std::string(embedded_file("templates/gemm_fp8/gemm_fp8_common.kernel")) + "\n" +
                                   std::string(embedded_file("templates/gemm_fp8/gemm_fp8_mfma.kernel"));
-  return flag(c, "MFMA") ? mfma : portable;
+  static const std::string sm90 = std::string(embedded_file("templates/gemm_fp8/gemm_fp8_common.kernel")) + "\n" +
+                                  std::string(embedded_file("templates/gemm_fp8/gemm_fp8_sm90.kernel"));
+  return flag(c, "WGMMA") ? sm90 : flag(c, "MFMA") ? mfma : portable;
 }
 
 std::string GemmFp8Op::specialize(const KernelSpec& spec, const TileConfig& c) const {
@@ -128,7 +140,13 @@ std::string GemmFp8Op::specialize(const KernelSpec& spec, const TileConfig& c) c
       s.param("M"), s.param("N"), s.param("K"), ceil_div(s.param("K"), kBlock), s.param("granularity"),
       accumulate(s) ? "true" : "false", device_type_name(s.dtype), device_type_name(gemm_fp8_b_dtype(s)),
       device_type_name(s.out_dtype));
-  if (flag(c, "MFMA")) {
+  if (flag(c, "WGMMA")) {
+    const bool a_e5m2 = s.dtype == DType::e5m2 || s.dtype == DType::e5m2fnuz;
+    out += fmt::format("constexpr bool A_E5M2 = {}, B_E5M2 = {};\n"
+                       "constexpr int BM = {}, BN = {}, BK = {}, STAGES = {}, THREADS = {};\n",
+                       a_e5m2 ? "true" : "false", s.param("b_format") ? "true" : "false", c.at("BM"), c.at("BN"),
+                       c.at("BK"), c.at("STAGES"), c.at("THREADS"));
+  } else if (flag(c, "MFMA")) {
     const bool a_bf8 = s.dtype == DType::e5m2 || s.dtype == DType::e5m2fnuz;
     out += fmt::format("constexpr bool A_BF8 = {}, B_BF8 = {};\n"
                        "constexpr int BM = {}, BN = {}, BK = {}, WAVES_M = {}, WAVES_N = {}, THREADS = {}, MFMA_K = {};\n",
@@ -148,6 +166,7 @@ Plan GemmFp8Op::plan(const KernelSpec& call, const TileConfig& c) const {
   l.geometry.grid.x = static_cast<uint32_t>(ceil_div(call.param("N"), c.at("BN")));
   l.geometry.grid.y = static_cast<uint32_t>(ceil_div(call.param("M"), c.at("BM")));
   l.geometry.block.x = static_cast<uint32_t>(c.at("THREADS"));
+  l.geometry.dynamic_shared_bytes = dynamic_shared_bytes(call, c);
   // A, B, sa, sb, then C (after C_in with accumulate: the same buffer, read and written).
   const uint32_t out = accumulate(with_defaults(call)) ? 5 : 4;
   l.args = {KernelArg::tensor(0), KernelArg::tensor(1), KernelArg::tensor(2), KernelArg::tensor(3),
@@ -259,6 +278,8 @@ std::vector<TestSpec> GemmFp8Op::test_specs(const TargetInfo& target) const {
   add(33, 17, 100, kGemmTensorwise, e5, 1, f32, 1, "tensorwise e5m2 x e5m2, accumulate");
   add(130, 72, 257, kGemmBlock1x128, e5, 0, f32, 1, "block1x128 e5m2 x e4m3 (wgrad), accumulate, K tail");
   add(256, 256, 512, kGemmBlockwise, e4, 0, bf16, 0, "blockwise, several tiles and k-blocks");
+  add(100, 72, 384, kGemmRowwise, e4, 1, bf16, 0, "rowwise e4m3 x e5m2, K 384 (the WGMMA kernel on sm_90a)");
+  add(72, 130, 256, kGemmBlock1x128, e5, 0, f32, 1, "block1x128 (wgrad), accumulate, K 256 (WGMMA on sm_90a)");
   return out;
 }
 

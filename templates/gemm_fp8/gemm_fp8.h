@@ -49,6 +49,7 @@ class GemmFp8Op final : public OpTemplate {
   std::string specialize(const KernelSpec& spec, const TileConfig& config) const override;
   std::string_view kernel_name(const TileConfig&) const override { return "kiln_gemm_fp8"; }
   Plan plan(const KernelSpec& call, const TileConfig& config) const override;
+  uint32_t dynamic_shared_bytes(const KernelSpec& spec, const TileConfig& config) const override;
   /// The MFMA kernel needs A and B 16-byte aligned where K % 16 == 0 (16-byte loads); the portable
   /// kernel, its fallback, needs nothing.
   std::vector<uint32_t> base_alignment(const KernelSpec& spec, const TileConfig& config) const override;
