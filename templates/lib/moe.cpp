@@ -110,4 +110,30 @@ void random_row_map(int64_t tokens, int64_t k, std::vector<float>& map, std::mt1
   for (size_t i = 0; i < rows.size(); ++i) map[i] = i % 13 == 5 ? -1.0f : static_cast<float>(rows[i]);
 }
 
+namespace {
+const ParamInfo kRowMapParams[] = {
+    {"tokens", "rows of the token-order tensor; a runtime argument, not baked; 0 is a no-op", false, false, 0,
+     (int64_t{1} << 31) - 1},
+    {"hidden", "columns of every row", true, false, 1, int64_t{1} << 20},
+    {"k", "slots (experts) per token", true, false, 1, kMaxK},
+};
+}  // namespace
+
+std::span<const ParamInfo> row_map_params() { return kRowMapParams; }
+
+std::vector<TestSpec> row_map_test_specs(std::string_view op) {
+  std::vector<TestSpec> out;
+  auto add = [&](DType t, int64_t tokens, int64_t hidden, int64_t k, std::string_view why) {
+    out.push_back({{std::string(op), t, t, {{"tokens", tokens}, {"hidden", hidden}, {"k", k}}}, why});
+  };
+  add(DType::bf16, 37, 64, 2, "Mixtral's top-2, hidden 64");
+  add(DType::f16, 29, 40, 8, "top-8, hidden 40 (vectors of 8)");
+  add(DType::f32, 13, 7, 3, "hidden 7 (scalar accesses), fp32");
+  add(DType::bf16, 11, 1000, 1, "top-1, hidden 1000");
+  add(DType::bf16, 6, 2048, 6, "DeepSeek-V2-Lite: hidden 2048, top-6");
+  add(DType::bf16, 5, 7168, 8, "DeepSeek-V3: hidden 7168, top-8");
+  add(DType::bf16, 0, 64, 2, "0 tokens: a no-op");
+  return out;
+}
+
 }  // namespace kiln::moe

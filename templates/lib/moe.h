@@ -21,6 +21,8 @@ inline constexpr std::string_view kGroupScore[] = {"max", "top2_sum"};
 /// Limits of the router kernels: every lane holds experts / wave size scores in registers, and the
 /// group scores are unrolled over n_group.
 inline constexpr int64_t kMaxExperts = 512, kMaxK = 32, kMaxGroups = 32;
+/// Experts of moe_permute: a count per expert in LDS.
+inline constexpr int64_t kMaxPermuteExperts = 4096;
 
 /// The routing of one spec (moe_router's parameters, with defaults applied).
 struct Routing {
@@ -60,5 +62,12 @@ void random_distinct_ids(int64_t tokens, int64_t k, int64_t experts, std::vector
 /// [0, tokens * k), except every 13th slot (from the 6th), which is dropped (-1: routed to no
 /// local expert).
 void random_row_map(int64_t tokens, int64_t k, std::vector<float>& map, std::mt19937_64& rng);
+
+/// The parameters of the row ops that read a row map (moe_unpermute, moe_permute_bwd,
+/// moe_unpermute_bwd): tokens (runtime), hidden, k (baked).
+std::span<const ParamInfo> row_map_params();
+/// Their test specs: Mixtral's and DeepSeek's k and hidden sizes, odd hidden sizes (scalar
+/// accesses), every dtype, and 0 tokens.
+std::vector<TestSpec> row_map_test_specs(std::string_view op);
 
 }  // namespace kiln::moe
