@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 namespace kiln::moe {
@@ -108,6 +109,16 @@ void random_row_map(int64_t tokens, int64_t k, std::vector<float>& map, std::mt1
   std::shuffle(rows.begin(), rows.end(), rng);
   map.resize(rows.size());
   for (size_t i = 0; i < rows.size(); ++i) map[i] = i % 13 == 5 ? -1.0f : static_cast<float>(rows[i]);
+}
+
+Result<void> check_slots(std::string_view op, const KernelSpec& spec) {
+  const int64_t slots = spec.param("tokens") * spec.param("k");
+  if (slots > std::numeric_limits<int32_t>::max())
+    return make_error(Errc::invalid_argument,
+                      fmt::format("{}: tokens * k = {} rows do not fit the int32 row map (at most {}); split the "
+                                  "tokens into several calls",
+                                  op, slots, std::numeric_limits<int32_t>::max()));
+  return ok();
 }
 
 namespace {

@@ -63,6 +63,10 @@ void random_distinct_ids(int64_t tokens, int64_t k, int64_t experts, std::vector
 /// local expert).
 void random_row_map(int64_t tokens, int64_t k, std::vector<float>& map, std::mt19937_64& rng);
 
+/// tokens * k, the rows of the expert-sorted tensors, must fit the int32 row map: an error naming
+/// the parameters otherwise.
+Result<void> check_slots(std::string_view op, const KernelSpec& spec);
+
 /// The parameters of the row ops that read a row map (moe_unpermute, moe_permute_bwd,
 /// moe_unpermute_bwd): tokens (runtime), hidden, k (baked).
 std::span<const ParamInfo> row_map_params();

@@ -70,6 +70,7 @@ std::vector<TileConfig> MoePermuteOp::variants(const KernelSpec& spec, const Tar
 }
 Result<void> MoePermuteOp::check(const KernelSpec& given, const TargetInfo&) const {
   const KernelSpec spec = with_defaults(given);
+  KILN_TRY(moe::check_slots(name(), spec));
   if (spec.param("scales") && !is_fp8(spec.dtype))
     return make_error(Errc::invalid_argument,
                       fmt::format("moe_permute: scales = true carries the block scales of an fp8 x; dtype is {}: "

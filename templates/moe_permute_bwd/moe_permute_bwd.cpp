@@ -22,6 +22,9 @@ const TensorDecl kSignature[] = {
 }  // namespace
 
 std::span<const ParamInfo> MoePermuteBwdOp::params() const { return moe::row_map_params(); }
+Result<void> MoePermuteBwdOp::check(const KernelSpec& spec, const TargetInfo&) const {
+  return moe::check_slots(name(), spec);
+}
 std::span<const DType> MoePermuteBwdOp::dtypes() const { return kDTypes; }
 std::span<const TensorDecl> MoePermuteBwdOp::signature() const { return kSignature; }
 std::string_view MoePermuteBwdOp::device_template(const TileConfig&) const {

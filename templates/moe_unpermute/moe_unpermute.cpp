@@ -23,6 +23,9 @@ const TensorDecl kSignature[] = {
 }  // namespace
 
 std::span<const ParamInfo> MoeUnpermuteOp::params() const { return moe::row_map_params(); }
+Result<void> MoeUnpermuteOp::check(const KernelSpec& spec, const TargetInfo&) const {
+  return moe::check_slots(name(), spec);
+}
 std::span<const DType> MoeUnpermuteOp::dtypes() const { return kDTypes; }
 std::span<const TensorDecl> MoeUnpermuteOp::signature() const { return kSignature; }
 std::string_view MoeUnpermuteOp::device_template(const TileConfig&) const {

@@ -29,6 +29,9 @@ const TensorDecl kSignature[] = {
 }  // namespace
 
 std::span<const ParamInfo> MoeUnpermuteBwdOp::params() const { return moe::row_map_params(); }
+Result<void> MoeUnpermuteBwdOp::check(const KernelSpec& spec, const TargetInfo&) const {
+  return moe::check_slots(name(), spec);
+}
 std::span<const DType> MoeUnpermuteBwdOp::dtypes() const { return kDTypes; }
 std::span<const TensorDecl> MoeUnpermuteBwdOp::signature() const { return kSignature; }
 std::string_view MoeUnpermuteBwdOp::device_template(const TileConfig&) const {

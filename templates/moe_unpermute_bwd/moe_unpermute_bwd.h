@@ -35,6 +35,9 @@ class MoeUnpermuteBwdOp final : public OpTemplate {
   void reference(const KernelSpec& spec, const Scalars& scalars, std::span<const std::vector<float>> inputs,
                  std::span<const int64_t> rows, std::vector<RefOutput>& outputs) const override;
   std::vector<TestSpec> test_specs(const TargetInfo& target) const override;
+
+ protected:
+  Result<void> check(const KernelSpec& spec, const TargetInfo& target) const override;
 };
 
 }  // namespace kiln
