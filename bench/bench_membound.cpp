@@ -1,7 +1,8 @@
 // Memory-bound ops on the GPU: Kiln's kernels on the shapes of issue 8 (tokens 8192 and 32768;
 // hidden 4096, 8192, 16384; intermediate 14336, 29568, 53248; fp8 quantization of [tokens, 4096]
 // and [tokens, 14336] in each granularity; RoPE and embedding of Llama-3.1-8B, issue 16; cross-entropy
-// forward and backward of [8192, 128256], [8192, 152064] and [16384, 32000] logits), checked against the CPU reference
+// forward and backward of [8192, 128256], [8192, 152064] and [16384, 32000] logits; the MoE router, permutation
+// and unpermutation of DeepSeek-V3 at 16384 tokens, issue 18), checked against the CPU reference
 // (sampled rows) and timed with device events: median and standard deviation of the per-launch
 // time over 30 launches after 5 warm-ups. As triton.testing.do_bench times the peers: before each
 // timed launch a 256 MiB memset evicts L2 and keeps the GPU busy while the host enqueues the
@@ -93,6 +94,22 @@ std::vector<Case> cases(bool quick) {
     out.push_back({"cross_entropy_bwd_inplace",
                    {"cross_entropy_bwd", bf16, bf16, {{"tokens", t}, {"vocab", v}, {"inplace", 1}}}, t, v});
   }
+  // MoE of DeepSeek-V3 (issue 18) at 16384 tokens: its routing of fp32 logits [16384, 256] (sigmoid +
+  // bias, 8 groups by top-2 sums, 4 kept, top-8, renormalized), and the permutation of bf16 rows
+  // of 7168 to 16384 x 8 expert rows and back (weighted), with their backward ops.
+  const int64_t moe_t = 16384, moe_h = 7168;
+  out.push_back({"moe_router",
+                 {"moe_router", kiln::DType::f32, kiln::DType::f32,
+                  {{"tokens", moe_t}, {"experts", 256}, {"k", 8}, {"scoring", 1}, {"n_group", 8}, {"topk_group", 4},
+                   {"group_score", 1}, {"renormalize", 1}, {"bias", 1}}},
+                 moe_t, 256});
+  const std::map<std::string, int64_t> moe_rows = {{"tokens", moe_t}, {"hidden", moe_h}, {"k", 8}};
+  std::map<std::string, int64_t> moe_permute = moe_rows;
+  moe_permute["experts"] = 256;
+  out.push_back({"moe_permute", {"moe_permute", bf16, bf16, moe_permute}, moe_t, moe_h});
+  out.push_back({"moe_permute_bwd", {"moe_permute_bwd", bf16, bf16, moe_rows}, moe_t, moe_h});
+  out.push_back({"moe_unpermute", {"moe_unpermute", bf16, bf16, moe_rows}, moe_t, moe_h});
+  out.push_back({"moe_unpermute_bwd", {"moe_unpermute_bwd", bf16, bf16, moe_rows}, moe_t, moe_h});
   return out;
 }
 

@@ -203,6 +203,42 @@ def emb_fwd_of_w(w, ids):
 torch._functorch.config.donated_buffer = False
 
 
+# MoE of DeepSeek-V3 (issue 18): 256 experts, top-8, 8 groups of 32 (top-2 sums), 4 kept, scaling 2.5.
+MOE_EXPERTS, MOE_K = 256, 8
+
+
+def moe_router(logits, bias):
+    n = logits.shape[0]
+    scores = logits.sigmoid()
+    choice = scores + bias
+    groups = choice.view(n, 8, MOE_EXPERTS // 8).topk(2, dim=-1)[0].sum(-1)
+    kept = groups.topk(4, dim=-1, sorted=False)[1]
+    mask = torch.zeros_like(groups).scatter_(1, kept, 1.0).unsqueeze(-1).expand(n, 8, MOE_EXPERTS // 8)
+    choice = choice.masked_fill(mask.reshape(n, MOE_EXPERTS) == 0, float("-inf"))
+    ids = choice.topk(MOE_K, dim=-1)[1]
+    w = scores.gather(1, ids)
+    w = w / (w.sum(-1, keepdim=True) + 1e-20) * 2.5
+    return ids, w, torch.bincount(ids.flatten(), minlength=MOE_EXPERTS)
+
+
+def moe_routing(rows):
+    """Random distinct top-8 ids per token; the stable expert order of the slots; its inverse."""
+    ids = torch.rand(rows, MOE_EXPERTS, device=dev).topk(MOE_K, dim=-1)[1]
+    order = torch.sort(ids.flatten(), stable=True)[1]  # sorted row -> slot
+    row_map = torch.empty_like(order)
+    row_map[order] = torch.arange(order.numel(), device=dev)
+    return order // MOE_K, row_map.view(rows, MOE_K)
+
+
+def moe_permute(x, token_of_row):
+    return x.index_select(0, token_of_row)
+
+
+def moe_unpermute(y_sorted, w, row_map):
+    n, k = row_map.shape
+    return (y_sorted.index_select(0, row_map.flatten()).view(n, k, -1).float() * w.unsqueeze(-1)).sum(1).to(bf16)
+
+
 def backward_inputs(label, rows, cols):
     """(forward, leaves, other inputs, output gradients), or None for a forward-timed label."""
     t = lambda *s: torch.randn(*s, device=dev, dtype=bf16)
@@ -210,6 +246,13 @@ def backward_inputs(label, rows, cols):
         cos, sin = rope_cos_sin(rows)
         return (apply_rotary_pos_emb, (t(rows, ROPE_HEADS, ROPE_DIM), t(rows, ROPE_KV_HEADS, ROPE_DIM)), (cos, sin),
                 (t(rows, ROPE_HEADS, ROPE_DIM), t(rows, ROPE_KV_HEADS, ROPE_DIM)))
+    if label == "moe_permute_bwd":
+        token_of_row, _ = moe_routing(rows)
+        return moe_permute, (t(rows, cols),), (token_of_row,), (t(rows * MOE_K, cols),)
+    if label == "moe_unpermute_bwd":
+        _, row_map = moe_routing(rows)
+        w = torch.rand(rows, MOE_K, device=dev)
+        return moe_unpermute, (t(rows * MOE_K, cols), w), (row_map,), (t(rows, cols),)
     if label == "embedding_bwd":
         ids = torch.randint(0, EMB_VOCAB, (rows,), device=dev, dtype=torch.int64)
         return emb_fwd_of_w, (t(EMB_VOCAB, cols),), (ids,), (t(rows, cols),)
@@ -251,6 +294,14 @@ def inputs(label, rows, cols):
     if label == "embedding":
         ids = torch.randint(0, EMB_VOCAB, (rows,), device=dev, dtype=torch.int64)
         return emb_fwd, (ids, t(EMB_VOCAB, cols))
+    if label == "moe_router":
+        return moe_router, (torch.randn(rows, cols, device=dev), 0.1 * torch.randn(cols, device=dev))
+    if label == "moe_permute":
+        token_of_row, _ = moe_routing(rows)
+        return moe_permute, (t(rows, cols), token_of_row)
+    if label == "moe_unpermute":
+        _, row_map = moe_routing(rows)
+        return moe_unpermute, (t(rows * MOE_K, cols), torch.rand(rows, MOE_K, device=dev), row_map)
     raise ValueError(label)
 
 

@@ -260,6 +260,11 @@ KILN_GLOBAL KILN_LAUNCH_BOUNDS(256) void kiln_library_test(float* out, const kil
   s += kiln::to_float(kiln::fp8_e4m3{q[0]}) + kiln::to_float(kiln::fp8_e5m2fnuz{q[1]});
   kiln::Pack<kiln::bf16, 8> p = reinterpret_cast<const kiln::Pack<kiln::bf16, 8>*>(in)[kiln::thread_x()];
   kiln::opaque(p);
+  KILN_SHARED int rows[2];
+  if (kiln::thread_x() < 2) rows[kiln::thread_x()] = kiln::thread_x() == 0 ? 1 : -1;
+  kiln::barrier();
+  kiln::moe_scatter_row<kiln::bf16, 2, 8, 256, 1, 64>(in, rows, reinterpret_cast<kiln::bf16*>(q), 0);
+  kiln::moe_gather_rows<kiln::bf16, float, 2, 8, 256, 1, 64>(in, rows, out + 512, out + 256, 0);
   KILN_SHARED kiln::bf16 tile[16 * 72];
   kiln::attention_load_tile<16, 64, 72, 256>(tile, in, 64, 0, 10);
   kiln::barrier();

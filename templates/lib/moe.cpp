@@ -1,0 +1,150 @@
+#include "templates/lib/moe.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+namespace kiln::moe {
+
+Routing Routing::of(const KernelSpec& spec) {
+  Routing r;
+  r.experts = spec.param("experts");
+  r.k = spec.param("k");
+  r.sigmoid = spec.param("scoring") == 1;
+  r.n_group = spec.param("n_group", 1);
+  r.topk_group = spec.param("topk_group", 0);
+  r.group_top2 = spec.param("group_score") == 1;
+  r.renormalize = spec.param("renormalize") != 0;
+  r.bias = spec.param("bias") != 0;
+  return r;
+}
+
+Result<void> check_routing(std::string_view op, const Routing& r) {
+  if (r.k > r.experts)
+    return make_error(Errc::invalid_argument,
+                      fmt::format("{}: k = {} is more than experts = {}; give k <= experts", op, r.k, r.experts));
+  if (r.experts % r.n_group != 0)
+    return make_error(Errc::invalid_argument,
+                      fmt::format("{}: experts = {} is not a multiple of n_group = {}; give an n_group that divides it",
+                                  op, r.experts, r.n_group));
+  if (r.topk_group > r.n_group)
+    return make_error(Errc::invalid_argument,
+                      fmt::format("{}: topk_group = {} is more than n_group = {}; give topk_group <= n_group (0: all)",
+                                  op, r.topk_group, r.n_group));
+  const int64_t group_size = r.experts / r.n_group;
+  if (r.grouped() && r.k > r.groups_kept() * group_size)
+    return make_error(Errc::invalid_argument,
+                      fmt::format("{}: k = {} is more than the {} experts of the topk_group = {} groups kept; give a "
+                                  "larger topk_group or a smaller k",
+                                  op, r.k, r.groups_kept() * group_size, r.groups_kept()));
+  if (r.grouped() && r.group_top2 && group_size < 2)
+    return make_error(Errc::invalid_argument,
+                      fmt::format("{}: group_score = top2_sum needs at least 2 experts per group (experts / n_group "
+                                  "= {}); give a smaller n_group or group_score = max",
+                                  op, group_size));
+  return ok();
+}
+
+double score(const Routing& r, double x, double row_max, double row_sum) {
+  return r.sigmoid ? 1.0 / (1.0 + std::exp(-x)) : std::exp(x - row_max) / row_sum;
+}
+
+void route_token(const Routing& r, std::span<const float> logits, std::span<const float> bias, double scale, int* ids,
+                 double* weights) {
+  const int64_t E = r.experts, gs = E / r.n_group;
+  double row_max = -INFINITY, row_sum = 0;
+  for (int64_t e = 0; e < E; ++e) row_max = std::max<double>(row_max, logits[e]);
+  for (int64_t e = 0; e < E; ++e) row_sum += std::exp(logits[e] - row_max);
+  std::vector<double> s(E), choice(E);
+  for (int64_t e = 0; e < E; ++e) {
+    s[e] = score(r, logits[e], row_max, row_sum);
+    choice[e] = r.selects_by_logits() ? logits[e] : s[e] + (r.bias ? bias[e] : 0.0);
+  }
+  std::vector<bool> allowed(E, true);
+  if (r.grouped()) {
+    std::vector<double> g(r.n_group);
+    for (int64_t i = 0; i < r.n_group; ++i) {
+      std::vector<double> in(choice.begin() + i * gs, choice.begin() + (i + 1) * gs);
+      std::sort(in.begin(), in.end(), std::greater<>());
+      g[i] = r.group_top2 ? in[0] + in[1] : in[0];
+    }
+    std::vector<int64_t> order(r.n_group);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return g[a] > g[b]; });
+    std::vector<bool> kept(r.n_group, false);
+    for (int64_t i = 0; i < r.groups_kept(); ++i) kept[order[i]] = true;
+    for (int64_t e = 0; e < E; ++e) allowed[e] = kept[e / gs];
+  }
+  std::vector<int64_t> order;
+  for (int64_t e = 0; e < E; ++e)
+    if (allowed[e]) order.push_back(e);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return choice[a] > choice[b]; });
+  double sum = 0;
+  for (int64_t j = 0; j < r.k; ++j) sum += s[order[j]];
+  for (int64_t j = 0; j < r.k; ++j) {
+    ids[j] = static_cast<int>(order[j]);
+    weights[j] = (r.renormalize ? s[order[j]] / (sum + 1e-20) : s[order[j]]) * scale;
+  }
+}
+
+void random_distinct_ids(int64_t tokens, int64_t k, int64_t experts, std::vector<float>& ids, std::mt19937_64& rng) {
+  std::vector<int> all(static_cast<size_t>(experts));
+  std::iota(all.begin(), all.end(), 0);
+  ids.assign(static_cast<size_t>(tokens * k), 0.0f);
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t j = 0; j < k; ++j) {  // a partial Fisher-Yates shuffle: k distinct experts
+      std::uniform_int_distribution<int64_t> pick(j, experts - 1);
+      std::swap(all[static_cast<size_t>(j)], all[static_cast<size_t>(pick(rng))]);
+      ids[static_cast<size_t>(t * k + j)] = static_cast<float>(all[static_cast<size_t>(j)]);
+    }
+  }
+}
+
+void random_row_map(int64_t tokens, int64_t k, std::vector<float>& map, std::mt19937_64& rng) {
+  std::vector<int64_t> rows(static_cast<size_t>(tokens * k));
+  std::iota(rows.begin(), rows.end(), 0);
+  std::shuffle(rows.begin(), rows.end(), rng);
+  map.resize(rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) map[i] = i % 13 == 5 ? -1.0f : static_cast<float>(rows[i]);
+}
+
+Result<void> check_slots(std::string_view op, const KernelSpec& spec) {
+  const int64_t slots = spec.param("tokens") * spec.param("k");
+  if (slots > std::numeric_limits<int32_t>::max())
+    return make_error(Errc::invalid_argument,
+                      fmt::format("{}: tokens * k = {} rows do not fit the int32 row map (at most {}); split the "
+                                  "tokens into several calls",
+                                  op, slots, std::numeric_limits<int32_t>::max()));
+  return ok();
+}
+
+namespace {
+const ParamInfo kRowMapParams[] = {
+    {"tokens", "rows of the token-order tensor; a runtime argument, not baked; 0 is a no-op", false, false, 0,
+     (int64_t{1} << 31) - 1},
+    {"hidden", "columns of every row", true, false, 1, int64_t{1} << 20},
+    {"k", "slots (experts) per token", true, false, 1, kMaxK},
+};
+}  // namespace
+
+std::span<const ParamInfo> row_map_params() { return kRowMapParams; }
+
+std::vector<TestSpec> row_map_test_specs(std::string_view op) {
+  std::vector<TestSpec> out;
+  auto add = [&](DType t, int64_t tokens, int64_t hidden, int64_t k, std::string_view why) {
+    out.push_back({{std::string(op), t, t, {{"tokens", tokens}, {"hidden", hidden}, {"k", k}}}, why});
+  };
+  add(DType::bf16, 37, 64, 2, "Mixtral's top-2, hidden 64");
+  add(DType::f16, 29, 40, 8, "top-8, hidden 40 (vectors of 8)");
+  add(DType::f32, 13, 7, 3, "hidden 7 (scalar accesses), fp32");
+  add(DType::bf16, 11, 1000, 1, "top-1, hidden 1000");
+  add(DType::bf16, 6, 2048, 6, "DeepSeek-V2-Lite: hidden 2048, top-6");
+  add(DType::bf16, 5, 7168, 8, "DeepSeek-V3: hidden 7168, top-8");
+  add(DType::bf16, 0, 64, 2, "0 tokens: a no-op");
+  return out;
+}
+
+}  // namespace kiln::moe

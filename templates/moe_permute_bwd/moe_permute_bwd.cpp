@@ -1,0 +1,78 @@
+#include "templates/moe_permute_bwd/moe_permute_bwd.h"
+
+#include <fmt/format.h>
+
+#include "support/embedded.h"
+#include "templates/lib/elementwise_row.h"
+#include "templates/lib/moe.h"
+
+namespace kiln {
+namespace {
+const DType kDTypes[] = {DType::bf16, DType::f16, DType::f32};
+std::vector<int64_t> tokens_hidden(const KernelSpec& s) { return {s.param("tokens"), s.param("hidden")}; }
+std::vector<int64_t> tokens_k(const KernelSpec& s) { return {s.param("tokens"), s.param("k")}; }
+std::vector<int64_t> slots_hidden(const KernelSpec& s) { return {s.param("tokens") * s.param("k"), s.param("hidden")}; }
+const TensorDecl kSignature[] = {
+    {"dx_sorted", Role::input, DTypeRule::in, DType::f32, "[tokens * k, hidden]", slots_hidden, nullptr,
+     "gradient of moe_permute's x_sorted"},
+    {"row_map", Role::input, DTypeRule::fixed, DType::i32, "[tokens, k]", tokens_k, nullptr,
+     "row of each slot (moe_permute's); -1: dropped"},
+    {"dx", Role::output, DTypeRule::in, DType::f32, "[tokens, hidden]", tokens_hidden},
+};
+}  // namespace
+
+std::span<const ParamInfo> MoePermuteBwdOp::params() const { return moe::row_map_params(); }
+Result<void> MoePermuteBwdOp::check(const KernelSpec& spec, const TargetInfo&) const {
+  return moe::check_slots(name(), spec);
+}
+std::span<const DType> MoePermuteBwdOp::dtypes() const { return kDTypes; }
+std::span<const TensorDecl> MoePermuteBwdOp::signature() const { return kSignature; }
+std::string_view MoePermuteBwdOp::device_template(const TileConfig&) const {
+  return embedded_file("templates/moe_permute_bwd/moe_permute_bwd.kernel");
+}
+std::vector<TileConfig> MoePermuteBwdOp::variants(const KernelSpec& spec, const TargetInfo& target) const {
+  return elementwise_row_variants(spec.param("hidden"), spec.dtype, target);
+}
+std::vector<uint32_t> MoePermuteBwdOp::base_alignment(const KernelSpec& spec, const TileConfig& config) const {
+  return vector_variant_alignment(config, tensors(spec).size(), {1});  // row_map: scalars
+}
+std::string MoePermuteBwdOp::specialize(const KernelSpec& spec, const TileConfig& c) const {
+  return fmt::format("constexpr int K = {}, HIDDEN = {};\nconstexpr int THREADS = {}, VEC = {}, ITEMS = {};\n"
+                     "typedef {} in_t;\n",
+                     spec.param("k"), spec.param("hidden"), c.at("THREADS"), c.at("VEC"), c.at("ITEMS"),
+                     device_type_name(spec.dtype));
+}
+Plan MoePermuteBwdOp::plan(const KernelSpec& call, const TileConfig& c) const {
+  Plan p;
+  if (call.param("tokens") == 0) return p;
+  using A = KernelArg;
+  p.launches.push_back({"kiln_moe_permute_bwd", elementwise_row_geometry(call.param("tokens"), call.param("hidden"), c),
+                        {A::tensor(0), A::tensor(1), A::tensor(2)}});
+  return p;
+}
+void MoePermuteBwdOp::init_inputs(const KernelSpec& spec, std::span<const TensorInfo> inputs,
+                                  std::vector<std::vector<float>>& values, std::mt19937_64& rng) const {
+  OpTemplate::init_inputs(spec, inputs, values, rng);
+  moe::random_row_map(spec.param("tokens"), spec.param("k"), values[1], rng);
+}
+void MoePermuteBwdOp::reference(const KernelSpec& spec, const Scalars&, std::span<const std::vector<float>> in,
+                                std::span<const int64_t> sample, std::vector<RefOutput>& outputs) const {
+  const int64_t T = spec.param("tokens"), K = spec.param("k"), H = spec.param("hidden");
+  outputs.assign(1, {});
+  std::vector<double>& dx = outputs[0].values;
+  std::vector<int64_t> tokens(sample.begin(), sample.end());  // every token, or the sampled ones
+  if (tokens.empty())
+    for (int64_t t = 0; t < T; ++t) tokens.push_back(t);
+  else
+    outputs[0].rows = tokens;
+  dx.assign(tokens.size() * static_cast<size_t>(H), 0.0);
+  for (size_t i = 0; i < tokens.size(); ++i)
+    for (int64_t s = 0, t = tokens[i]; s < K; ++s) {
+      const int64_t row = static_cast<int64_t>(in[1][static_cast<size_t>(t * K + s)]);
+      if (row < 0) continue;
+      for (int64_t c = 0; c < H; ++c) dx[i * static_cast<size_t>(H) + static_cast<size_t>(c)] += in[0][static_cast<size_t>(row * H + c)];
+    }
+}
+std::vector<TestSpec> MoePermuteBwdOp::test_specs(const TargetInfo&) const { return moe::row_map_test_specs(name()); }
+
+}  // namespace kiln
