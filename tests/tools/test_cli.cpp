@@ -756,7 +756,7 @@ TEST_F(CliTest, RunHelpAndAMissingEmulatorSayWhatToDo) {
   // CLI11 wraps long option texts: compare with the whitespace folded.
   const std::string text = std::regex_replace(help.out, std::regex("\\s+"), " ");
   EXPECT_NE(text.find("fp8_e4m3"), std::string::npos) << help.out;
-  EXPECT_NE(text.find("(dequantize_fp8)"), std::string::npos) << help.out;
+  EXPECT_NE(text.find("fp8_e5m2fnuz (dequantize_fp8"), std::string::npos) << help.out;  // and gemm_fp8
   EXPECT_EQ(text.find("bf16, fp16 or fp32"), std::string::npos) << help.out;
   EXPECT_NE(text.find("KILN_AMD_EMULATOR"), std::string::npos) << help.out;
   EXPECT_NE(text.find("https://github.com/tinygrad/tinygrad at commit a9069c177a"), std::string::npos) << help.out;
