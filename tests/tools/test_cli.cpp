@@ -331,13 +331,59 @@ TEST_F(CliTest, ManifestWithSeveralMicroBatches) {
   EXPECT_EQ(m->kernels.size(), 58u);
 }
 
+// kiln manifest of a mixture-of-experts model (issue 18): the MoE FFN (router GEMM, moe_router,
+// permute, the six grouped GEMMs, swiglu, unpermute, with their backward) in place of gate_up,
+// down and swiglu; an MLA model lists its attention core and says what it leaves out.
+TEST_F(CliTest, ManifestOfAnMoeModelListsItsExpertKernels) {
+  const Output o = kiln({"manifest", "deepseek-v3", "--seq", "1024", "--experts-per-rank", "16"});
+  ASSERT_EQ(o.code, 0) << o.err;
+  auto m = kiln::parse_manifest(o.out, "stdout");
+  ASSERT_TRUE(m.ok()) << m.error().message;
+  std::map<std::string, int> ops;
+  for (const auto& e : m->kernels) ++ops[e.spec.op];
+  EXPECT_EQ(ops["grouped_gemm"], 6);
+  for (const char* op : {"moe_router", "moe_router_bwd", "moe_permute", "moe_permute_bwd", "moe_unpermute",
+                         "moe_unpermute_bwd", "attention", "attention_bwd", "swiglu", "swiglu_bwd"})
+    EXPECT_EQ(ops[op], 1) << op;
+  EXPECT_EQ(ops["rope"], 0);  // MLA's decoupled RoPE is not a Kiln op
+  for (const auto& e : m->kernels) {
+    if (e.spec.op == "grouped_gemm") EXPECT_EQ(e.spec.params.at("groups"), 16) << e.label;
+    if (e.spec.op == "moe_router") {
+      EXPECT_EQ(e.spec.params.at("experts"), 256);
+      EXPECT_EQ(e.spec.params.at("k"), 8);
+      EXPECT_EQ(e.spec.params.at("bias"), 1);
+    }
+    if (e.spec.op == "attention") {
+      EXPECT_EQ(e.spec.params.at("head_dim"), 192);
+      EXPECT_EQ(e.spec.params.at("head_dim_v"), 128);
+    }
+    if (e.label == "experts.down.dgrad") {  // dx = dy W_g: nn with N = moe_intermediate, K = hidden
+      EXPECT_EQ(e.spec.params.at("mode"), 1);
+      EXPECT_EQ(e.spec.params.at("N"), 2048);
+      EXPECT_EQ(e.spec.params.at("K"), 7168);
+    }
+    if (e.label == "experts.gate_up.wgrad") EXPECT_EQ(e.spec.out_dtype, kiln::DType::f32);
+    EXPECT_EQ(e.label.find("qkv"), std::string::npos) << e.label;
+  }
+  EXPECT_NE(o.out.find("multi-head latent attention"), std::string::npos);
+  EXPECT_NE(o.out.find("all-to-all"), std::string::npos);
+  // A GQA MoE model keeps qkv, rope and attention on the fused qkv; a divisor is required.
+  const Output q = kiln({"manifest", "qwen3-235b-a22b", "--seq", "512"});
+  ASSERT_EQ(q.code, 0) << q.err;
+  EXPECT_NE(q.out.find("\"rope\""), std::string::npos);
+  EXPECT_NE(q.out.find("qkv.fwd"), std::string::npos);
+  expect_one_error_line(kiln({"manifest", "deepseek-v3", "--experts-per-rank", "7"}), {"divisor of 256"});
+  expect_one_error_line(kiln({"manifest", "llama3.1-8b", "--experts-per-rank", "8"}), {"llama3.1-8b is dense"});
+}
+
 TEST_F(CliTest, UnknownModel) {
   Output o = kiln({"manifest", "x", "-o", path("x.json")});
   expect_one_error_line(o, {"unknown model 'x'; known models: ", "llama3.1-8b", "mistral-7b"});
   EXPECT_FALSE(fs::exists(path("x.json")));
   Output list = kiln({"manifest", "--list"});
   EXPECT_EQ(list.code, 0);
-  for (const char* s : {"llama2-7b", "llama2-70b", "llama3.1-405b", "qwen2.5-7b", "(heads + 2*kv_heads) * head_dim"})
+  for (const char* s : {"llama2-7b", "llama2-70b", "llama3.1-405b", "qwen2.5-7b", "(heads + 2*kv_heads) * head_dim",
+                        "deepseek-v3", "mixtral-8x7b", "MLA 192/128 x 128"})
     EXPECT_NE(list.out.find(s), std::string::npos) << s;
 }
 

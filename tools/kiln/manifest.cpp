@@ -19,6 +19,7 @@ struct ManifestOptions {
   int64_t seq = 0;
   std::string dtype = "bf16";
   std::string fp8;  ///< --fp8 GRAN: also the quantization kernels of an fp8 step
+  int64_t experts_per_rank = 0;  ///< MoE models: local experts (0: the model's first listed)
   std::string output;
   bool list = false;
   bool json = false;  ///< --list as one JSON document (docs/json.md)
@@ -28,9 +29,20 @@ int list_models(const ModelTable& table) {
   fmt::print("Models (models/models.json, built in)\n");
   Table t({"model", "hidden", "intermediate", "heads", "kv_heads", "head_dim", "vocab", "seq"});
   for (const Model& m : table.models)
-    t.add({m.name, std::to_string(m.hidden), std::to_string(m.intermediate), std::to_string(m.heads),
-           std::to_string(m.kv_heads), std::to_string(m.head_dim), std::to_string(m.vocab), std::to_string(m.seq)});
+    if (!m.moe)
+      t.add({m.name, std::to_string(m.hidden), std::to_string(m.intermediate), std::to_string(m.heads),
+             std::to_string(m.kv_heads), std::to_string(m.head_dim), std::to_string(m.vocab), std::to_string(m.seq)});
   fmt::print("{}\n", t.render({1, 2, 3, 4, 5, 6, 7}, "  "));
+  fmt::print("Mixture-of-experts models (the FFN of every layer routed; --experts-per-rank G, default the first):\n");
+  Table e({"model", "hidden", "experts", "topk", "moe_intermediate", "experts_per_rank", "attention", "vocab", "seq"});
+  for (const Model& m : table.models)
+    if (m.moe)
+      e.add({m.name, std::to_string(m.hidden), std::to_string(m.experts), std::to_string(m.topk),
+             std::to_string(m.moe_intermediate), fmt::format("{}", fmt::join(m.experts_per_rank, ",")),
+             m.mla ? fmt::format("MLA {}/{} x {}", m.head_dim, m.head_dim_v, m.heads)
+                   : fmt::format("GQA {}/{} x {}", m.heads, m.kv_heads, m.head_dim),
+             std::to_string(m.vocab), std::to_string(m.seq)});
+  fmt::print("{}\n", e.render({1, 2, 3, 4, 7, 8}, "  "));
   fmt::print("Per-layer GEMMs, forward y[M,N] = x[M,K] @ W[N,K]^T (gemm trans_b), M = seq * micro_batch:\n");
   for (const auto& [name, formula] : table.gemms) fmt::print("  {:<9} {}\n", name, formula);
   fmt::print(
@@ -46,10 +58,20 @@ int list_models(const ModelTable& table) {
 int list_models_json(const ModelTable& table) {
   nlohmann::json doc = {{"schema", "kiln.manifest.list"}, {"schema_version", 1}};
   doc["models"] = nlohmann::json::array();
-  for (const Model& m : table.models)
-    doc["models"].push_back({{"name", m.name}, {"hidden", m.hidden}, {"intermediate", m.intermediate},
-                             {"heads", m.heads}, {"kv_heads", m.kv_heads}, {"head_dim", m.head_dim},
-                             {"vocab", m.vocab}, {"seq", m.seq}});
+  doc["moe_models"] = nlohmann::json::array();
+  for (const Model& m : table.models) {
+    nlohmann::json j = {{"name", m.name}, {"hidden", m.hidden}, {"intermediate", m.intermediate},
+                        {"heads", m.heads}, {"kv_heads", m.kv_heads}, {"head_dim", m.head_dim},
+                        {"vocab", m.vocab}, {"seq", m.seq}};
+    if (!m.moe) {
+      doc["models"].push_back(std::move(j));
+      continue;
+    }
+    j.erase("intermediate");
+    j.update({{"experts", m.experts}, {"topk", m.topk}, {"moe_intermediate", m.moe_intermediate},
+              {"experts_per_rank", m.experts_per_rank}, {"mla", m.mla}, {"head_dim_v", m.head_dim_v}});
+    doc["moe_models"].push_back(std::move(j));
+  }
   doc["gemms"] = nlohmann::json::array();
   for (const auto& [name, formula] : table.gemms) doc["gemms"].push_back({{"name", name}, {"formula", formula}});
   doc["fp8"] = nlohmann::json::array();  // the --fp8 values
@@ -82,8 +104,16 @@ int run_manifest(const ManifestOptions& o) {
   }
   if (o.seq < 0) return fail(fmt::format("--seq {}: the sequence length is at least 1", o.seq));
   const int64_t seq = o.seq ? o.seq : model->seq;
-
-  Manifest manifest = training_manifest(*model, unique, seq, *dtype, fp8);
+  if (o.experts_per_rank != 0) {
+    if (!model->moe)
+      return fail(fmt::format("--experts-per-rank goes with a mixture-of-experts model; {} is dense", o.model), 2);
+    if (o.experts_per_rank < 1 || model->experts % o.experts_per_rank != 0)
+      return fail(fmt::format("--experts-per-rank {}: {} has {} experts; give a divisor of {} (models.json lists {})",
+                              o.experts_per_rank, o.model, model->experts, model->experts,
+                              fmt::join(model->experts_per_rank, ", ")),
+                  2);
+  }
+  Manifest manifest = training_manifest(*model, unique, seq, *dtype, fp8, o.experts_per_rank);
   // Every kernel must be buildable for every target (fp8 in the target's encoding), or prewarm
   // would fail later.
   for (const ManifestEntry& e : manifest.kernels) {
@@ -134,6 +164,10 @@ Command add_manifest_command(CLI::App& app) {
                   "with the transposes): tensorwise, rowwise, block (1x128 activations, 128x128 weights), "
                   "block1x128 or block128x128")
       ->option_text("GRAN");
+  cmd->add_option("--experts-per-rank", o->experts_per_rank,
+                  "Mixture-of-experts models: the experts on this rank, a divisor of the model's experts (default: "
+                  "the first of models.json's experts_per_rank)")
+      ->option_text("G");
   cmd->add_option("-o,--output", o->output, "Output file (default: stdout)");
   cmd->add_flag("--list", o->list, "List the known models and the GEMM formulas");
   cmd->add_flag("--json", o->json, "With --list: one JSON document on stdout (schema: docs/json.md)");

@@ -3,6 +3,8 @@
 
 #include <fmt/format.h>
 
+#include <tuple>
+
 #include <nlohmann/json.hpp>
 
 #include "support/embedded.h"
@@ -85,6 +87,36 @@ Result<ModelTable> load_models() {
       model.llama3_rope = m.value("rope_scaling", std::string("none")) == "llama3";
       table.models.push_back(std::move(model));
     }
+    if (auto moe = doc.find("moe"); moe != doc.end() && moe->is_object()) {
+      for (const auto& [name, m] : moe->items()) {
+        if (name.rfind('_', 0) == 0) continue;  // "_about"
+        Model model;
+        model.name = name;
+        model.moe = true;
+        model.hidden = m.at("hidden").get<int64_t>();
+        model.heads = m.at("heads").get<int64_t>();
+        model.kv_heads = m.at("kv_heads").get<int64_t>();
+        model.head_dim = m.at("head_dim").get<int64_t>();
+        model.head_dim_v = m.value("head_dim_v", int64_t{0});
+        model.mla = m.value("mla", false);
+        model.vocab = m.at("vocab").get<int64_t>();
+        model.seq = m.at("seq").get<int64_t>();
+        model.rope_theta = m.value("rope_theta", int64_t{10000});
+        model.experts = m.at("experts").get<int64_t>();
+        model.topk = m.at("topk").get<int64_t>();
+        model.moe_intermediate = m.at("moe_intermediate").get<int64_t>();
+        model.experts_per_rank = m.at("experts_per_rank").get<std::vector<int64_t>>();
+        model.scoring = m.value("scoring", std::string("softmax")) == "sigmoid" ? 1 : 0;
+        model.bias = m.value("bias", false);
+        model.n_group = m.value("n_group", int64_t{1});
+        model.topk_group = m.value("topk_group", int64_t{0});
+        model.group_score = m.value("group_score", std::string("max")) == "top2_sum" ? 1 : 0;
+        model.renormalize = m.value("renormalize", false);
+        if (model.experts_per_rank.empty())
+          return make_error(Errc::corrupt, fmt::format("models/models.json: {} lists no experts_per_rank", name));
+        table.models.push_back(std::move(model));
+      }
+    }
     if (auto g = doc.find("dense_gemms_per_layer"); g != doc.end() && g->is_object()) {
       table.gemms_about = g->value("_about", "");
       for (const char* name : {"qkv", "attn_out", "gate_up", "down", "lm_head"})
@@ -106,7 +138,8 @@ Result<Model> find_model(const ModelTable& table, const std::string& name) {
 }
 
 Manifest training_manifest(const Model& m, const std::vector<int64_t>& micro_batches, int64_t seq, DType dtype,
-                           const std::optional<Fp8Recipe>& fp8) {
+                           const std::optional<Fp8Recipe>& fp8, int64_t experts_per_rank) {
+  const int64_t G = experts_per_rank ? experts_per_rank : (m.moe ? m.experts_per_rank.front() : 0);
   Manifest out;
   out.model = m.name;
   std::vector<std::string> mbs;
@@ -126,25 +159,57 @@ Manifest training_manifest(const Model& m, const std::vector<int64_t>& micro_bat
                       "fp32)",
                 dtype_name(dtype))
           : "";
+  std::string moe_about, mla_about;
+  if (m.moe)
+    moe_about = fmt::format(
+        " Mixture of experts: each layer's FFN is the router GEMM [M, {}] (bf16 logits), moe_router (top-{}, {}{}{}), "
+        "moe_permute of the tokens to this rank's {} experts, the grouped GEMMs of gate_up (N {}) and down (N {}) "
+        "(forward nt, dgrad nn, wgrad tn into fp32), swiglu (I {}), moe_unpermute, and their backward, in place of "
+        "gate_up, down and swiglu{}; the grouped GEMMs stay in {} with --fp8. Shared experts are not modelled.",
+        m.experts, m.topk, m.scoring ? "sigmoid" : "softmax", m.bias ? " with a score-correction bias" : "",
+        m.n_group > 1 ? fmt::format(", {} groups keep {}", m.n_group, m.topk_group) : std::string(), G,
+        2 * m.moe_intermediate, m.hidden, m.moe_intermediate,
+        G < m.experts ? fmt::format("; with {} of {} experts per rank the dispatch between ranks (all-to-all) is not "
+                                    "a Kiln op",
+                                    G, m.experts)
+                      : std::string(),
+        dtype_name(dtype));
+  if (m.mla)
+    mla_about = fmt::format(
+        " Attention: {} uses multi-head latent attention; Kiln serves its attention core (heads = kv_heads = {}, "
+        "head_dim {}, head_dim_v {}, q, k, v as separate contiguous tensors) but not its low-rank q/kv projections "
+        "or its decoupled RoPE, so no qkv or attn_out GEMM and no rope kernel is listed for it.",
+        m.name, m.heads, m.head_dim, m.head_dim_v);
   out.about = fmt::format(
       "Kernels of one training step of {} (seq {}, micro batch {}, {}), the set examples/llama_step launches: "
       "per layer the forward (NT), dgrad (NN) and wgrad (TN, fp32 gradients) GEMMs of qkv, attn_out, gate_up, "
       "down and lm_head, rmsnorm (plain and with the residual add, saving rstd) and rmsnorm_bwd (plain and adding "
       "the residual gradient), rope and attention (causal, packed sequences, on views of the fused qkv) and their "
       "backward, swiglu and swiglu_bwd, the token embedding and cross-entropy (int32 ids and targets) and their "
-      "backward; M = seq * micro_batch.{} "
-      "Generated by: kiln manifest {} --seq {} --micro-batch {} --dtype {}{}",
-      m.name, seq, fmt::join(mbs, ","), dtype_name(dtype), fp8_about, m.name, seq, fmt::join(mbs, ","),
-      dtype_name(dtype), fp8 ? " --fp8 " + fp8->name : "");
+      "backward; M = seq * micro_batch.{}{}{} "
+      "Generated by: kiln manifest {} --seq {} --micro-batch {} --dtype {}{}{}",
+      m.name, seq, fmt::join(mbs, ","), dtype_name(dtype), fp8_about, moe_about, mla_about, m.name, seq,
+      fmt::join(mbs, ","), dtype_name(dtype), fp8 ? " --fp8 " + fp8->name : "",
+      m.moe ? fmt::format(" --experts-per-rank {}", G) : std::string());
+  if (m.moe)  // the step examples/llama_step runs is dense: say what differs
+    out.about.replace(out.about.find("the set examples/llama_step launches"),
+                      std::string_view("the set examples/llama_step launches").size(),
+                      "the kernels of examples/llama_step's dense step with the changes below");
 
-  // The forward GEMMs of one layer, y[M,N] = x[M,K] @ W[N,K]^T (see models.json).
-  const Gemm gemms[] = {
-      {"qkv", (m.heads + 2 * m.kv_heads) * m.head_dim, m.hidden, true},
-      {"attn_out", m.hidden, m.heads * m.head_dim, true},
-      {"gate_up", 2 * m.intermediate, m.hidden, true},
-      {"down", m.hidden, m.intermediate, true},
-      {"lm_head", m.vocab, m.hidden, false},
-  };
+  // MLA models have no fused qkv / attn_out GEMM here; MoE models' gate_up and down are grouped
+  // GEMMs (below) and their router a plain GEMM.
+  std::vector<Gemm> gemms;
+  if (!m.mla) {
+    gemms.push_back({"qkv", (m.heads + 2 * m.kv_heads) * m.head_dim, m.hidden, true});
+    gemms.push_back({"attn_out", m.hidden, m.heads * m.head_dim, true});
+  }
+  if (m.moe) {
+    gemms.push_back({"router", m.experts, m.hidden, false});
+  } else {
+    gemms.push_back({"gate_up", 2 * m.intermediate, m.hidden, true});
+    gemms.push_back({"down", m.hidden, m.intermediate, true});
+  }
+  gemms.push_back({"lm_head", m.vocab, m.hidden, false});
   auto add = [&](KernelSpec spec, std::string label) {
     for (ManifestEntry& e : out.kernels) {
       if (e.spec.op == spec.op && e.spec.dtype == spec.dtype && e.spec.out_dtype == spec.out_dtype &&
@@ -219,6 +284,14 @@ Manifest training_manifest(const Model& m, const std::vector<int64_t>& micro_bat
     // backward writes dq, dk, dv into the same views of dqkv.
     const int64_t qkv_cols = (m.heads + 2 * m.kv_heads) * m.head_dim;
     for (const bool bwd : {false, true}) {
+      if (m.mla) {  // the attention core on separate contiguous q, k, v; no rope (see about)
+        add(KernelSpec{bwd ? "attention_bwd" : "attention", dtype, dtype,
+                       {{"heads", m.heads}, {"kv_heads", m.kv_heads}, {"head_dim", m.head_dim},
+                        {"head_dim_v", m.head_dim_v}, {"layout", 1}, {"causal", 1}, {"batch", mb}, {"total_q", M},
+                        {"total_k", M}, {"max_seqlen_q", seq}, {"max_seqlen_k", seq}}},
+            (bwd ? "attention.bwd" : "attention.fwd") + suffix);
+      }
+      if (!m.mla) {
       add(KernelSpec{bwd ? "rope_bwd" : "rope", dtype, dtype,
                      {{"tokens", M}, {"heads", m.heads}, {"kv_heads", m.kv_heads}, {"head_dim", m.head_dim},
                       {"batch", mb}, {"positions", 0}, {"rope_theta", m.rope_theta}, {"scaling", m.llama3_rope ? 1 : 0},
@@ -230,6 +303,7 @@ Manifest training_manifest(const Model& m, const std::vector<int64_t>& micro_bat
                       {"max_seqlen_k", seq}, {"q_row_stride", qkv_cols}, {"k_row_stride", qkv_cols},
                       {"v_row_stride", qkv_cols}}},
           (bwd ? "attention.bwd" : "attention.fwd") + suffix);
+      }
       // int32 ids and targets, as examples/llama_step launches them, named explicitly (the ops'
       // default is int64, PyTorch's torch.long: docs/embedding.md, docs/cross-entropy.md).
       add(KernelSpec{bwd ? "embedding_bwd" : "embedding", dtype, dtype,
@@ -240,8 +314,45 @@ Manifest training_manifest(const Model& m, const std::vector<int64_t>& micro_bat
       if (bwd) ce.params["inplace"] = 1;  // dlogits over the logits
       add(std::move(ce), (bwd ? "cross_entropy.bwd" : "cross_entropy.fwd") + suffix);
     }
-    add(KernelSpec{"swiglu", dtype, dtype, {{"rows", M}, {"intermediate", m.intermediate}}}, "swiglu.fwd" + suffix);
-    add(KernelSpec{"swiglu_bwd", dtype, dtype, {{"rows", M}, {"intermediate", m.intermediate}}}, "swiglu.bwd" + suffix);
+    if (!m.moe) {
+      add(KernelSpec{"swiglu", dtype, dtype, {{"rows", M}, {"intermediate", m.intermediate}}}, "swiglu.fwd" + suffix);
+      add(KernelSpec{"swiglu_bwd", dtype, dtype, {{"rows", M}, {"intermediate", m.intermediate}}},
+          "swiglu.bwd" + suffix);
+      continue;
+    }
+    // The MoE FFN (docs/moe.md, docs/grouped-gemm.md). Token counts are runtime arguments of these
+    // ops, so the rows each rank's experts receive need not be known here.
+    const int64_t I = m.moe_intermediate;
+    add(KernelSpec{"moe_router", dtype, dtype,
+                   {{"tokens", M}, {"experts", m.experts}, {"k", m.topk}, {"scoring", m.scoring},
+                    {"n_group", m.n_group}, {"topk_group", m.topk_group}, {"group_score", m.group_score},
+                    {"renormalize", m.renormalize ? 1 : 0}, {"bias", m.bias ? 1 : 0}}},
+        "moe_router.fwd" + suffix);
+    add(KernelSpec{"moe_router_bwd", dtype, dtype,
+                   {{"tokens", M}, {"experts", m.experts}, {"k", m.topk}, {"scoring", m.scoring},
+                    {"renormalize", m.renormalize ? 1 : 0}}},
+        "moe_router.bwd" + suffix);
+    add(KernelSpec{"moe_permute", dtype, dtype, {{"tokens", M}, {"hidden", m.hidden}, {"experts", G}, {"k", m.topk}}},
+        "moe_permute.fwd" + suffix);
+    for (const char* op : {"moe_permute_bwd", "moe_unpermute", "moe_unpermute_bwd"})
+      add(KernelSpec{op, dtype, dtype, {{"tokens", M}, {"hidden", m.hidden}, {"k", m.topk}}},
+          fmt::format("{}.{}{}", std::string_view(op).substr(0, std::string_view(op).find("_bwd")),
+                      std::string_view(op).ends_with("_bwd") ? "bwd" : "fwd", suffix));
+    // Grouped GEMMs, weights [G, N, K]: forward nt c = a W_g^T; dgrad nn dx = dy W_g (b read as
+    // [G, K', N'] = [G, N, K]); wgrad tn dW_g = dy_g^T x_g into fp32.
+    auto grouped = [&](int64_t mode, int64_t N, int64_t K, DType out_dtype) {
+      return KernelSpec{"grouped_gemm", dtype, out_dtype,
+                        {{"mode", mode}, {"groups", G}, {"N", N}, {"K", K}, {"tokens", M * m.topk}}};
+    };
+    for (const auto& [name, N, K] : {std::tuple<const char*, int64_t, int64_t>{"gate_up", 2 * I, m.hidden},
+                                     std::tuple<const char*, int64_t, int64_t>{"down", m.hidden, I}}) {
+      add(grouped(0, N, K, dtype), fmt::format("experts.{}.fwd{}", name, suffix));
+      add(grouped(1, K, N, dtype), fmt::format("experts.{}.dgrad{}", name, suffix));
+      add(grouped(2, N, K, DType::f32), fmt::format("experts.{}.wgrad{}", name, suffix));
+    }
+    add(KernelSpec{"swiglu", dtype, dtype, {{"rows", M * m.topk}, {"intermediate", I}}}, "experts.swiglu.fwd" + suffix);
+    add(KernelSpec{"swiglu_bwd", dtype, dtype, {{"rows", M * m.topk}, {"intermediate", I}}},
+        "experts.swiglu.bwd" + suffix);
   }
   return out;
 }
