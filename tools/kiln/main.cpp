@@ -25,8 +25,9 @@ namespace {
 
 int run_cli(int argc, char** argv) {
   using namespace kiln::cli;
-  CLI::App app{"Kiln: JIT kernel generation for GPU training ops (gemm, rmsnorm, swiglu) on AMD "
-               "gfx942/gfx950 and NVIDIA sm_90a.",
+  CLI::App app{"Kiln: JIT kernel generation for GPU training ops (GEMM in bf16/fp16 and fp8, grouped GEMM, "
+               "attention, RMSNorm, SwiGLU, RoPE, cross-entropy, embedding, fp8 quantization, MoE routing and "
+               "permutation; 'kiln ops' lists them) on AMD gfx942/gfx950 and NVIDIA sm_90a.",
                "kiln"};
   app.set_version_flag("--version", fmt::format("kiln {} (LLVM {})", KILN_VERSION_STRING,
                                                 KILN_WITH_LLVM ? "built in" : "not built in"));
