@@ -347,7 +347,9 @@ TEST_F(CliTest, ManifestOfAnMoeModelListsItsExpertKernels) {
     EXPECT_EQ(ops[op], 1) << op;
   EXPECT_EQ(ops["rope"], 0);  // MLA's decoupled RoPE is not a Kiln op
   for (const auto& e : m->kernels) {
-    if (e.spec.op == "grouped_gemm") EXPECT_EQ(e.spec.params.at("groups"), 16) << e.label;
+    if (e.spec.op == "grouped_gemm") {
+      EXPECT_EQ(e.spec.params.at("groups"), 16) << e.label;
+    }
     if (e.spec.op == "moe_router") {
       EXPECT_EQ(e.spec.params.at("experts"), 256);
       EXPECT_EQ(e.spec.params.at("k"), 8);
@@ -362,7 +364,9 @@ TEST_F(CliTest, ManifestOfAnMoeModelListsItsExpertKernels) {
       EXPECT_EQ(e.spec.params.at("N"), 2048);
       EXPECT_EQ(e.spec.params.at("K"), 7168);
     }
-    if (e.label == "experts.gate_up.wgrad") EXPECT_EQ(e.spec.out_dtype, kiln::DType::f32);
+    if (e.label == "experts.gate_up.wgrad") {
+      EXPECT_EQ(e.spec.out_dtype, kiln::DType::f32);
+    }
     EXPECT_EQ(e.label.find("qkv"), std::string::npos) << e.label;
   }
   EXPECT_NE(o.out.find("multi-head latent attention"), std::string::npos);
