@@ -24,6 +24,15 @@ inline constexpr int64_t kMaxExperts = 512, kMaxK = 32, kMaxGroups = 32;
 /// Experts of moe_permute: a count per expert in LDS.
 inline constexpr int64_t kMaxPermuteExperts = 4096;
 
+/// The floating dtypes of the router and unpermutation ops (moe_permute adds fp8).
+inline constexpr DType kFloatDTypes[] = {DType::bf16, DType::f16, DType::f32};
+/// Tensor shapes the ops share: [tokens, hidden], [tokens, k] and [tokens * k, hidden] (a row per slot).
+inline std::vector<int64_t> tokens_hidden(const KernelSpec& s) { return {s.param("tokens"), s.param("hidden")}; }
+inline std::vector<int64_t> tokens_k(const KernelSpec& s) { return {s.param("tokens"), s.param("k")}; }
+inline std::vector<int64_t> slots_hidden(const KernelSpec& s) {
+  return {s.param("tokens") * s.param("k"), s.param("hidden")};
+}
+
 /// The routing of one spec (moe_router's parameters, with defaults applied).
 struct Routing {
   int64_t experts = 0, k = 0;

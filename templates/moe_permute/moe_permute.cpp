@@ -23,23 +23,20 @@ const DType kDTypes[] = {DType::bf16,     DType::f16,      DType::f32,          
 constexpr int64_t kAux = 256;          // threads of the rank and scan launches
 constexpr int64_t kChunk = 4 * kAux;   // slots per rank block
 
-std::vector<int64_t> tokens_hidden(const KernelSpec& s) { return {s.param("tokens"), s.param("hidden")}; }
-std::vector<int64_t> tokens_k(const KernelSpec& s) { return {s.param("tokens"), s.param("k")}; }
-std::vector<int64_t> slots_hidden(const KernelSpec& s) { return {s.param("tokens") * s.param("k"), s.param("hidden")}; }
 std::vector<int64_t> offsets(const KernelSpec& s) { return {s.param("experts") + 1}; }
 std::vector<int64_t> tokens_blocks(const KernelSpec& s) { return {s.param("tokens"), s.param("hidden") / 128}; }
 std::vector<int64_t> slots_blocks(const KernelSpec& s) { return {s.param("tokens") * s.param("k"), s.param("hidden") / 128}; }
 bool scales(const KernelSpec& s) { return s.param("scales") != 0; }
 const TensorDecl kSignature[] = {
-    {"x", Role::input, DTypeRule::in, DType::f32, "[tokens, hidden]", tokens_hidden},
+    {"x", Role::input, DTypeRule::in, DType::f32, "[tokens, hidden]", moe::tokens_hidden},
     {"x_scales", Role::input, DTypeRule::fixed, DType::f32, "[tokens, hidden / 128]", tokens_blocks, scales,
      "fp32 scales of x's 1x128 blocks (with scales)"},
-    {"topk_ids", Role::input, DTypeRule::fixed, DType::i32, "[tokens, k]", tokens_k, nullptr, "expert of each slot"},
-    {"x_sorted", Role::output, DTypeRule::in, DType::f32, "[tokens * k, hidden]", slots_hidden, nullptr,
+    {"topk_ids", Role::input, DTypeRule::fixed, DType::i32, "[tokens, k]", moe::tokens_k, nullptr, "expert of each slot"},
+    {"x_sorted", Role::output, DTypeRule::in, DType::f32, "[tokens * k, hidden]", moe::slots_hidden, nullptr,
      "rows grouped by expert; rows past offsets[experts] unwritten"},
     {"x_sorted_scales", Role::output, DTypeRule::fixed, DType::f32, "[tokens * k, hidden / 128]", slots_blocks, scales,
      "x_scales' rows in x_sorted's order (with scales)"},
-    {"row_map", Role::output, DTypeRule::fixed, DType::i32, "[tokens, k]", tokens_k, nullptr,
+    {"row_map", Role::output, DTypeRule::fixed, DType::i32, "[tokens, k]", moe::tokens_k, nullptr,
      "row of x_sorted of each slot; -1: dropped"},
     {"offsets", Role::output, DTypeRule::fixed, DType::i32, "[experts + 1]", offsets, nullptr,
      "first row of each expert; offsets[experts] = rows written"},

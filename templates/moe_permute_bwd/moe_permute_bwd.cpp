@@ -8,16 +8,12 @@
 
 namespace kiln {
 namespace {
-const DType kDTypes[] = {DType::bf16, DType::f16, DType::f32};
-std::vector<int64_t> tokens_hidden(const KernelSpec& s) { return {s.param("tokens"), s.param("hidden")}; }
-std::vector<int64_t> tokens_k(const KernelSpec& s) { return {s.param("tokens"), s.param("k")}; }
-std::vector<int64_t> slots_hidden(const KernelSpec& s) { return {s.param("tokens") * s.param("k"), s.param("hidden")}; }
 const TensorDecl kSignature[] = {
-    {"dx_sorted", Role::input, DTypeRule::in, DType::f32, "[tokens * k, hidden]", slots_hidden, nullptr,
+    {"dx_sorted", Role::input, DTypeRule::in, DType::f32, "[tokens * k, hidden]", moe::slots_hidden, nullptr,
      "gradient of moe_permute's x_sorted"},
-    {"row_map", Role::input, DTypeRule::fixed, DType::i32, "[tokens, k]", tokens_k, nullptr,
+    {"row_map", Role::input, DTypeRule::fixed, DType::i32, "[tokens, k]", moe::tokens_k, nullptr,
      "row of each slot (moe_permute's); -1: dropped"},
-    {"dx", Role::output, DTypeRule::in, DType::f32, "[tokens, hidden]", tokens_hidden},
+    {"dx", Role::output, DTypeRule::in, DType::f32, "[tokens, hidden]", moe::tokens_hidden},
 };
 }  // namespace
 
@@ -25,7 +21,7 @@ std::span<const ParamInfo> MoePermuteBwdOp::params() const { return moe::row_map
 Result<void> MoePermuteBwdOp::check(const KernelSpec& spec, const TargetInfo&) const {
   return moe::check_slots(name(), spec);
 }
-std::span<const DType> MoePermuteBwdOp::dtypes() const { return kDTypes; }
+std::span<const DType> MoePermuteBwdOp::dtypes() const { return moe::kFloatDTypes; }
 std::span<const TensorDecl> MoePermuteBwdOp::signature() const { return kSignature; }
 std::string_view MoePermuteBwdOp::device_template(const TileConfig&) const {
   return embedded_file("templates/moe_permute_bwd/moe_permute_bwd.kernel");

@@ -29,21 +29,19 @@ const ParamInfo kParams[] = {
 const ScalarInfo kScalars[] = {
     {"routed_scaling_factor", 1.0f, "multiplies every weight (DeepSeek-V3: 2.5)"},
 };
-const DType kDTypes[] = {DType::bf16, DType::f16, DType::f32};
 constexpr int64_t kThreads = 256, kCountThreads = 256;
 constexpr int64_t kMaxBlocks = 512;  // route blocks; waves stride over the tokens beyond
 
 std::vector<int64_t> tokens_experts(const KernelSpec& s) { return {s.param("tokens"), s.param("experts")}; }
-std::vector<int64_t> tokens_k(const KernelSpec& s) { return {s.param("tokens"), s.param("k")}; }
 std::vector<int64_t> experts(const KernelSpec& s) { return {s.param("experts")}; }
 bool has_bias(const KernelSpec& s) { return s.param("bias") != 0; }
 const TensorDecl kSignature[] = {
     {"logits", Role::input, DTypeRule::in, DType::f32, "[tokens, experts]", tokens_experts},
     {"bias", Role::input, DTypeRule::fixed, DType::f32, "[experts]", experts, has_bias,
      "score-correction bias (with bias), for the selection only"},
-    {"topk_ids", Role::output, DTypeRule::fixed, DType::i32, "[tokens, k]", tokens_k, nullptr,
+    {"topk_ids", Role::output, DTypeRule::fixed, DType::i32, "[tokens, k]", moe::tokens_k, nullptr,
      "the chosen experts, best first"},
-    {"topk_weights", Role::output, DTypeRule::fixed, DType::f32, "[tokens, k]", tokens_k, nullptr,
+    {"topk_weights", Role::output, DTypeRule::fixed, DType::f32, "[tokens, k]", moe::tokens_k, nullptr,
      "their weights (scores, renormalized, scaled)"},
     {"tokens_per_expert", Role::output, DTypeRule::fixed, DType::i32, "[experts]", experts, nullptr,
      "(token, slot) pairs routed to each expert"},
@@ -54,7 +52,7 @@ int64_t route_blocks(int64_t tokens, int64_t waves) { return std::min(ceil_div(t
 
 std::span<const ParamInfo> MoeRouterOp::params() const { return kParams; }
 std::span<const ScalarInfo> MoeRouterOp::scalars() const { return kScalars; }
-std::span<const DType> MoeRouterOp::dtypes() const { return kDTypes; }
+std::span<const DType> MoeRouterOp::dtypes() const { return moe::kFloatDTypes; }
 std::span<const TensorDecl> MoeRouterOp::signature() const { return kSignature; }
 std::string_view MoeRouterOp::device_template(const TileConfig&) const {
   return embedded_file("templates/moe_router/moe_router.kernel");

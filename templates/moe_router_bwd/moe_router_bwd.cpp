@@ -22,22 +22,20 @@ const ParamInfo kParams[] = {
 const ScalarInfo kScalars[] = {
     {"routed_scaling_factor", 1.0f, "the forward's factor on every weight"},
 };
-const DType kDTypes[] = {DType::bf16, DType::f16, DType::f32};
 constexpr int64_t kThreads = 256;
 
 std::vector<int64_t> tokens_experts(const KernelSpec& s) { return {s.param("tokens"), s.param("experts")}; }
-std::vector<int64_t> tokens_k(const KernelSpec& s) { return {s.param("tokens"), s.param("k")}; }
 const TensorDecl kSignature[] = {
     {"logits", Role::input, DTypeRule::in, DType::f32, "[tokens, experts]", tokens_experts},
-    {"topk_ids", Role::input, DTypeRule::fixed, DType::i32, "[tokens, k]", tokens_k, nullptr, "the forward's choice"},
-    {"dtopk_weights", Role::input, DTypeRule::fixed, DType::f32, "[tokens, k]", tokens_k},
+    {"topk_ids", Role::input, DTypeRule::fixed, DType::i32, "[tokens, k]", moe::tokens_k, nullptr, "the forward's choice"},
+    {"dtopk_weights", Role::input, DTypeRule::fixed, DType::f32, "[tokens, k]", moe::tokens_k},
     {"dlogits", Role::output, DTypeRule::in, DType::f32, "[tokens, experts]", tokens_experts},
 };
 }  // namespace
 
 std::span<const ParamInfo> MoeRouterBwdOp::params() const { return kParams; }
 std::span<const ScalarInfo> MoeRouterBwdOp::scalars() const { return kScalars; }
-std::span<const DType> MoeRouterBwdOp::dtypes() const { return kDTypes; }
+std::span<const DType> MoeRouterBwdOp::dtypes() const { return moe::kFloatDTypes; }
 std::span<const TensorDecl> MoeRouterBwdOp::signature() const { return kSignature; }
 std::string_view MoeRouterBwdOp::device_template(const TileConfig&) const {
   return embedded_file("templates/moe_router_bwd/moe_router_bwd.kernel");

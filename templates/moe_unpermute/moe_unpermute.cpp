@@ -8,17 +8,13 @@
 
 namespace kiln {
 namespace {
-const DType kDTypes[] = {DType::bf16, DType::f16, DType::f32};
-std::vector<int64_t> tokens_hidden(const KernelSpec& s) { return {s.param("tokens"), s.param("hidden")}; }
-std::vector<int64_t> tokens_k(const KernelSpec& s) { return {s.param("tokens"), s.param("k")}; }
-std::vector<int64_t> slots_hidden(const KernelSpec& s) { return {s.param("tokens") * s.param("k"), s.param("hidden")}; }
 const TensorDecl kSignature[] = {
-    {"y_sorted", Role::input, DTypeRule::in, DType::f32, "[tokens * k, hidden]", slots_hidden, nullptr,
+    {"y_sorted", Role::input, DTypeRule::in, DType::f32, "[tokens * k, hidden]", moe::slots_hidden, nullptr,
      "the experts' outputs, in moe_permute's row order"},
-    {"row_map", Role::input, DTypeRule::fixed, DType::i32, "[tokens, k]", tokens_k, nullptr,
+    {"row_map", Role::input, DTypeRule::fixed, DType::i32, "[tokens, k]", moe::tokens_k, nullptr,
      "row of each slot (moe_permute's); -1: dropped"},
-    {"topk_weights", Role::input, DTypeRule::fixed, DType::f32, "[tokens, k]", tokens_k},
-    {"y", Role::output, DTypeRule::in, DType::f32, "[tokens, hidden]", tokens_hidden},
+    {"topk_weights", Role::input, DTypeRule::fixed, DType::f32, "[tokens, k]", moe::tokens_k},
+    {"y", Role::output, DTypeRule::in, DType::f32, "[tokens, hidden]", moe::tokens_hidden},
 };
 }  // namespace
 
@@ -26,7 +22,7 @@ std::span<const ParamInfo> MoeUnpermuteOp::params() const { return moe::row_map_
 Result<void> MoeUnpermuteOp::check(const KernelSpec& spec, const TargetInfo&) const {
   return moe::check_slots(name(), spec);
 }
-std::span<const DType> MoeUnpermuteOp::dtypes() const { return kDTypes; }
+std::span<const DType> MoeUnpermuteOp::dtypes() const { return moe::kFloatDTypes; }
 std::span<const TensorDecl> MoeUnpermuteOp::signature() const { return kSignature; }
 std::string_view MoeUnpermuteOp::device_template(const TileConfig&) const {
   return embedded_file("templates/moe_unpermute/moe_unpermute.kernel");

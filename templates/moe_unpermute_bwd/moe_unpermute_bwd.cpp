@@ -10,21 +10,17 @@
 
 namespace kiln {
 namespace {
-const DType kDTypes[] = {DType::bf16, DType::f16, DType::f32};
-std::vector<int64_t> tokens_hidden(const KernelSpec& s) { return {s.param("tokens"), s.param("hidden")}; }
-std::vector<int64_t> tokens_k(const KernelSpec& s) { return {s.param("tokens"), s.param("k")}; }
-std::vector<int64_t> slots_hidden(const KernelSpec& s) { return {s.param("tokens") * s.param("k"), s.param("hidden")}; }
 const TensorDecl kSignature[] = {
-    {"dy", Role::input, DTypeRule::in, DType::f32, "[tokens, hidden]", tokens_hidden, nullptr,
+    {"dy", Role::input, DTypeRule::in, DType::f32, "[tokens, hidden]", moe::tokens_hidden, nullptr,
      "gradient of moe_unpermute's y"},
-    {"y_sorted", Role::input, DTypeRule::in, DType::f32, "[tokens * k, hidden]", slots_hidden, nullptr,
+    {"y_sorted", Role::input, DTypeRule::in, DType::f32, "[tokens * k, hidden]", moe::slots_hidden, nullptr,
      "the forward's y_sorted"},
-    {"row_map", Role::input, DTypeRule::fixed, DType::i32, "[tokens, k]", tokens_k, nullptr,
+    {"row_map", Role::input, DTypeRule::fixed, DType::i32, "[tokens, k]", moe::tokens_k, nullptr,
      "row of each slot (moe_permute's); -1: dropped"},
-    {"topk_weights", Role::input, DTypeRule::fixed, DType::f32, "[tokens, k]", tokens_k},
-    {"dy_sorted", Role::output, DTypeRule::in, DType::f32, "[tokens * k, hidden]", slots_hidden, nullptr,
+    {"topk_weights", Role::input, DTypeRule::fixed, DType::f32, "[tokens, k]", moe::tokens_k},
+    {"dy_sorted", Role::output, DTypeRule::in, DType::f32, "[tokens * k, hidden]", moe::slots_hidden, nullptr,
      "rows no slot maps to: not written"},
-    {"dtopk_weights", Role::output, DTypeRule::fixed, DType::f32, "[tokens, k]", tokens_k},
+    {"dtopk_weights", Role::output, DTypeRule::fixed, DType::f32, "[tokens, k]", moe::tokens_k},
 };
 }  // namespace
 
@@ -32,7 +28,7 @@ std::span<const ParamInfo> MoeUnpermuteBwdOp::params() const { return moe::row_m
 Result<void> MoeUnpermuteBwdOp::check(const KernelSpec& spec, const TargetInfo&) const {
   return moe::check_slots(name(), spec);
 }
-std::span<const DType> MoeUnpermuteBwdOp::dtypes() const { return kDTypes; }
+std::span<const DType> MoeUnpermuteBwdOp::dtypes() const { return moe::kFloatDTypes; }
 std::span<const TensorDecl> MoeUnpermuteBwdOp::signature() const { return kSignature; }
 std::string_view MoeUnpermuteBwdOp::device_template(const TileConfig&) const {
   return embedded_file("templates/moe_unpermute_bwd/moe_unpermute_bwd.kernel");
