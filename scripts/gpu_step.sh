@@ -4,6 +4,7 @@
 #   scripts/gpu_step.sh build check time     # then, in the next call:
 #   scripts/gpu_step.sh attention tests
 #   scripts/gpu_step.sh grouped              # bench_grouped_gemm + torch._grouped_mm (GROUPED_QUICK=1: DeepSeek-V3 only)
+#   scripts/gpu_step.sh fp8                  # bench_gemm_fp8 + torch._scaled_mm (FP8_ARGS, default --quick)
 # check: examples/llama_step at --seq $CHECK_SEQ (2048) dumps weights and gradients, and
 #        scripts/llama_step_torch.py compares them with PyTorch in fp32 (loss 1e-3, gradients 30 dB);
 # time:  the step at the model's sequence length (micro-batch $MB, default 1) with its per-op
@@ -23,7 +24,7 @@ for step in "$@"; do
       nvidia-smi --query-gpu=name,driver_version --format=csv > "$OUT/env.txt" 2>&1; date -u +%FT%TZ >> "$OUT/env.txt"
       cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_WITH_LLVM=OFF -DHIREDIS_INCLUDE_DIR=$H/include \
         -DHIREDIS_LIBRARY=$H/lib/libhiredis.so > "$OUT/cmake.log" 2>&1 &&
-        ninja -C $B kiln_cli llama_step test_gpu bench_attention bench_membound bench_grouped_gemm > "$OUT/build.log" 2>&1 ||
+        ninja -C $B kiln_cli llama_step test_gpu bench_attention bench_membound bench_grouped_gemm bench_gemm_fp8 > "$OUT/build.log" 2>&1 ||
         { tail -40 "$OUT/build.log"; exit 1; } ;;
     check)
       rm -rf /tmp/step-dump
@@ -46,7 +47,8 @@ for step in "$@"; do
       tail -30 "$OUT/attention_peers.log" ;;
     tests)
       # every op's test specs with NVRTC (Compilers/Gpu.*/0), the determinism test of embedding_bwd
-      $B/tests/test_gpu --gtest_filter='Compilers/Gpu.*/0:GpuEmbedding*' > "$OUT/test_gpu.log" 2>&1
+      # (TEST_OPS=op1,op2: only those ops' specs, through KILN_GPU_TEST_OPS)
+      KILN_GPU_TEST_OPS=${TEST_OPS:-} $B/tests/test_gpu --gtest_filter='Compilers/Gpu.*/0:GpuEmbedding*' > "$OUT/test_gpu.log" 2>&1
       grep -E "specs pass|^\[  (PASSED|FAILED)|FAILED  \]|FAIL " "$OUT/test_gpu.log" | head -40 ;;
     membound)  # the rows of the new memory-bound ops, with their PyTorch peers
       $B/bench/bench_membound "$OUT/membound_new.csv" --quick --only cross_entropy,rope,embedding,rmsnorm_bwd_dres \
@@ -58,6 +60,11 @@ for step in "$@"; do
       tail -12 "$OUT/bench_grouped.log"
       python3 bench/grouped_gemm_peers.py "$OUT/grouped.csv" > "$OUT/grouped_peers.log" 2>&1
       tail -12 "$OUT/grouped_peers.log" ;;
+    fp8)  # gemm_fp8 on a step's forward, dgrad and wgrad GEMMs against torch._scaled_mm, same job
+      $B/bench/bench_gemm_fp8 "$OUT/fp8.csv" ${FP8_ARGS:---quick} > "$OUT/bench_fp8.log" 2>&1
+      tail -5 "$OUT/bench_fp8.log"
+      python3 bench/gemm_fp8_peers.py "$OUT/fp8.csv" "$OUT/fp8_peers.csv" > "$OUT/fp8_peers.log" 2>&1
+      tail -60 "$OUT/fp8_peers.log" ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
   echo "== $step: $(( $(date +%s) - t0 )) s"

@@ -111,8 +111,10 @@ class CudaModule final : public LoadedModule {
                                     "needs a 16-byte aligned base (every device allocation is: pass a view that "
                                     "starts a multiple of 16 bytes into it)",
                                     address));
+    // fp8 (1-byte) tensors are plain bytes to TMA.
     const CUtensorMapDataType type = dtype == DType::bf16  ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
                                      : dtype == DType::f16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                     : elem == 1           ? CU_TENSOR_MAP_DATA_TYPE_UINT8
                                                            : CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
     const cuuint64_t dims[2] = {m.inner, m.outer};
     const cuuint64_t strides[1] = {m.inner * elem};

@@ -57,6 +57,26 @@ bool flag(const TileConfig& c, const char* key) {
   auto it = c.find(key);
   return it != c.end() && it->second != 0;
 }
+
+TileConfig sm90_tma_config(bool dbuf) {
+  return {{"WGMMA", 1}, {"TMA", 1}, {"DBUF", dbuf ? 1 : 0}, {"BM", 128}, {"BN", 128}, {"BK", 128},
+          {"STAGES", 6}, {"THREADS", 384}};
+}
+// The Hopper kernels: K a multiple of 16 (TMA's 16-byte row strides), 32-bit tile indices.
+bool sm90_tma(const KernelSpec& spec, const TargetInfo& target) {
+  return target.vendor == Vendor::nvidia && target.cpu == "sm_90a" && spec.param("K") % 16 == 0 &&
+         ceil_div(spec.param("M"), 128) * ceil_div(spec.param("N"), 128) < INT32_MAX;
+}
+
+// Dynamic shared memory of the Hopper kernels: 1024 bytes of alignment slack, the stages (A and B
+// slices; with TMA and block scales also the slice's scales) and the TMA kernel's mbarriers.
+int64_t sm90_shared_bytes(const KernelSpec& spec, const TileConfig& c) {
+  const int64_t gran = spec.param("granularity");
+  int64_t stage = (c.at("BM") + c.at("BN")) * c.at("BK");
+  if (!flag(c, "TMA")) return 1024 + c.at("STAGES") * stage;
+  if (gran >= kGemmBlockwise) stage += ((c.at("BM") + (gran == kGemmBlock1x128 ? c.at("BN") : 1)) * 4 + 15) / 16 * 16;
+  return 1024 + c.at("STAGES") * (stage + 16);
+}
 }  // namespace
 
 DType gemm_fp8_b_dtype(const KernelSpec& s) {
@@ -90,11 +110,12 @@ std::vector<TileConfig> GemmFp8Op::variants(const KernelSpec& spec, const Target
   const int64_t bm = big ? 128 : 64, t = big ? 8 : 4;
   // The portable kernel: a TM x TN = t x t register tile per thread.
   const TileConfig portable = {{"BM", bm}, {"BN", bm}, {"BK", 16}, {"TM", t}, {"TN", t}, {"THREADS", (bm / t) * (bm / t)}};
-  // sm_90a, K a multiple of 16 (16-byte rows): the WGMMA kernel (gemm_fp8_sm90.kernel), 128 x 128
-  // tiles, 128-deep slices in a 4-stage cp.async pipeline (129 KiB of shared memory), promoted into
-  // fp32 every slice; the portable kernel serves K tails and unaligned views.
-  if (target.vendor == Vendor::nvidia && target.cpu == "sm_90a" && spec.param("K") % 16 == 0)
-    return {{{"WGMMA", 1}, {"BM", 128}, {"BN", 128}, {"BK", 128}, {"STAGES", 4}, {"THREADS", 256}}, portable};
+  // sm_90a, K a multiple of 16 (16-byte rows, as TMA's strides need): the TMA warp-specialized
+  // persistent kernel (gemm_fp8_sm90_tma.kernel), 128 x 128 tiles, 128-deep slices in a 6-stage
+  // ring (about 200 KiB of shared memory), two partial accumulators (DBUF) so the next slice's
+  // WGMMAs run during a promotion; the portable kernel serves unaligned views. The cp.async WGMMA
+  // kernel (gemm_fp8_sm90.kernel) is a tuning candidate only.
+  if (sm90_tma(spec, target)) return {sm90_tma_config(true), portable};
   if (target.vendor != Vendor::amd) return {portable};
   // gfx942 and gfx950: the MFMA kernel on 2 x 2 waves with the 32x32x16 fp8 MFMAs, which both
   // have (MFMA_K=64, gfx950's 32x32x64 f8f6f4, is written but not chosen: in the CDNA emulator it
@@ -112,12 +133,18 @@ std::vector<uint32_t> GemmFp8Op::base_alignment(const KernelSpec& spec, const Ti
   std::vector<uint32_t> out(tensors(spec).size(), 1);
   // The MFMA kernel's 16-byte loads of A and B rows (when K % 16 == 0 makes the rows aligned).
   if (flag(c, "MFMA") && spec.param("K") % 16 == 0) out[0] = out[1] = 16;
-  if (flag(c, "WGMMA")) out[0] = out[1] = 16;  // cp.async's 16-byte chunks
+  if (flag(c, "WGMMA")) out[0] = out[1] = 16;  // TMA's and cp.async's 16-byte aligned bases
   return out;
 }
 
-uint32_t GemmFp8Op::dynamic_shared_bytes(const KernelSpec&, const TileConfig& c) const {
-  return flag(c, "WGMMA") ? static_cast<uint32_t>(1024 + c.at("STAGES") * (c.at("BM") + c.at("BN")) * c.at("BK")) : 0;
+uint32_t GemmFp8Op::dynamic_shared_bytes(const KernelSpec& spec, const TileConfig& c) const {
+  return flag(c, "WGMMA") ? static_cast<uint32_t>(sm90_shared_bytes(with_defaults(spec), c)) : 0;
+}
+
+std::vector<TileConfig> GemmFp8Op::tuning_candidates(const KernelSpec& spec, const TargetInfo& target) const {
+  if (!sm90_tma(spec, target)) return {choose_config(spec, target)};
+  return {sm90_tma_config(true), sm90_tma_config(false),
+          {{"WGMMA", 1}, {"BM", 128}, {"BN", 128}, {"BK", 128}, {"STAGES", 4}, {"THREADS", 256}}};
 }
 
 std::string_view GemmFp8Op::device_template(const TileConfig& c) const {
@@ -127,7 +154,9 @@ std::string_view GemmFp8Op::device_template(const TileConfig& c) const {
                                   std::string(embedded_file("templates/gemm_fp8/gemm_fp8_mfma.kernel"));
   static const std::string sm90 = std::string(embedded_file("templates/gemm_fp8/gemm_fp8_common.kernel")) + "\n" +
                                   std::string(embedded_file("templates/gemm_fp8/gemm_fp8_sm90.kernel"));
-  return flag(c, "WGMMA") ? sm90 : flag(c, "MFMA") ? mfma : portable;
+  static const std::string sm90_tma = std::string(embedded_file("templates/gemm_fp8/gemm_fp8_common.kernel")) + "\n" +
+                                      std::string(embedded_file("templates/gemm_fp8/gemm_fp8_sm90_tma.kernel"));
+  return flag(c, "TMA") ? sm90_tma : flag(c, "WGMMA") ? sm90 : flag(c, "MFMA") ? mfma : portable;
 }
 
 std::string GemmFp8Op::specialize(const KernelSpec& spec, const TileConfig& c) const {
@@ -146,6 +175,7 @@ std::string GemmFp8Op::specialize(const KernelSpec& spec, const TileConfig& c) c
                        "constexpr int BM = {}, BN = {}, BK = {}, STAGES = {}, THREADS = {};\n",
                        a_e5m2 ? "true" : "false", s.param("b_format") ? "true" : "false", c.at("BM"), c.at("BN"),
                        c.at("BK"), c.at("STAGES"), c.at("THREADS"));
+    if (flag(c, "TMA")) out += fmt::format("constexpr bool DBUF = {};\n", flag(c, "DBUF") ? "true" : "false");
   } else if (flag(c, "MFMA")) {
     const bool a_bf8 = s.dtype == DType::e5m2 || s.dtype == DType::e5m2fnuz;
     out += fmt::format("constexpr bool A_BF8 = {}, B_BF8 = {};\n"
@@ -163,14 +193,29 @@ Plan GemmFp8Op::plan(const KernelSpec& call, const TileConfig& c) const {
   Plan p;
   Launch l;
   l.kernel = "kiln_gemm_fp8";
-  l.geometry.grid.x = static_cast<uint32_t>(ceil_div(call.param("N"), c.at("BN")));
-  l.geometry.grid.y = static_cast<uint32_t>(ceil_div(call.param("M"), c.at("BM")));
+  const int64_t M = call.param("M"), N = call.param("N"), K = call.param("K");
+  // C is the output tensor (after C_in with accumulate: the same buffer, read and written).
+  const uint32_t out = accumulate(with_defaults(call)) ? 5 : 4;
+  if (flag(c, "TMA")) {
+    // Persistent: one block per tile at most; the launch caps it at one block per SM. A and B as
+    // TMA tensor maps (inner extent K bytes; boxes of one 128-byte line x the tile's rows).
+    l.geometry.grid.x = static_cast<uint32_t>(std::min<int64_t>(ceil_div(M, c.at("BM")) * ceil_div(N, c.at("BN")),
+                                                                INT32_MAX));
+    l.geometry.persistent = true;
+    const uint32_t bk = static_cast<uint32_t>(c.at("BK"));
+    l.args = {KernelArg::tensor_map_of({0, static_cast<uint64_t>(K), static_cast<uint64_t>(M), bk,
+                                        static_cast<uint32_t>(c.at("BM"))}),
+              KernelArg::tensor_map_of({1, static_cast<uint64_t>(K), static_cast<uint64_t>(N), bk,
+                                        static_cast<uint32_t>(c.at("BN"))}),
+              KernelArg::tensor(2), KernelArg::tensor(3), KernelArg::tensor(out)};
+  } else {
+    l.geometry.grid.x = static_cast<uint32_t>(ceil_div(N, c.at("BN")));
+    l.geometry.grid.y = static_cast<uint32_t>(ceil_div(M, c.at("BM")));
+    l.args = {KernelArg::tensor(0), KernelArg::tensor(1), KernelArg::tensor(2), KernelArg::tensor(3),
+              KernelArg::tensor(out)};
+  }
   l.geometry.block.x = static_cast<uint32_t>(c.at("THREADS"));
   l.geometry.dynamic_shared_bytes = dynamic_shared_bytes(call, c);
-  // A, B, sa, sb, then C (after C_in with accumulate: the same buffer, read and written).
-  const uint32_t out = accumulate(with_defaults(call)) ? 5 : 4;
-  l.args = {KernelArg::tensor(0), KernelArg::tensor(1), KernelArg::tensor(2), KernelArg::tensor(3),
-            KernelArg::tensor(out)};
   p.launches.push_back(std::move(l));
   return p;
 }

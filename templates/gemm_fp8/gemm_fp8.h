@@ -29,8 +29,10 @@ namespace kiln {
 /// Kernels: gemm_fp8_mfma.kernel on gfx942 (FNUZ) and gfx950 (OCP), both with
 /// v_mfma_f32_32x32x16_{fp8,bf8}_{fp8,bf8} (gfx950's 32x32x64 f8f6f4 form is written, not chosen): fp32 partial sums per 128 of K, promoted into the
 /// accumulators with the block scales (blockwise, block1x128) or scaled once in the epilogue (tensorwise,
-/// rowwise). Elsewhere (sm_90a for now) the portable LDS-tiled gemm_fp8.kernel, which dequantizes
-/// the operands as it stages them.
+/// rowwise). sm_90a with K % 16 == 0: gemm_fp8_sm90_tma.kernel (TMA loads by a producer
+/// warpgroup, fp8 WGMMA m64n128k32, persistent, partial sums promoted every 128 of K as DeepGEMM
+/// does). Elsewhere, and for A or B views not 16-byte aligned, the portable LDS-tiled
+/// gemm_fp8.kernel, which dequantizes the operands as it stages them.
 /// Errors: accumulate with out_dtype other than fp32; M needing more than 65535 row blocks.
 class GemmFp8Op final : public OpTemplate {
  public:
@@ -42,14 +44,16 @@ class GemmFp8Op final : public OpTemplate {
   std::span<const DType> dtypes() const override;
   bool supports_out_dtype(DType in, DType out) const override { return is_fp8(in) && is_float16_or_32(out); }
   std::span<const TensorDecl> signature() const override;
-  /// gfx942, gfx950: the MFMA kernel (MFMA=1), then the portable kernel for unaligned views.
-  /// Elsewhere: the portable kernel.
+  /// gfx942, gfx950: the MFMA kernel (MFMA=1); sm_90a (K % 16 == 0): the TMA kernel (TMA=1);
+  /// then the portable kernel for unaligned views. Elsewhere: the portable kernel.
   std::vector<TileConfig> variants(const KernelSpec& spec, const TargetInfo& target) const override;
   std::string_view device_template(const TileConfig& config) const override;
   std::string specialize(const KernelSpec& spec, const TileConfig& config) const override;
   std::string_view kernel_name(const TileConfig&) const override { return "kiln_gemm_fp8"; }
   Plan plan(const KernelSpec& call, const TileConfig& config) const override;
   uint32_t dynamic_shared_bytes(const KernelSpec& spec, const TileConfig& config) const override;
+  /// sm_90a with K % 16 == 0: the TMA kernel with and without DBUF, and the cp.async WGMMA kernel.
+  std::vector<TileConfig> tuning_candidates(const KernelSpec& spec, const TargetInfo& target) const override;
   /// The MFMA kernel needs A and B 16-byte aligned where K % 16 == 0 (16-byte loads); the portable
   /// kernel, its fallback, needs nothing.
   std::vector<uint32_t> base_alignment(const KernelSpec& spec, const TileConfig& config) const override;

@@ -26,7 +26,7 @@ constexpr std::array kParts = {
     LibraryPart{"pack", true, true, "Pack<T, N>: N elements per load or store (16-byte vectors); opaque()"},
     LibraryPart{"reduce", true, true, "lane-group, wavefront and block sum/max reductions"},
     LibraryPart{"rope", true, true, "rotary position embedding of one token's q and k heads: sin/cos, rotate-half and interleaved pairs"},
-    LibraryPart{"sm90", false, true, "sm_90a basics: shared addresses, proxy fence, named barriers, setmaxnreg, cp.async"},
+    LibraryPart{"sm90", false, true, "sm_90a basics: shared addresses, proxy fence, named barriers, setmaxnreg, cp.async, grouped tile order"},
     LibraryPart{"softmax", true, true, "online softmax: running max and sum, rescale, merge, logsumexp"},
     LibraryPart{"tma", false, true, "sm_90a TMA: tensor-map tile loads on mbarriers, tile stores, bulk groups"},
     LibraryPart{"wgmma", false, true, "sm_90a WGMMA m64nNk16 (bf16/fp16, fp32 accumulators), descriptors, 128-byte swizzle"},

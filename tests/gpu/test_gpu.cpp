@@ -23,7 +23,7 @@ using testing::gemm_spec;
 using testing::rmsnorm_spec;
 using testing::swiglu_spec;
 
-std::vector<KernelSpec> gpu_specs() {
+std::vector<KernelSpec> all_gpu_specs() {
   std::vector<KernelSpec> s;
   const struct {
     int64_t M, N, K;
@@ -78,8 +78,37 @@ std::vector<KernelSpec> gpu_specs() {
     }
     for (int64_t I : {14336, 18944}) s.push_back(swiglu_spec(513, I, dt));
   }
+  // gemm_fp8's TMA kernel (K % 16 == 0): more tiles than SMs (persistent blocks loop over tiles
+  // and the producer runs ahead across them), many K slices, K not a multiple of 128, boxes larger
+  // than the matrix, every granularity and the hybrid formats.
+  const struct {
+    int64_t M, N, K, gran;
+    DType a, out;
+    int64_t b_format, accumulate;
+  } fp8_shapes[] = {{8, 8, 16, 0, DType::e4m3, DType::bf16, 0, 0},
+                    {1000, 2056, 4104, 2, DType::e4m3, DType::bf16, 0, 0},
+                    {3000, 5000, 272, 3, DType::e5m2, DType::f32, 0, 1},
+                    {4097, 136, 1024, 1, DType::e4m3, DType::f16, 1, 0},
+                    {2048, 4096, 2048, 0, DType::e5m2, DType::bf16, 0, 0}};
+  for (const auto& f : fp8_shapes)
+    s.push_back({"gemm_fp8", f.a, f.out,
+                 {{"M", f.M}, {"N", f.N}, {"K", f.K}, {"granularity", f.gran}, {"b_format", f.b_format},
+                  {"accumulate", f.accumulate}}});
   s.push_back(rmsnorm_spec(8191, 4096));
   return s;
+}
+
+// KILN_GPU_TEST_OPS=op1,op2 keeps only those ops' specs (a quick check of one op on the GPU
+// machine); unset: every spec.
+std::vector<KernelSpec> gpu_specs() {
+  std::vector<KernelSpec> all = all_gpu_specs();
+  const char* ops = std::getenv("KILN_GPU_TEST_OPS");
+  if (!ops || !*ops) return all;
+  const std::string list = std::string(",") + ops + ",";
+  std::vector<KernelSpec> kept;
+  for (KernelSpec& spec : all)
+    if (list.find("," + spec.op + ",") != std::string::npos) kept.push_back(std::move(spec));
+  return kept;
 }
 
 const char* clang_cache() { return std::getenv("KILN_GPU_CLANG_CACHE"); }
