@@ -112,10 +112,12 @@ std::vector<TileConfig> GemmFp8Op::variants(const KernelSpec& spec, const Target
   const TileConfig portable = {{"BM", bm}, {"BN", bm}, {"BK", 16}, {"TM", t}, {"TN", t}, {"THREADS", (bm / t) * (bm / t)}};
   // sm_90a, K a multiple of 16 (16-byte rows, as TMA's strides need): the TMA warp-specialized
   // persistent kernel (gemm_fp8_sm90_tma.kernel), 128 x 128 tiles, 128-deep slices in a 6-stage
-  // ring (about 200 KiB of shared memory), two partial accumulators (DBUF) so the next slice's
-  // WGMMAs run during a promotion; the portable kernel serves unaligned views. The cp.async WGMMA
-  // kernel (gemm_fp8_sm90.kernel) is a tuning candidate only.
-  if (sm90_tma(spec, target)) return {sm90_tma_config(true), portable};
+  // ring (about 200 KiB of shared memory); the portable kernel serves unaligned views. Tuning
+  // candidates: DBUF (two partial accumulators, the next slice's WGMMAs issued before a
+  // promotion) and the cp.async WGMMA kernel (gemm_fp8_sm90.kernel). On the H100 (2026-11-26,
+  // bench_gemm_fp8 --only square --tune) DBUF was 2-6% slower at 8192^3 and the cp.async kernel
+  // 20-45% slower, so neither is the default.
+  if (sm90_tma(spec, target)) return {sm90_tma_config(false), portable};
   if (target.vendor != Vendor::amd) return {portable};
   // gfx942 and gfx950: the MFMA kernel on 2 x 2 waves with the 32x32x16 fp8 MFMAs, which both
   // have (MFMA_K=64, gfx950's 32x32x64 f8f6f4, is written but not chosen: in the CDNA emulator it
@@ -143,7 +145,7 @@ uint32_t GemmFp8Op::dynamic_shared_bytes(const KernelSpec& spec, const TileConfi
 
 std::vector<TileConfig> GemmFp8Op::tuning_candidates(const KernelSpec& spec, const TargetInfo& target) const {
   if (!sm90_tma(spec, target)) return {choose_config(spec, target)};
-  return {sm90_tma_config(true), sm90_tma_config(false),
+  return {sm90_tma_config(false), sm90_tma_config(true),
           {{"WGMMA", 1}, {"BM", 128}, {"BN", 128}, {"BK", 128}, {"STAGES", 4}, {"THREADS", 256}}};
 }
 
