@@ -3,7 +3,7 @@
 // in the BENCHMARKS.md GEMM format; bench/grouped_gemm_peers.py times torch._grouped_mm on the
 // same group sizes (CSV.groups.json) in the same job and prints the ratios.
 //
-//   build/bench/bench_grouped_gemm OUT.csv [--quick]   # GPU; --list prints the cases
+//   build/bench/bench_grouped_gemm OUT.csv [--quick] [--tune]   # GPU; --list prints the cases
 //
 // Cases (bf16 in and out, fp32 accumulation; weights [G, N, K]):
 //   Mixtral-8x7B gate_up / down, G 8, 16384 tokens; DeepSeek-V3 gate_up / down, G 32 local
@@ -130,10 +130,21 @@ struct Row {
 constexpr int64_t kSaltA = 0, kSaltW = 499979;
 constexpr size_t kFlushBytes = size_t{256} << 20;
 
-Result<Row> run_case(kiln::Runtime& rt, const Case& c, const Table& table, DeviceBuffer& flush) {
+Result<Row> run_case(kiln::Runtime& rt, const Case& c, const Table& table, DeviceBuffer& flush, bool tune) {
   kiln::Device& dev = *rt.device();
   const kiln::KernelSpec spec{"grouped_gemm", kiln::DType::bf16, kiln::DType::bf16,
                               {{"mode", 0}, {"groups", c.groups}, {"N", c.N}, {"K", c.K}, {"tokens", c.tokens}}};
+  if (tune) {  // every tuning candidate, timed by Runtime::tune on the op's own random group sizes
+    kiln::TuneOptions opt;
+    opt.force = true;
+    KILN_ASSIGN_OR_RETURN(kiln::TuneReport rep, rt.tune(spec, opt));
+    for (size_t i = 0; i < rep.candidates.size(); ++i) {
+      std::string cfg;
+      for (const auto& [k, v] : rep.candidates[i].config) cfg += fmt::format("{}{}={}", cfg.empty() ? "" : " ", k, v);
+      std::fprintf(stderr, "  tune %s: %s  %.4f ms%s\n", c.label.c_str(), cfg.c_str(), rep.candidates[i].median_ms,
+                   i == rep.winner ? "  <- winner" : "");
+    }
+  }
   KILN_ASSIGN_OR_RETURN(auto kernel, rt.kernel(spec));
   DeviceBuffer a, w, off, out;
   KILN_TRY(a.allocate(dev, static_cast<size_t>(c.tokens * c.K) * 2));
@@ -191,10 +202,11 @@ Result<Row> run_case(kiln::Runtime& rt, const Case& c, const Table& table, Devic
 int main(int argc, char** argv) {
   CLI::App app{"Kiln grouped_gemm (MoE forward) on the BENCHMARKS.md grouped-GEMM cases"};
   std::string csv;
-  bool quick = false, list = false;
+  bool quick = false, list = false, tune = false;
   app.add_option("csv", csv, "Output CSV (group sizes in CSV.groups.json)");
   app.add_flag("--quick", quick, "The DeepSeek-V3 cases only");
   app.add_flag("--list", list, "Print the cases and exit");
+  app.add_flag("--tune", tune, "Time every tuning candidate first (Runtime::tune) and print them");
   CLI11_PARSE(app, argc, argv);
   const std::vector<Case> all = cases(quick);
   if (list) {
@@ -236,7 +248,7 @@ int main(int argc, char** argv) {
     groups << (i ? ",\n" : "\n") << "\"" << c.label << "\": [";
     for (size_t g = 0; g < c.sizes.size(); ++g) groups << (g ? ", " : "") << c.sizes[g];
     groups << "]";
-    auto r = run_case(runtime, c, table, flush);
+    auto r = run_case(runtime, c, table, flush, tune);
     if (!r) {
       std::fprintf(stderr, "%s: %s\n", c.label.c_str(), r.error().message.c_str());
       ++failed;

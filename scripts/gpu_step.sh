@@ -56,7 +56,7 @@ for step in "$@"; do
       python3 bench/membound_peers.py "$OUT/membound_new.csv" "$OUT/membound_peers" > "$OUT/membound_peers.log" 2>&1
       tail -25 "$OUT/membound_peers.log" ;;
     grouped)  # grouped_gemm (MoE forward) against torch._grouped_mm, same group sizes, same job
-      $B/bench/bench_grouped_gemm "$OUT/grouped.csv" ${GROUPED_QUICK:+--quick} > "$OUT/bench_grouped.log" 2>&1
+      $B/bench/bench_grouped_gemm "$OUT/grouped.csv" ${GROUPED_QUICK:+--quick} ${GROUPED_TUNE:+--tune} > "$OUT/bench_grouped.log" 2>&1
       tail -12 "$OUT/bench_grouped.log"
       python3 bench/grouped_gemm_peers.py "$OUT/grouped.csv" > "$OUT/grouped_peers.log" 2>&1
       tail -12 "$OUT/grouped_peers.log" ;;

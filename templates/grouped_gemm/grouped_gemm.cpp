@@ -55,22 +55,44 @@ std::span<const TensorDecl> GroupedGemmOp::signature() const { return kSignature
 //    64 x 64 (2 x 2 blocks of 32 x 32 MFMA), 32-deep k-tiles in two LDS stages (40 KiB), the
 //    structure of the bf16 GEMM's MFMA kernel with bounds from the group's rows; 16-byte aligned a
 //    and b (the portable kernel serves other bases).
-//  - Hopper (grouped_gemm_sm90.kernel, sm_90a, N and K multiples of 8): WGMMA on 128 x 128 tiles,
-//    64-deep slices in a 4-stage cp.async pipeline (129 KiB of shared memory), the structure of
-//    the bf16 GEMM's cp.async kernel; 16-byte aligned a, b and c.
+//  - Hopper, nt and nn (grouped_gemm_sm90_tma.kernel, sm_90a, N and K multiples of 8, nn also
+//    K % 64 == 0, at most 1024 groups): TMA loads by a producer warpgroup, two consumer
+//    warpgroups of WGMMA, a persistent scheduler over every group's tiles; 128 x 256 tiles in 4
+//    stages (128 x 128 in 6 where N < 256); 16-byte aligned a and b.
+//  - Hopper, tn and what the TMA kernel refuses (grouped_gemm_sm90.kernel, N and K multiples of
+//    8): WGMMA on 128 x 128 tiles, 64-deep slices in a 4-stage cp.async pipeline (129 KiB of
+//    shared memory), the structure of the bf16 GEMM's cp.async kernel; 16-byte aligned a, b and c.
 //  - portable (grouped_gemm.kernel, every target; the fallback on sm_90a): 64 x 64 tiles of c,
 //    16-deep slices through LDS in fp32, 4 x 4 outputs per thread (256 threads).
 namespace {
 bool wgmma(const TileConfig& c) { return c.count("WGMMA") && c.at("WGMMA") != 0; }
+bool tma(const TileConfig& c) { return c.count("TMA") && c.at("TMA") != 0; }
+constexpr int64_t kTmaMaxGroups = 1024;  // the offsets and row-tile prefix live in shared memory
 bool mfma(const TileConfig& c) { return c.count("MFMA") && c.at("MFMA") != 0; }
-int64_t sm90_shared_bytes(const TileConfig& c) { return 1024 + c.at("STAGES") * (c.at("BM") + c.at("BN")) * c.at("BK") * 2; }
+int64_t sm90_shared_bytes(const KernelSpec& s, const TileConfig& c) {
+  const int64_t stages = c.at("STAGES") * (c.at("BM") + c.at("BN")) * c.at("BK") * 2;
+  if (!tma(c)) return 1024 + stages;
+  return 1024 + stages + 16 * c.at("STAGES") + 8 * (s.param("groups") + 1);  // + mbarriers, offsets, prefix
+}
+// The TMA kernel: sm_90a, m-grouped, 16-byte row strides, nn slices inside a group's b, 32-bit
+// TMA coordinates (rows of b as [G N, K] or [G K, N]).
+bool tma_applies(const KernelSpec& s, const TargetInfo& target) {
+  const int64_t G = s.param("groups"), N = s.param("N"), K = s.param("K"), mode = s.param("mode");
+  return target.vendor == Vendor::nvidia && target.cpu == "sm_90a" && mode != kTn && N % 8 == 0 && K % 8 == 0 &&
+         (mode == kNt || K % 64 == 0) && G <= kTmaMaxGroups && G * (mode == kNt ? N : K) <= kInt32Max;
+}
+TileConfig tma_config(int64_t bn) {
+  return {{"WGMMA", 1}, {"TMA", 1}, {"BM", 128}, {"BN", bn}, {"BK", 64}, {"STAGES", bn == 256 ? 4 : 6}, {"THREADS", 384}};
+}
+const TileConfig kCpAsync = {{"WGMMA", 1}, {"BM", 128}, {"BN", 128}, {"BK", 64}, {"STAGES", 4}, {"THREADS", 256}};
 }  // namespace
 
 std::vector<TileConfig> GroupedGemmOp::variants(const KernelSpec& spec, const TargetInfo& target) const {
   TileConfig portable = {{"BM", 64}, {"BN", 64}, {"BK", 16}, {"TM", 4}, {"TN", 4}, {"THREADS", 256}};
+  if (tma_applies(spec, target)) return {tma_config(spec.param("N") >= 256 ? 256 : 128), portable};
   if (target.vendor == Vendor::nvidia && target.cpu == "sm_90a" && spec.param("N") % 8 == 0 &&
       spec.param("K") % 8 == 0)
-    return {{{"WGMMA", 1}, {"BM", 128}, {"BN", 128}, {"BK", 64}, {"STAGES", 4}, {"THREADS", 256}}, portable};
+    return {kCpAsync, portable};
   if (target.vendor == Vendor::amd && (target.name == "gfx942" || target.name == "gfx950"))
     return {{{"MFMA", 1},
              {"BM", 128},
@@ -87,16 +109,24 @@ std::vector<TileConfig> GroupedGemmOp::variants(const KernelSpec& spec, const Ta
 std::vector<uint32_t> GroupedGemmOp::base_alignment(const KernelSpec& spec, const TileConfig& c) const {
   std::vector<uint32_t> out(tensors(spec).size(), 1);
   if (wgmma(c)) out = {16, 16, 1, 16};  // a, b, offsets, c: 16-byte rows through cp.async
+  if (tma(c)) out = {16, 16, 1, 4};     // a, b: TMA; c: stores of two neighbouring outputs
   if (mfma(c)) out = {16, 16, 1, 1};    // a, b: 16-byte loads
   return out;
 }
 
-uint32_t GroupedGemmOp::dynamic_shared_bytes(const KernelSpec&, const TileConfig& c) const {
-  return wgmma(c) ? static_cast<uint32_t>(sm90_shared_bytes(c)) : 0;
+uint32_t GroupedGemmOp::dynamic_shared_bytes(const KernelSpec& spec, const TileConfig& c) const {
+  return wgmma(c) ? static_cast<uint32_t>(sm90_shared_bytes(spec, c)) : 0;
+}
+
+std::vector<TileConfig> GroupedGemmOp::tuning_candidates(const KernelSpec& spec, const TargetInfo& target) const {
+  if (!tma_applies(spec, target)) return {choose_config(spec, target)};
+  const TileConfig first = choose_config(spec, target);
+  return {first, tma_config(first.at("BN") == 256 ? 128 : 256), kCpAsync};
 }
 
 std::string_view GroupedGemmOp::device_template(const TileConfig& c) const {
-  return embedded_file(wgmma(c)  ? "templates/grouped_gemm/grouped_gemm_sm90.kernel"
+  return embedded_file(tma(c)    ? "templates/grouped_gemm/grouped_gemm_sm90_tma.kernel"
+                       : wgmma(c) ? "templates/grouped_gemm/grouped_gemm_sm90.kernel"
                        : mfma(c) ? "templates/grouped_gemm/grouped_gemm_mfma.kernel"
                                  : "templates/grouped_gemm/grouped_gemm.kernel");
 }
@@ -141,7 +171,25 @@ Plan GroupedGemmOp::plan(const KernelSpec& call, const TileConfig& c) const {
     g.grid.x = static_cast<uint32_t>(ceil_div(tokens, c.at("BM")) + G - 1);
     g.grid.y = static_cast<uint32_t>(ceil_div(call.param("N"), c.at("BN")));
   }
-  if (wgmma(c)) g.dynamic_shared_bytes = static_cast<uint32_t>(sm90_shared_bytes(c));
+  if (wgmma(c)) g.dynamic_shared_bytes = static_cast<uint32_t>(sm90_shared_bytes(call, c));
+  if (tma(c)) {
+    // Persistent: grid.x bounds the tiles of every group (the launch caps it at one block per
+    // SM); a and b as TMA tensor maps (b as [G N, K] for nt, [G K, N] for nn).
+    const uint64_t N = call.param("N"), K = call.param("K"), G = call.param("groups");
+    const uint32_t bn = static_cast<uint32_t>(c.at("BN"));
+    g.grid.x = static_cast<uint32_t>(std::min<int64_t>(static_cast<int64_t>(g.grid.x) * g.grid.y, kInt32Max));
+    g.grid.y = 1;
+    g.persistent = true;
+    Launch l;
+    l.kernel = "kiln_grouped_gemm";
+    l.geometry = g;
+    l.args = {KernelArg::tensor_map_of({0, K, static_cast<uint64_t>(tokens), 64, 128}),
+              KernelArg::tensor_map_of(call.param("mode") == kNt ? TensorMapInfo{1, K, G * N, 64, bn}
+                                                                 : TensorMapInfo{1, N, G * K, 64, 64}),
+              KernelArg::tensor(2), KernelArg::tensor(3), KernelArg::i32(tokens)};
+    p.launches.push_back(std::move(l));
+    return p;
+  }
   Launch l = single_launch(call, c, g);
   l.args.push_back(KernelArg::i32(tokens));
   p.launches.push_back(std::move(l));
@@ -227,6 +275,7 @@ std::vector<TestSpec> GroupedGemmOp::test_specs(const TargetInfo&) const {
   add(DType::bf16, DType::bf16, kNt, 8, 0, 32, 32, "no tokens: a no-op");
   add(DType::bf16, DType::f32, kTn, 3, 0, 16, 24, "tn with no tokens: every c[g] is zero");
   add(DType::bf16, DType::bf16, kNt, 16, 700, 256, 128, "GPU size: 16 experts");
+  add(DType::bf16, DType::bf16, kNn, 5, 300, 136, 128, "nn dgrad, K a multiple of 64 (the TMA kernel on sm_90a)");
   return out;
 }
 

@@ -36,6 +36,9 @@ class GroupedGemmOp final : public OpTemplate {
   Plan plan(const KernelSpec& call, const TileConfig& config) const override;
   std::vector<uint32_t> base_alignment(const KernelSpec& spec, const TileConfig& config) const override;
   uint32_t dynamic_shared_bytes(const KernelSpec& spec, const TileConfig& config) const override;
+  /// sm_90a, m-grouped, where the TMA kernel applies: its 128 x 256 and 128 x 128 tiles and the
+  /// cp.async kernel.
+  std::vector<TileConfig> tuning_candidates(const KernelSpec& spec, const TargetInfo& target) const override;
   void init_inputs(const KernelSpec& spec, std::span<const TensorInfo> inputs, std::vector<std::vector<float>>& values,
                    std::mt19937_64& rng) const override;
   void reference(const KernelSpec& spec, const Scalars& scalars, std::span<const std::vector<float>> inputs,

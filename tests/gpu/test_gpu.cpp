@@ -90,6 +90,18 @@ std::vector<KernelSpec> all_gpu_specs() {
                     {3000, 5000, 272, 3, DType::e5m2, DType::f32, 0, 1},
                     {4097, 136, 1024, 1, DType::e4m3, DType::f16, 1, 0},
                     {2048, 4096, 2048, 0, DType::e5m2, DType::bf16, 0, 0}};
+  // grouped_gemm's TMA kernel (nt, and nn with K % 64 == 0): more tiles than SMs over many
+  // uneven groups (some empty: the op's init_inputs), N not a multiple of the tile, K tails.
+  const struct {
+    int64_t mode, G, tokens, N, K;
+    DType in, out;
+  } grouped_shapes[] = {{0, 32, 6000, 1000, 520, DType::bf16, DType::bf16},
+                        {1, 8, 4000, 776, 1024, DType::bf16, DType::bf16},
+                        {0, 64, 3000, 264, 64, DType::f16, DType::f32},
+                        {0, 3, 5000, 4096, 136, DType::bf16, DType::bf16}};
+  for (const auto& g : grouped_shapes)
+    s.push_back({"grouped_gemm", g.in, g.out,
+                 {{"mode", g.mode}, {"groups", g.G}, {"tokens", g.tokens}, {"N", g.N}, {"K", g.K}}});
   for (const auto& f : fp8_shapes)
     s.push_back({"gemm_fp8", f.a, f.out,
                  {{"M", f.M}, {"N", f.N}, {"K", f.K}, {"granularity", f.gran}, {"b_format", f.b_format},
