@@ -52,10 +52,11 @@ bool has_wgmma(const KernelSpec& spec, const TargetInfo& t) {
   return t.vendor == Vendor::nvidia && t.cpu == "sm_90a" && ah::dim_v(spec) == d && (d == 64 || d == 128);
 }
 // Dynamic shared memory of the Hopper kernels: 1 KiB of alignment slack, two resident tiles of
-// 128 rows, STAGES pairs of streamed tiles of 64 rows, the mbarriers.
+// 128 rows, STAGES pairs of streamed tiles of 64 rows, the mbarriers, and per stage the streamed
+// queries' lse and D (2 x 64 fp32).
 int64_t sm90_shared_bytes(const KernelSpec& spec, const TileConfig& c) {
   const int64_t d = spec.param("head_dim"), stages = c.at("STAGES");
-  return 1024 + 2 * 128 * d * 2 + 2 * stages * 64 * d * 2 + 8 * (1 + 3 * stages);
+  return 1024 + 2 * 128 * d * 2 + 2 * stages * 64 * d * 2 + 8 * (1 + 3 * stages) + stages * 2 * 64 * 4;
 }
 }  // namespace
 
