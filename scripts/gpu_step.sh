@@ -2,9 +2,9 @@
 # The training step (issue 16) and the new ops on the GPU machine, in steps that fit the device
 # tool's 10-minute calls (the build directory stays on a warm machine between calls):
 #   scripts/gpu_step.sh build check time     # then, in the next call:
+#   scripts/gpu_step.sh moe                  # examples/moe_block checked and timed against PyTorch
 #   scripts/gpu_step.sh attention tests
 #   scripts/gpu_step.sh grouped              # bench_grouped_gemm + torch._grouped_mm (GROUPED_QUICK=1: DeepSeek-V3 only)
-#   scripts/gpu_step.sh moe                  # examples/moe_block checked and timed against PyTorch
 # check: examples/llama_step at --seq $CHECK_SEQ (2048) dumps weights and gradients, and
 #        scripts/llama_step_torch.py compares them with PyTorch in fp32 (loss 1e-3, gradients 30 dB);
 # time:  the step at the model's sequence length (micro-batch $MB, default 1) with its per-op
@@ -49,24 +49,6 @@ for step in "$@"; do
       python3 scripts/llama_step_torch.py time --model-dims /tmp/step-dump/index.json --seq "$seq" \
         --micro-batch "$MB" --kiln-ms "${ms:-0}" > "$OUT/step_time_torch_mb$MB.log" 2>&1
       tail -6 "$OUT/step_time_torch_mb$MB.log" ;;
-    attention)
-      $B/bench/bench_attention "$OUT/attention.csv" --quick > "$OUT/bench_attention.log" 2>&1; tail -25 "$OUT/bench_attention.log"
-      python3 bench/attention_peers.py "$OUT/attention.csv" "$OUT/attention_peers" > "$OUT/attention_peers.log" 2>&1
-      tail -30 "$OUT/attention_peers.log" ;;
-    tests)
-      # every op's test specs with NVRTC (Compilers/Gpu.*/0), the determinism test of embedding_bwd
-      $B/tests/test_gpu --gtest_filter='Compilers/Gpu.*/0:GpuEmbedding*' > "$OUT/test_gpu.log" 2>&1
-      grep -E "specs pass|^\[  (PASSED|FAILED)|FAILED  \]|FAIL " "$OUT/test_gpu.log" | head -40 ;;
-    membound)  # the rows of the new memory-bound ops, with their PyTorch peers
-      $B/bench/bench_membound "$OUT/membound_new.csv" --quick --only cross_entropy,rope,embedding,rmsnorm_bwd_dres \
-        > "$OUT/membound_new.log" 2>&1; tail -15 "$OUT/membound_new.log"
-      python3 bench/membound_peers.py "$OUT/membound_new.csv" "$OUT/membound_peers" > "$OUT/membound_peers.log" 2>&1
-      tail -25 "$OUT/membound_peers.log" ;;
-    grouped)  # grouped_gemm (MoE forward) against torch._grouped_mm, same group sizes, same job
-      $B/bench/bench_grouped_gemm "$OUT/grouped.csv" ${GROUPED_QUICK:+--quick} > "$OUT/bench_grouped.log" 2>&1
-      tail -12 "$OUT/bench_grouped.log"
-      python3 bench/grouped_gemm_peers.py "$OUT/grouped.csv" > "$OUT/grouped_peers.log" 2>&1
-      tail -12 "$OUT/grouped_peers.log" ;;
     moe)  # one MoE block through Kiln alone: checked against PyTorch fp32, then timed against PyTorch
       rm -rf /tmp/moe-dump
       # shellcheck disable=SC2086 # MOE_CHECK_ARGS is a list of options
@@ -89,6 +71,24 @@ PY
       python3 scripts/moe_block_torch.py time --model-dims /tmp/moe-time-dims.json --tokens "$MOE_TOKENS" \
         --kiln-ms "${ms:-0}" > "$OUT/moe_time_torch.log" 2>&1
       tail -6 "$OUT/moe_time_torch.log" ;;
+    attention)
+      $B/bench/bench_attention "$OUT/attention.csv" --quick > "$OUT/bench_attention.log" 2>&1; tail -25 "$OUT/bench_attention.log"
+      python3 bench/attention_peers.py "$OUT/attention.csv" "$OUT/attention_peers" > "$OUT/attention_peers.log" 2>&1
+      tail -30 "$OUT/attention_peers.log" ;;
+    tests)
+      # every op's test specs with NVRTC (Compilers/Gpu.*/0), the determinism test of embedding_bwd
+      $B/tests/test_gpu --gtest_filter='Compilers/Gpu.*/0:GpuEmbedding*' > "$OUT/test_gpu.log" 2>&1
+      grep -E "specs pass|^\[  (PASSED|FAILED)|FAILED  \]|FAIL " "$OUT/test_gpu.log" | head -40 ;;
+    membound)  # the rows of the new memory-bound ops, with their PyTorch peers
+      $B/bench/bench_membound "$OUT/membound_new.csv" --quick --only cross_entropy,rope,embedding,rmsnorm_bwd_dres \
+        > "$OUT/membound_new.log" 2>&1; tail -15 "$OUT/membound_new.log"
+      python3 bench/membound_peers.py "$OUT/membound_new.csv" "$OUT/membound_peers" > "$OUT/membound_peers.log" 2>&1
+      tail -25 "$OUT/membound_peers.log" ;;
+    grouped)  # grouped_gemm (MoE forward) against torch._grouped_mm, same group sizes, same job
+      $B/bench/bench_grouped_gemm "$OUT/grouped.csv" ${GROUPED_QUICK:+--quick} > "$OUT/bench_grouped.log" 2>&1
+      tail -12 "$OUT/bench_grouped.log"
+      python3 bench/grouped_gemm_peers.py "$OUT/grouped.csv" > "$OUT/grouped_peers.log" 2>&1
+      tail -12 "$OUT/grouped_peers.log" ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
   echo "== $step: $(( $(date +%s) - t0 )) s"
