@@ -32,6 +32,8 @@
 #include <kiln/kiln.h>
 
 #include <CLI/CLI.hpp>
+
+#include "example_graph.h"
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -56,6 +58,11 @@ namespace {
 using kiln::DType;
 using kiln::KernelSpec;
 using kiln::Result;
+using kiln_example::Buf;
+using kiln_example::columns;
+using kiln_example::Graph;
+using kiln_example::View;
+using kiln_example::whole;
 
 struct Dims {
   std::string name;
@@ -94,155 +101,6 @@ Result<Dims> load_dims(const std::string& path, const std::string& model) {
   if (m.contains("rope_scaling") && m["rope_scaling"].is_string()) d.llama3_scaling = m["rope_scaling"] == "llama3";
   return d;
 }
-
-// ---- tensors: host vectors (the reference graph) or device buffers ---------------------------
-struct Buf {
-  std::string name;
-  DType dt = DType::bf16;
-  int64_t rows = 0, cols = 0;
-  void* dev = nullptr;        // device mode
-  std::vector<float> host;    // host mode (values rounded to dt, as the device stores them)
-  int64_t elems() const { return rows * cols; }
-  size_t bytes() const { return static_cast<size_t>(elems()) * kiln::dtype_size(dt); }
-};
-
-// A 2-D view of a buffer: `cols` elements of each of `rows` rows, rows `stride` elements apart,
-// starting `offset` elements in. A whole buffer is the view {b, 0, rows, cols, cols}.
-struct View {
-  Buf* b = nullptr;
-  int64_t offset = 0, rows = 0, cols = 0, stride = 0;
-};
-View whole(Buf& b) { return {&b, 0, b.rows, b.cols, b.cols}; }
-View columns(Buf& b, int64_t first, int64_t count) { return {&b, first, b.rows, count, b.cols}; }
-
-class Graph {
- public:
-  Graph(kiln::Runtime* rt, bool on_device, bool breakdown) : rt_(rt), dev_(on_device), breakdown_(breakdown) {}
-  bool on_device() const { return dev_; }
-
-  Result<Buf*> make(std::string name, DType dt, int64_t rows, int64_t cols) {
-    auto b = std::make_unique<Buf>();
-    b->name = std::move(name);
-    b->dt = dt;
-    b->rows = rows;
-    b->cols = cols;
-    if (dev_) {
-      KILN_ASSIGN_OR_RETURN(b->dev, rt_->device()->malloc(std::max<size_t>(b->bytes(), 256)));
-      KILN_TRY(rt_->device()->memset(b->dev, 0xff, b->bytes()));  // NaN poison: an unwritten element shows
-    } else {
-      b->host.assign(static_cast<size_t>(b->elems()), std::nanf(""));
-    }
-    bufs_.push_back(std::move(b));
-    return bufs_.back().get();
-  }
-  ~Graph() {
-    for (auto& b : bufs_)
-      if (b->dev) (void)rt_->device()->free(b->dev);
-  }
-
-  // Sets a buffer from float values (rounded to its dtype).
-  Result<void> upload(Buf& b, const std::vector<float>& v) {
-    if (!dev_) {
-      b.host.resize(v.size());
-      for (size_t i = 0; i < v.size(); ++i) b.host[i] = kiln::round_to_dtype(v[i], b.dt);
-      return kiln::ok();
-    }
-    std::vector<uint8_t> raw(b.bytes());
-    for (size_t i = 0; i < v.size(); ++i) store(raw.data(), b.dt, i, v[i]);
-    return rt_->device()->copy_to_device(b.dev, raw.data(), raw.size());
-  }
-  Result<std::vector<float>> download(const Buf& b) {
-    if (!dev_) return b.host;
-    std::vector<uint8_t> raw(b.bytes());
-    KILN_TRY(rt_->device()->copy_to_host(raw.data(), b.dev, raw.size()));
-    std::vector<float> out(static_cast<size_t>(b.elems()));
-    for (size_t i = 0; i < out.size(); ++i) out[i] = load(raw.data(), b.dt, i);
-    return out;
-  }
-
-  // One op call: inputs and outputs in the op's tensor order (`kiln ops`). An output may be the
-  // same view as an input (in-place ops). `label` names the call in the breakdown.
-  Result<void> run(const std::string& label, const KernelSpec& spec, const std::vector<View>& ins,
-                   const std::vector<View>& outs, const std::map<std::string, float>& scalars = {}) {
-    if (dev_) {
-      std::vector<void*> ptrs;
-      for (const View* v : all(ins, outs))
-        ptrs.push_back(static_cast<char*>(v->b->dev) + v->offset * static_cast<int64_t>(kiln::dtype_size(v->b->dt)));
-      auto launch = [&]() -> Result<void> { return rt_->launch(spec, ptrs, scalars, stream_); };
-      if (!breakdown_) return launch();
-      KILN_ASSIGN_OR_RETURN(float ms, rt_->device()->time_ms(stream_, launch));
-      auto& t = times_[label];
-      t.first += ms;
-      t.second += 1;
-      return kiln::ok();
-    }
-    // Host: the op's float64 reference on contiguous copies of the views.
-    std::vector<std::vector<float>> inputs;
-    for (const View& v : ins) inputs.push_back(gather(v));
-    KILN_ASSIGN_OR_RETURN(auto refs, kiln::reference(host_spec(spec), scalars, inputs));
-    if (refs.size() != outs.size())
-      return kiln::make_error(kiln::Errc::invalid_argument, fmt::format("{}: the reference gave {} outputs, the graph expects {}",
-                                                                label, refs.size(), outs.size()));
-    for (size_t i = 0; i < outs.size(); ++i) scatter(outs[i], refs[i].values);
-    return kiln::ok();
-  }
-
-  const std::map<std::string, std::pair<double, int>>& times() const { return times_; }
-  void clear_times() { times_.clear(); }
-  void set_breakdown(bool on) { breakdown_ = on; }
-
- private:
-  static std::vector<const View*> all(const std::vector<View>& a, const std::vector<View>& b) {
-    std::vector<const View*> out;
-    for (const View& v : a) out.push_back(&v);
-    for (const View& v : b) out.push_back(&v);
-    return out;
-  }
-  // The host reference reads contiguous tensors: row strides of views are dropped from the spec.
-  static KernelSpec host_spec(KernelSpec s) {
-    for (const char* p : {"q_row_stride", "k_row_stride", "v_row_stride"}) s.params.erase(p);
-    return s;
-  }
-  static std::vector<float> gather(const View& v) {
-    std::vector<float> out;
-    out.reserve(static_cast<size_t>(v.rows * v.cols));
-    for (int64_t r = 0; r < v.rows; ++r)
-      for (int64_t c = 0; c < v.cols; ++c) out.push_back(v.b->host[static_cast<size_t>(v.offset + r * v.stride + c)]);
-    return out;
-  }
-  static void scatter(const View& v, const std::vector<double>& values) {
-    for (int64_t r = 0; r < v.rows; ++r)
-      for (int64_t c = 0; c < v.cols; ++c) {
-        const size_t i = static_cast<size_t>(r * v.cols + c);
-        const double x = i < values.size() ? values[i] : std::nan("");
-        v.b->host[static_cast<size_t>(v.offset + r * v.stride + c)] = kiln::round_to_dtype(static_cast<float>(x), v.b->dt);
-      }
-  }
-  static void store(uint8_t* raw, DType dt, size_t i, float f) {
-    switch (dt) {
-      case DType::bf16: reinterpret_cast<uint16_t*>(raw)[i] = kiln::float_to_bf16_bits(f); break;
-      case DType::f16: reinterpret_cast<uint16_t*>(raw)[i] = kiln::float_to_f16_bits(f); break;
-      case DType::i32: reinterpret_cast<int32_t*>(raw)[i] = static_cast<int32_t>(f); break;
-      case DType::i64: reinterpret_cast<int64_t*>(raw)[i] = static_cast<int64_t>(f); break;
-      default: reinterpret_cast<float*>(raw)[i] = f; break;
-    }
-  }
-  static float load(const uint8_t* raw, DType dt, size_t i) {
-    switch (dt) {
-      case DType::bf16: return kiln::bf16_bits_to_float(reinterpret_cast<const uint16_t*>(raw)[i]);
-      case DType::f16: return kiln::f16_bits_to_float(reinterpret_cast<const uint16_t*>(raw)[i]);
-      case DType::i32: return static_cast<float>(reinterpret_cast<const int32_t*>(raw)[i]);
-      case DType::i64: return static_cast<float>(reinterpret_cast<const int64_t*>(raw)[i]);
-      default: return reinterpret_cast<const float*>(raw)[i];
-    }
-  }
-
-  kiln::Runtime* rt_;
-  bool dev_, breakdown_;
-  kiln::Stream stream_ = nullptr;
-  std::vector<std::unique_ptr<Buf>> bufs_;
-  std::map<std::string, std::pair<double, int>> times_;
-};
 
 // ---- the model -----------------------------------------------------------------------------
 struct Layer {
@@ -533,9 +391,6 @@ Result<double> mean_loss(Graph& g, Model& m) {
 }
 
 Result<void> dump(Graph& g, Model& m, double loss, const std::string& dir) {
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) return kiln::make_error(kiln::Errc::io_error, fmt::format("--dump {}: {}", dir, ec.message()));
   nlohmann::ordered_json index;
   index["model"] = m.dims.name;
   index["layers"] = m.dims.layers;
@@ -550,16 +405,7 @@ Result<void> dump(Graph& g, Model& m, double loss, const std::string& dir) {
   std::vector<Buf*> bufs = {m.ids, m.targets};
   for (Buf* b : parameters(m)) bufs.push_back(b);
   for (Buf* b : gradients(m)) bufs.push_back(b);
-  for (Buf* b : bufs) {
-    KILN_ASSIGN_OR_RETURN(auto v, g.download(*b));
-    const std::string file = b->name + ".f32";
-    std::ofstream out(dir + "/" + file, std::ios::binary);
-    out.write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(float)));
-    if (!out) return kiln::make_error(kiln::Errc::io_error, fmt::format("--dump: cannot write {}/{}", dir, file));
-    index["tensors"][b->name] = {{"file", file}, {"shape", {b->rows, b->cols}}, {"dtype", kiln::dtype_name(b->dt)}};
-  }
-  std::ofstream(dir + "/index.json") << index.dump(1) << "\n";
-  return kiln::ok();
+  return kiln_example::dump_tensors(g, bufs, std::move(index), dir);
 }
 
 int fail(const kiln::Error& e) {
@@ -680,15 +526,7 @@ int main(int argc, char** argv) {
       auto a = g.download(*dg[i]);
       auto b = host.download(*hg[i]);
       if (!a || !b) return fail(a ? b.error() : a.error());
-      double err = 0, ref = 0;
-      int64_t nonfinite = 0;
-      for (size_t j = 0; j < a->size(); ++j) {
-        if (!std::isfinite((*a)[j])) ++nonfinite;
-        const double e = double((*a)[j]) - double((*b)[j]);
-        err += e * e;
-        ref += double((*b)[j]) * double((*b)[j]);
-      }
-      const double snr = 10 * std::log10(ref / std::max(err, 1e-300));
+      const auto [snr, nonfinite] = kiln_example::snr_db(*a, *b);
       const bool ok = nonfinite == 0 && snr > 30;
       pass = pass && ok;
       std::printf("check: %-28s SNR %6.1f dB (gate 30)%s %s\n", dg[i]->name.c_str(), snr,

@@ -2,6 +2,7 @@
 # The training step (issue 16) and the new ops on the GPU machine, in steps that fit the device
 # tool's 10-minute calls (the build directory stays on a warm machine between calls):
 #   scripts/gpu_step.sh build check time     # then, in the next call:
+#   scripts/gpu_step.sh moe                  # examples/moe_block checked and timed against PyTorch
 #   scripts/gpu_step.sh attention tests
 #   scripts/gpu_step.sh grouped              # bench_grouped_gemm + torch._grouped_mm (GROUPED_QUICK=1: DeepSeek-V3 only)
 #   scripts/gpu_step.sh fp8                  # bench_gemm_fp8 + torch._scaled_mm (FP8_ARGS, default --quick)
@@ -9,6 +10,12 @@
 #        scripts/llama_step_torch.py compares them with PyTorch in fp32 (loss 1e-3, gradients 30 dB);
 # time:  the step at the model's sequence length (micro-batch $MB, default 1) with its per-op
 #        breakdown, then PyTorch eager and torch.compile of the same model in the same job.
+# moe:   examples/moe_block ($MOE_MODEL, default deepseek-v3) dumps a block at $MOE_CHECK_ARGS (2048
+#        tokens, 8 experts on this rank: a dump of about 3 GB) and scripts/moe_block_torch.py check
+#        compares y and every gradient with PyTorch fp32 (30 dB) and PyTorch's own routing; then the
+#        block at $MOE_TOKENS tokens (default: the model's seq) with the model's experts per rank
+#        ($MOE_G to change it), median of 10 with its per-op breakdown, and PyTorch eager and
+#        torch.compile (torch._grouped_mm) of the same block in the same job.
 # Build without LLVM (NVRTC); hiredis from .gpu-carry/hiredis. Logs under $OUT.
 set -uo pipefail
 OUT=${OUT:-$PWD/out}
@@ -16,6 +23,8 @@ mkdir -p "$OUT"
 B=build-gpu
 H=$PWD/.gpu-carry/hiredis
 MODEL=${MODEL:-llama3.1-8b} MB=${MB:-1} CHECK_SEQ=${CHECK_SEQ:-2048}
+MOE_MODEL=${MOE_MODEL:-deepseek-v3} MOE_CHECK_ARGS=${MOE_CHECK_ARGS:---tokens 2048 --experts-per-rank 8}
+MOE_TOKENS=${MOE_TOKENS:-$(python3 -c "import json;print(json.load(open('models/models.json'))['moe']['$MOE_MODEL']['seq'])")}
 export LD_LIBRARY_PATH=$H/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} KILN_CACHE_DIR=${KILN_CACHE_DIR:-/tmp/kiln-cache}
 for step in "$@"; do
   t0=$(date +%s)
@@ -24,7 +33,7 @@ for step in "$@"; do
       nvidia-smi --query-gpu=name,driver_version --format=csv > "$OUT/env.txt" 2>&1; date -u +%FT%TZ >> "$OUT/env.txt"
       cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_WITH_LLVM=OFF -DHIREDIS_INCLUDE_DIR=$H/include \
         -DHIREDIS_LIBRARY=$H/lib/libhiredis.so > "$OUT/cmake.log" 2>&1 &&
-        ninja -C $B kiln_cli llama_step test_gpu bench_attention bench_membound bench_grouped_gemm bench_gemm_fp8 > "$OUT/build.log" 2>&1 ||
+        ninja -C $B kiln_cli llama_step moe_block test_gpu bench_attention bench_membound bench_grouped_gemm bench_gemm_fp8 > "$OUT/build.log" 2>&1 ||
         { tail -40 "$OUT/build.log"; exit 1; } ;;
     check)
       rm -rf /tmp/step-dump
@@ -41,6 +50,28 @@ for step in "$@"; do
       python3 scripts/llama_step_torch.py time --model-dims /tmp/step-dump/index.json --seq "$seq" \
         --micro-batch "$MB" --kiln-ms "${ms:-0}" > "$OUT/step_time_torch_mb$MB.log" 2>&1
       tail -6 "$OUT/step_time_torch_mb$MB.log" ;;
+    moe)  # one MoE block through Kiln alone: checked against PyTorch fp32, then timed against PyTorch
+      rm -rf /tmp/moe-dump
+      # shellcheck disable=SC2086 # MOE_CHECK_ARGS is a list of options
+      $B/examples/moe_block --model "$MOE_MODEL" $MOE_CHECK_ARGS --time 0 --dump /tmp/moe-dump \
+        > "$OUT/moe_check_kiln.log" 2>&1; tail -3 "$OUT/moe_check_kiln.log"
+      python3 scripts/moe_block_torch.py check /tmp/moe-dump > "$OUT/moe_check_torch.log" 2>&1
+      tail -12 "$OUT/moe_check_torch.log"
+      $B/examples/moe_block --model "$MOE_MODEL" --tokens "$MOE_TOKENS" ${MOE_G:+--experts-per-rank $MOE_G} --time 10 \
+        > "$OUT/moe_time_kiln.log" 2>&1 || true
+      tail -24 "$OUT/moe_time_kiln.log"
+      ms=$(grep -o 'block time [0-9.]*' "$OUT/moe_time_kiln.log" | awk '{print $3}')
+      # the time run's dimensions: the check dump's model with the time run's experts per rank
+      python3 - "$MOE_MODEL" ${MOE_G:-} <<'PY' > /tmp/moe-time-dims.json
+import json, sys
+index = json.load(open("/tmp/moe-dump/index.json"))
+model = json.load(open("models/models.json"))["moe"][sys.argv[1]]
+index["dims"]["experts_per_rank"] = int(sys.argv[2]) if len(sys.argv) > 2 else model["experts_per_rank"][0]
+print(json.dumps(index))
+PY
+      python3 scripts/moe_block_torch.py time --model-dims /tmp/moe-time-dims.json --tokens "$MOE_TOKENS" \
+        --kiln-ms "${ms:-0}" > "$OUT/moe_time_torch.log" 2>&1
+      tail -6 "$OUT/moe_time_torch.log" ;;
     attention)
       $B/bench/bench_attention "$OUT/attention.csv" --quick > "$OUT/bench_attention.log" 2>&1; tail -25 "$OUT/bench_attention.log"
       python3 bench/attention_peers.py "$OUT/attention.csv" "$OUT/attention_peers" > "$OUT/attention_peers.log" 2>&1

@@ -5,11 +5,14 @@
 
 namespace kiln {
 
-/// Parameters: tokens (runtime; 0 is a no-op), hidden, k (<= 32), baked.
+/// Parameters: tokens (runtime; 0 is a no-op), hidden, k (<= 32), accumulate (0/1, default 0), baked.
 /// Tensors: dx_sorted [tokens * k, hidden] (bf16/fp16/fp32; the gradient of moe_permute's x_sorted),
-/// row_map [tokens, k] int32 (moe_permute's) -> dx [tokens, hidden] (dx_sorted's dtype):
-///   dx[t] = sum over s = 0, 1, ..., k - 1 of dx_sorted[row_map[t, s]], in fp32, slots with
-///   row_map -1 (dropped) left out; a token with no slot gets zeros.
+/// row_map [tokens, k] int32 (moe_permute's), dx_in [tokens, hidden] (accumulate=1 only; the same
+/// buffer as dx: written over, in place) -> dx [tokens, hidden] (dx_sorted's dtype):
+///   dx[t] = (dx_in[t] +) sum over s = 0, 1, ..., k - 1 of dx_sorted[row_map[t, s]], in fp32 from
+///   dx_in then in slot order, slots with row_map -1 (dropped) left out; a token with no slot gets
+///   zeros (dx_in with accumulate). accumulate adds an MoE block's other gradient of x (its router
+///   path: dlogits W_router) in the pass that sums the expert rows, so no add kernel runs.
 /// Bitwise deterministic (slot order, no atomics); the kernel is moe_unpermute's without weights
 /// (lib/moe_rows.kernel; docs/moe.md).
 class MoePermuteBwdOp final : public OpTemplate {

@@ -164,7 +164,8 @@ Manifest training_manifest(const Model& m, const std::vector<int64_t>& micro_bat
     moe_about = fmt::format(
         " Mixture of experts: each layer's FFN is the router GEMM [M, {}] (bf16 logits), moe_router (top-{}, {}{}{}), "
         "moe_permute of the tokens to this rank's {} experts, the grouped GEMMs of gate_up (N {}) and down (N {}) "
-        "(forward nt, dgrad nn, wgrad tn into fp32), swiglu (I {}), moe_unpermute, and their backward, in place of "
+        "(forward nt, dgrad nn, wgrad tn into fp32), swiglu (I {}), moe_unpermute, and their backward (moe_permute_bwd "
+        "adding the router path's dx), in place of "
         "gate_up, down and swiglu{}; the grouped GEMMs stay in {} with --fp8. Shared experts are not modelled.",
         m.experts, m.topk, m.scoring ? "sigmoid" : "softmax", m.bias ? " with a score-correction bias" : "",
         m.n_group > 1 ? fmt::format(", {} groups keep {}", m.n_group, m.topk_group) : std::string(), G,
@@ -334,10 +335,16 @@ Manifest training_manifest(const Model& m, const std::vector<int64_t>& micro_bat
         "moe_router.bwd" + suffix);
     add(KernelSpec{"moe_permute", dtype, dtype, {{"tokens", M}, {"hidden", m.hidden}, {"experts", G}, {"k", m.topk}}},
         "moe_permute.fwd" + suffix);
-    for (const char* op : {"moe_permute_bwd", "moe_unpermute", "moe_unpermute_bwd"})
-      add(KernelSpec{op, dtype, dtype, {{"tokens", M}, {"hidden", m.hidden}, {"k", m.topk}}},
-          fmt::format("{}.{}{}", std::string_view(op).substr(0, std::string_view(op).find("_bwd")),
-                      std::string_view(op).ends_with("_bwd") ? "bwd" : "fwd", suffix));
+    // moe_permute_bwd adds x's gradient along the router (the router GEMM's dgrad) in the pass that
+    // sums the expert rows (accumulate; examples/moe_block).
+    for (const auto& [op, accumulate] : {std::pair<const char*, bool>{"moe_permute_bwd", true},
+                                         {"moe_unpermute", false},
+                                         {"moe_unpermute_bwd", false}}) {
+      KernelSpec spec{op, dtype, dtype, {{"tokens", M}, {"hidden", m.hidden}, {"k", m.topk}}};
+      if (accumulate) spec.params["accumulate"] = 1;
+      add(std::move(spec), fmt::format("{}.{}{}", std::string_view(op).substr(0, std::string_view(op).find("_bwd")),
+                                       std::string_view(op).ends_with("_bwd") ? "bwd" : "fwd", suffix));
+    }
     // Grouped GEMMs, weights [G, N, K]: forward nt c = a W_g^T; dgrad nn dx = dy W_g (b read as
     // [G, K', N'] = [G, N, K]); wgrad tn dW_g = dy_g^T x_g into fp32.
     auto grouped = [&](int64_t mode, int64_t N, int64_t K, DType out_dtype) {
