@@ -98,7 +98,8 @@ KernelSpec OpInterface::with_defaults(const KernelSpec& spec) const {
 KernelSpec OpInterface::baked_spec(const KernelSpec& spec) const {
   KernelSpec baked = with_defaults(spec);
   for (const ParamInfo& p : params())
-    if (!p.baked) baked.params.erase(std::string(p.name));
+    if (!p.baked || (p.unkeyed_default && baked.param(std::string(p.name)) == p.default_value))
+      baked.params.erase(std::string(p.name));
   return baked;
 }
 

@@ -37,6 +37,10 @@ struct ParamInfo {
   /// The value of an optional parameter left out of a spec (rmsnorm's residual = 0); nullopt:
   /// the parameter is required.
   std::optional<int64_t> default_value = std::nullopt;
+  /// At its default value, left out of baked_spec(): of the generated source's first line, and so
+  /// of the cache key. For an optional parameter added to an op whose kernels are already cached
+  /// and listed in manifests (rmsnorm's fp8_out): specs without it keep their code and keys.
+  bool unkeyed_default = false;
 };
 
 /// A runtime fp32 scalar argument (eps).
@@ -128,8 +132,8 @@ class OpInterface {
   std::vector<TensorInfo> tensors(const KernelSpec& spec) const;
   /// The spec with every optional parameter it leaves out set to its default.
   KernelSpec with_defaults(const KernelSpec& spec) const;
-  /// with_defaults(spec) with every runtime (non-baked) parameter removed: what the code
-  /// depends on.
+  /// with_defaults(spec) with every runtime (non-baked) parameter removed, and every parameter
+  /// marked unkeyed_default that has its default: what the code depends on.
   KernelSpec baked_spec(const KernelSpec& spec) const;
   /// Value of a scalar, or its default.
   float scalar(const Scalars& scalars, std::string_view name) const;

@@ -1,12 +1,131 @@
 #include "templates/lib/fp8_scaling.h"
 
+#include <algorithm>
+#include <cmath>
+#include <iterator>
+
 #include "templates/op_template.h"
 
 namespace kiln {
 namespace {
 constexpr std::string_view kGranularities[] = {"tensorwise", "rowwise", "block1x128", "block128x128"};
 constexpr std::string_view kGemmScalings[] = {"tensorwise", "rowwise", "blockwise", "block1x128"};
+constexpr std::string_view kScalings[] = {"current", "delayed"};
+constexpr std::string_view kFp8Outs[] = {"none", "fp8_e4m3", "fp8_e5m2", "fp8_e4m3fnuz", "fp8_e5m2fnuz"};
+constexpr DType kFp8OutDTypes[] = {DType::e4m3, DType::e4m3, DType::e5m2, DType::e4m3fnuz, DType::e5m2fnuz};
+constexpr std::string_view kFusedGranularities[] = {"tensorwise", "rowwise", "block1x128"};
 }  // namespace
+
+std::span<const std::string_view> fp8_out_names() { return kFp8Outs; }
+DType fp8_out_dtype(const KernelSpec& spec) { return kFp8OutDTypes[static_cast<size_t>(spec.param("fp8_out"))]; }
+int64_t fp8_out_value(DType fp8) {
+  for (size_t i = 1; i < std::size(kFp8OutDTypes); ++i)
+    if (kFp8OutDTypes[i] == fp8) return static_cast<int64_t>(i);
+  return 0;
+}
+std::span<const std::string_view> fp8_fused_granularity_names() { return kFusedGranularities; }
+bool fp8_fused(const KernelSpec& spec) { return spec.param("fp8_out") != 0; }
+bool fp8_fused_delayed(const KernelSpec& spec) {
+  return spec.param("fp8_out") != 0 && spec.param("fp8_granularity") == kTensorwise;
+}
+
+TileConfig fp8_row_config(int64_t columns, int64_t vec, const TargetInfo& target) {
+  const int64_t nvec = ceil_div(columns, vec);
+  const int64_t unit = vec == 1 ? std::max<int64_t>(128, target.wave_size) : target.wave_size;
+  const int64_t threads = std::clamp<int64_t>(round_up(ceil_div(nvec, 4), unit), unit, 1024);
+  return {{"FP8", 1}, {"THREADS", threads}, {"VEC", vec}, {"ITEMS", ceil_div(nvec, threads)}};
+}
+
+void fp8_fused_reference(const KernelSpec& spec, std::span<const int64_t> rows, int64_t cols, const std::vector<double>& y,
+                         std::span<const float> history, std::vector<RefOutput>& outputs) {
+  const int64_t g = spec.param("fp8_granularity");
+  const DType fp8 = fp8_out_dtype(spec);
+  const float fp8_max_f = static_cast<float>(fp8_max(fp8));
+  const int64_t per_row = g == kBlock1x128 ? ceil_div(cols, 128) : 1;
+  const float delayed = g == kTensorwise ? fp8_delayed_scale(history, spec.param("margin"), fp8) : 1.0f;
+  RefOutput q, scale;
+  q.rows.assign(rows.begin(), rows.end());
+  if (g != kTensorwise) scale.rows.assign(rows.begin(), rows.end());
+  float amax_all = 0.0f;
+  std::vector<float> amax(static_cast<size_t>(per_row)), inv(amax.size());
+  for (size_t r = 0; r < rows.size(); ++r) {
+    const double* yr = &y[r * static_cast<size_t>(cols)];
+    std::fill(amax.begin(), amax.end(), 0.0f);
+    for (int64_t c = 0; c < cols; ++c) {
+      float& m = amax[static_cast<size_t>(g == kBlock1x128 ? c / 128 : 0)];
+      m = std::fmax(m, std::fabs(static_cast<float>(yr[c])));
+      amax_all = std::fmax(amax_all, std::fabs(static_cast<float>(yr[c])));
+    }
+    for (size_t b = 0; b < amax.size(); ++b) {
+      const float s = g == kTensorwise ? delayed : amax[b] == 0.0f ? 1.0f : amax[b] / fp8_max_f;
+      inv[b] = 1.0f / s;
+      if (g != kTensorwise) scale.values.push_back(s);
+    }
+    for (int64_t c = 0; c < cols; ++c) {
+      const float v = static_cast<float>(yr[c]) * inv[static_cast<size_t>(g == kBlock1x128 ? c / 128 : 0)];
+      q.values.push_back(fp8_bits_to_float(float_to_fp8_bits(v, fp8), fp8));
+    }
+  }
+  if (g == kTensorwise) scale.values.push_back(delayed);
+  outputs.push_back(std::move(q));
+  outputs.push_back(std::move(scale));
+  if (g == kTensorwise) outputs.push_back({{}, fp8_history_pushed(history, amax_all)});
+}
+
+bool fp8_fused_gate(const KernelSpec& spec, std::string_view output, DType y_dtype, Gate& gate) {
+  if (output == "y_fp8") {
+    gate = Gate::for_dtype(fp8_out_dtype(spec));
+    gate.max_code_diff = 1;
+    return true;
+  }
+  if (output == "y_scale" && fp8_fused_delayed(spec)) {  // bitwise
+    gate = Gate{};
+    gate.atol = gate.rtol = 0;
+    gate.max_rel_fro = -1;
+    return true;
+  }
+  if (output == "y_scale" || output == "amax_history_out") {
+    gate = Gate::for_dtype(y_dtype);
+    return true;
+  }
+  return false;
+}
+
+std::span<const std::string_view> fp8_scaling_names() { return kScalings; }
+
+std::vector<int64_t> fp8_history_shape(const KernelSpec& spec) { return {spec.param("history_len")}; }
+
+float fp8_delayed_scale(std::span<const float> history, int64_t margin, DType fp8) {
+  float amax = 0.0f;
+  for (float h : history) amax = std::fmax(amax, h);
+  if (!(amax > 0.0f) || std::isinf(amax)) return 1.0f;
+  return amax / static_cast<float>(fp8_max(fp8)) * std::ldexp(1.0f, static_cast<int>(margin));
+}
+
+std::vector<double> fp8_history_pushed(std::span<const float> history, float amax) {
+  std::vector<double> out(history.size());
+  if (out.empty()) return out;
+  out[0] = amax;
+  for (size_t i = 1; i < out.size(); ++i) out[i] = history[i - 1];
+  return out;
+}
+
+void fp8_init_history(float amax, std::vector<float>& history, std::mt19937_64& rng) {
+  if (!(amax > 0.0f)) amax = 1.0f;  // no values (0 rows): a history all the same
+  std::uniform_real_distribution<float> share(0.25f, 0.9f);
+  for (float& h : history) h = amax * share(rng);
+  if (history.size() > 2) history[2] = amax * 0x1p-20f;  // a call with almost nothing in it
+}
+
+Launch fp8_history_launch(int64_t n_partials, uint32_t history_tensor, uint32_t scale_tensor, int64_t history_len,
+                          int64_t margin) {
+  Launch l;
+  l.kernel = "kiln_fp8_amax_history";
+  l.geometry.block.x = static_cast<uint32_t>(kFp8MaxHistory);
+  l.args = {KernelArg::workspace(0), KernelArg::i32(n_partials), KernelArg::tensor(history_tensor),
+            KernelArg::i32(history_len),  KernelArg::i32(margin),     KernelArg::tensor(scale_tensor)};
+  return l;
+}
 
 std::span<const std::string_view> fp8_granularity_names() { return kGranularities; }
 

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <random>
 #include <span>
 #include <string_view>
 #include <utility>
@@ -13,6 +14,7 @@
 #include "kiln/dtype.h"
 #include "kiln/spec.h"
 #include "kiln/target.h"
+#include "templates/op_template.h"
 
 namespace kiln {
 
@@ -37,6 +39,62 @@ std::span<const std::string_view> fp8_gemm_scaling_names();
 /// for A and block128x128 for B (DeepSeek-V3's recipe); block1x128 is block1x128 for both (the
 /// wgrad GEMM, whose B is an activation quantized along tokens).
 Fp8Granularity fp8_gemm_operand_granularity(int64_t scaling, bool operand_b);
+/// Values of quantize_fp8's `scaling` parameter (tensorwise): the scale from this tensor's amax
+/// (current scaling, two passes over x) or from the amax history of earlier calls (delayed scaling,
+/// TransformerEngine's recipe, one pass). Names: "current", "delayed".
+enum Fp8Scaling : int64_t { kCurrentScaling = 0, kDelayedScaling = 1 };
+std::span<const std::string_view> fp8_scaling_names();
+/// The longest amax history of delayed scaling (TransformerEngine's default amax_history_len): one
+/// block of this many threads pushes a call's amax into it.
+constexpr int64_t kFp8MaxHistory = 1024;
+/// [history_len] of a spec with delayed scaling.
+std::vector<int64_t> fp8_history_shape(const KernelSpec& spec);
+/// The delayed scale of a history, as the kernels compute it in fp32: amax_h = max(0, entries)
+/// (NaN entries ignored); scale = (amax_h / FP8_MAX) * 2^margin, 1 where amax_h is 0 or infinite.
+float fp8_delayed_scale(std::span<const float> history, int64_t margin, DType fp8);
+/// The history after a call whose max |x| was `amax`: [amax, history[0], ..., history[len - 2]].
+std::vector<double> fp8_history_pushed(std::span<const float> history, float amax);
+/// Test inputs of an amax history for values whose max |x| is about `amax`: entries between 0.25
+/// and 0.9 of it (so that the largest values saturate), entry 2 2^-20 of it (a call with almost
+/// no data; inputs are never zero).
+void fp8_init_history(float amax, std::vector<float>& history, std::mt19937_64& rng);
+/// The last launch of a delayed-scaling call: kiln_fp8_amax_history, one block of kFp8MaxHistory
+/// threads, args (workspace partials [n_partials] fp32 at offset 0, n_partials, the history tensor,
+/// history_len, margin, the scale tensor): writes the scale the call used and pushes the max of
+/// the partials into the history.
+Launch fp8_history_launch(int64_t n_partials, uint32_t history_tensor, uint32_t scale_tensor, int64_t history_len,
+                          int64_t margin);
+// ---- fp8 outputs fused into the op that produces the values (rmsnorm, swiglu) -----------------
+/// Values of their baked `fp8_out` parameter: "none" (the default: no fp8 output, the op's code
+/// unchanged), then the fp8 dtype of y_fp8 by its name: fp8_e4m3, fp8_e5m2 (OCP: sm_90a, gfx950),
+/// fp8_e4m3fnuz, fp8_e5m2fnuz (gfx942).
+std::span<const std::string_view> fp8_out_names();
+/// The dtype of y_fp8 for a spec with fp8_out > 0.
+DType fp8_out_dtype(const KernelSpec& spec);
+/// The fp8_out value of an fp8 dtype.
+int64_t fp8_out_value(DType fp8);
+/// Values of their `fp8_granularity` parameter, as Fp8Granularity: tensorwise (always with delayed
+/// scaling: the op cannot know the tensor's amax before it writes y_fp8), rowwise (the default),
+/// block1x128.
+std::span<const std::string_view> fp8_fused_granularity_names();
+/// Whether a spec has an fp8 output, and one with delayed tensorwise scaling.
+bool fp8_fused(const KernelSpec& spec);
+bool fp8_fused_delayed(const KernelSpec& spec);
+/// One block per row, the row in registers: VEC elements per access (16 bytes, or 1), about 4
+/// accesses per thread, whole wavefronts (multiples of 128 threads for VEC 1, so that a 1x128
+/// group never straddles the items of a thread), at most 1024 threads; FP8 = 1.
+TileConfig fp8_row_config(int64_t columns, int64_t vec, const TargetInfo& target);
+/// The reference of a fused fp8 output: `y` holds the listed rows of [rows, cols] as the op stores
+/// them (rounded to its dtype); appends y_fp8 (those rows), y_scale (those rows; [1] with delayed
+/// tensorwise) and, with delayed tensorwise, amax_history_out (whose amax needs every row: `y`
+/// must then hold them all), quantized as quantize_fp8 defines it.
+void fp8_fused_reference(const KernelSpec& spec, std::span<const int64_t> rows, int64_t cols, const std::vector<double>& y,
+                         std::span<const float> history, std::vector<RefOutput>& outputs);
+/// Gates of the fused outputs: y_fp8 within one code (y's own rounding may differ from the
+/// reference's by one unit, and the code with it); y_scale and the history's new entry within
+/// y's dtype gate, the delayed scale bitwise (it depends on the history alone).
+bool fp8_fused_gate(const KernelSpec& spec, std::string_view output, DType y_dtype, Gate& gate);
+
 /// The test formats of a target: {e4m3, e5m2} in the encodings it converts (FNUZ on gfx942).
 std::pair<DType, DType> fp8_test_formats(const TargetInfo& target);
 

@@ -19,6 +19,7 @@ constexpr std::array kParts = {
     LibraryPart{"attention", true, true, "attention masks (causal, sliding window), softcap tanh, LDS tile loads and dot products"},
     LibraryPart{"attention_sm90", false, true, "sm_90a attention registers: exp2, bf16/fp16 A fragments, quad reductions, Q K^T and P V WGMMAs"},
     LibraryPart{"fp8", true, true, "fp8 storage types (OCP e4m3/e5m2, FNUZ), round-to-nearest-even saturating conversions"},
+    LibraryPart{"fp8_row", true, true, "fp8 scales (current and delayed), the amax-history push, one row quantized from registers"},
     LibraryPart{"grouped", true, true, "grouped GEMM tiles: a block's group and tile of c from the group offsets on the device"},
     LibraryPart{"mbarrier", false, true, "sm_90a mbarriers: init, arrive, expect_tx, parity wait"},
     LibraryPart{"mfma", true, false, "CDNA3/CDNA4 MFMA: 32x32x8, 16x16x16 and gfx950's 32x32x16, 16x16x32 (bf16/fp16); fp8/bf8 32x32x16 and gfx950's 32x32x64"},

@@ -16,6 +16,13 @@ const ParamInfo kParams[] = {
      fp8_granularity_names()},
     {"transpose", "also write qt = quantized x^T [cols, rows] (tensorwise and block128x128; default 0)", true, true, 0, 1,
      {}, 0},
+    {"scaling", "tensorwise: current (the exact amax of x, two passes over x; default) or delayed (TransformerEngine's "
+                "recipe: the scale from amax_history, one pass)",
+     true, false, 0, 1, fp8_scaling_names(), 0, true},
+    {"history_len", "delayed scaling: entries of amax_history (TransformerEngine's amax_history_len; default 1024)", false,
+     false, 1, kFp8MaxHistory, {}, 1024},
+    {"margin", "delayed scaling: the scale keeps amax_h at 2^-margin of the format's largest value (default 0)", false,
+     false, 0, 64, {}, 0},
 };
 const DType kDTypes[] = {DType::bf16, DType::f16, DType::f32};
 constexpr int64_t kTileThreads = 512;  // one 128x128 tile: 16 lanes x 8 columns, 32 x 4 rows
@@ -26,14 +33,19 @@ constexpr int64_t kRowwiseMaxCols = 65536;
 std::vector<int64_t> rows_cols(const KernelSpec& s) { return {s.param("rows"), s.param("cols")}; }
 std::vector<int64_t> cols_rows(const KernelSpec& s) { return {s.param("cols"), s.param("rows")}; }
 bool with_transpose(const KernelSpec& s) { return s.param("transpose") != 0; }
+bool delayed(const KernelSpec& s) { return s.param("scaling") == kDelayedScaling; }
 const TensorDecl kSignature[] = {
     {"x", Role::input, DTypeRule::in, DType::f32, "[rows, cols]", rows_cols},
+    {"amax_history", Role::input, DTypeRule::fixed, DType::f32, "[history_len]", fp8_history_shape, delayed,
+     "delayed scaling: max |x| of earlier calls, [0] the latest"},
     {"q", Role::output, DTypeRule::out, DType::f32, "[rows, cols]", rows_cols, nullptr, "fp8(x / scale)"},
     {"scale", Role::output, DTypeRule::fixed, DType::f32,
      "[1] | [rows] | [rows, ceil(cols/128)] | [ceil(rows/128), ceil(cols/128)] (tensorwise | rowwise | block1x128 | block128x128)",
      fp8_scale_shape, nullptr, "amax / FP8_MAX per group (1 where amax = 0); x ~ float(q) * scale"},
     {"qt", Role::output, DTypeRule::out, DType::f32, "[cols, rows]", cols_rows, with_transpose,
      "x^T quantized with the same scales (with transpose=1)"},
+    {"amax_history_out", Role::output, DTypeRule::fixed, DType::f32, "[history_len]", fp8_history_shape, delayed,
+     "the history with this call's max |x| pushed at [0] (written over amax_history)", "amax_history"},
 };
 
 // The amax partial blocks of a tensorwise call: each thread of kiln_fp8_amax reads about 8
@@ -60,6 +72,12 @@ std::string_view QuantizeFp8Op::kernel_name(const TileConfig& c) const {
 Result<void> QuantizeFp8Op::check(const KernelSpec& spec, const TargetInfo&) const {
   const KernelSpec s = with_defaults(spec);
   const int64_t g = s.param("granularity");
+  if (delayed(s) && g != kTensorwise)
+    return make_error(Errc::invalid_argument,
+                      fmt::format("quantize_fp8: scaling=delayed is a tensorwise recipe (one scale from the amax "
+                                  "history); granularity {} computes its scales from x in the same pass already: use "
+                                  "scaling=current",
+                                  fp8_granularity_names()[static_cast<size_t>(g)]));
   if (s.param("transpose") && (g == kRowwise || g == kBlock1x128))
     return make_error(Errc::invalid_argument,
                       fmt::format("quantize_fp8: transpose=1 needs a scale shared by the rows and the columns of x "
@@ -95,16 +113,20 @@ std::vector<TileConfig> QuantizeFp8Op::variants(const KernelSpec& spec, const Ta
 }
 
 std::vector<uint32_t> QuantizeFp8Op::base_alignment(const KernelSpec& spec, const TileConfig& config) const {
-  return vector_variant_alignment(config, tensors(spec).size(), {2});  // scale: scalar accesses
+  // scale and the history: scalar accesses.
+  const size_t n = tensors(spec).size();
+  return delayed(with_defaults(spec)) ? vector_variant_alignment(config, n, {1, 3, n - 1})
+                                      : vector_variant_alignment(config, n, {2});
 }
 
 std::string QuantizeFp8Op::specialize(const KernelSpec& spec, const TileConfig& c) const {
   const KernelSpec s = with_defaults(spec);
   // GRAN, TRANSPOSE and VECTOR (VEC > 1) are macros: the template selects code with #if.
-  return fmt::format("constexpr int COLS = {};\n#define GRAN {}\n#define TRANSPOSE {}\n#define VECTOR {}\n"
-                     "constexpr int THREADS = {}, VEC = {}, ITEMS = {};\n"
+  return fmt::format("constexpr int COLS = {};\n#define GRAN {}\n#define TRANSPOSE {}\n#define DELAYED {}\n"
+                     "#define VECTOR {}\nconstexpr int THREADS = {}, VEC = {}, ITEMS = {};\n"
                      "typedef {} in_t;\ntypedef {} out_t;\n",
-                     s.param("cols"), s.param("granularity"), s.param("transpose"), c.at("VEC") > 1 ? 1 : 0,
+                     s.param("cols"), s.param("granularity"), s.param("transpose"), s.param("scaling"),
+                     c.at("VEC") > 1 ? 1 : 0,
                      c.at("THREADS"), c.at("VEC"), c.at("ITEMS"), device_type_name(s.dtype), device_type_name(s.out_dtype));
 }
 
@@ -116,19 +138,38 @@ Plan QuantizeFp8Op::plan(const KernelSpec& call, const TileConfig& c) const {
   if (rows == 0 && g != kTensorwise) return p;
   const bool transpose = call.param("transpose") != 0;
   if (!c.at("TILED")) {
-    LaunchGeometry geo;
-    geo.grid.x = static_cast<uint32_t>(rows);
-    geo.block.x = static_cast<uint32_t>(c.at("THREADS"));
-    p.launches.push_back(single_launch(call, c, geo));
+    Launch rowwise;
+    rowwise.kernel = "kiln_quantize_fp8_rows";
+    rowwise.geometry.grid.x = static_cast<uint32_t>(rows);
+    rowwise.geometry.block.x = static_cast<uint32_t>(c.at("THREADS"));
+    rowwise.args = {KernelArg::tensor(0), KernelArg::tensor(1), KernelArg::tensor(2), KernelArg::i32(rows)};
+    p.launches.push_back(rowwise);
     return p;
   }
-  // Tensors: 0 x, 1 q, 2 scale, 3 qt (with transpose).
+  // Tensors: 0 x, 1 amax_history (delayed), then q, scale, qt (with transpose), amax_history_out.
+  const uint32_t h = delayed(call) ? 1 : 0;
   Launch tiles;
   tiles.kernel = "kiln_quantize_fp8_tiles";
   tiles.geometry.grid.x = static_cast<uint32_t>(std::max<int64_t>(ceil_div(rows, 128), 1));
   tiles.geometry.grid.y = static_cast<uint32_t>(ceil_div(cols, 128));
   tiles.geometry.block.x = static_cast<uint32_t>(kTileThreads);
-  for (uint32_t i = 0; i < (transpose ? 4u : 3u); ++i) tiles.args.push_back(KernelArg::tensor(i));
+  tiles.args.push_back(KernelArg::tensor(0));
+  for (uint32_t i = 1; i < (transpose ? 4u : 3u); ++i) tiles.args.push_back(KernelArg::tensor(i + h));
+  if (h) {
+    // One pass over x with the scale of the history; each tile block's max |x| goes into the
+    // workspace, and one block (kiln_fp8_amax_history) pushes their max into the history.
+    const int64_t tiles_n = rows == 0 ? 0 : int64_t{tiles.geometry.grid.x} * tiles.geometry.grid.y;
+    const int64_t len = call.param("history_len"), margin = call.param("margin");
+    tiles.args.push_back(KernelArg::workspace(0));
+    tiles.args.push_back(KernelArg::tensor(1));
+    tiles.args.push_back(KernelArg::i32(len));
+    tiles.args.push_back(KernelArg::i32(margin));
+    tiles.args.push_back(KernelArg::i32(rows));
+    if (tiles_n > 0) p.launches.push_back(tiles);
+    p.launches.push_back(fp8_history_launch(tiles_n, 1, 2 + h, len, margin));
+    p.workspace_bytes = static_cast<uint64_t>(std::max<int64_t>(tiles_n, 1)) * sizeof(float);
+    return p;
+  }
   if (g == kTensorwise) {
     const int64_t partials = rows == 0 ? 0 : amax_partials(rows, cols, c.at("VEC"));
     Launch amax;
@@ -161,6 +202,11 @@ void QuantizeFp8Op::init_inputs(const KernelSpec& spec, std::span<const TensorIn
     const float v = std::fabs(x[i]) < 1.0f / 256 ? std::copysign(1.0f / 256, x[i]) : x[i];
     x[i] = round_to_dtype(std::ldexp(v, static_cast<int>(r % 5 - (c / 128) % 3)), inputs[0].dtype);
   }
+  if (delayed(with_defaults(spec))) {
+    float amax = 0.0f;
+    for (float v : x) amax = std::fmax(amax, std::fabs(v));
+    fp8_init_history(amax, values.at(1), rng);
+  }
 }
 
 void QuantizeFp8Op::reference(const KernelSpec& spec, const Scalars&, std::span<const std::vector<float>> inputs,
@@ -182,13 +228,14 @@ void QuantizeFp8Op::reference(const KernelSpec& spec, const Scalars&, std::span<
     }
   for (size_t i = 0; i < amax.size(); ++i) {
     scale[i] = amax[i] == 0.0f ? 1.0f : amax[i] / fp8_max_f;
+    if (delayed(s)) scale[i] = fp8_delayed_scale(inputs[1], s.param("margin"), fp8);
     inv[i] = 1.0f / scale[i];
   }
   auto quantize = [&](int64_t r, int64_t c) -> double {
     const float v = x[static_cast<size_t>(r * cols + c)] * inv[static_cast<size_t>(fp8_scale_index(g, cols, r, c))];
     return fp8_bits_to_float(float_to_fp8_bits(v, fp8), fp8);
   };
-  outputs.assign(transpose ? 3 : 2, {});
+  outputs.assign((transpose ? 3 : 2) + (delayed(s) ? 1 : 0), {});
   std::vector<int64_t> rs(sample.begin(), sample.end());
   if (rs.empty())
     for (int64_t r = 0; r < rows; ++r) rs.push_back(r);
@@ -208,11 +255,12 @@ void QuantizeFp8Op::reference(const KernelSpec& spec, const Scalars&, std::span<
   if (transpose)
     for (int64_t c = 0; c < cols; ++c)
       for (int64_t r = 0; r < rows; ++r) outputs[2].values.push_back(quantize(r, c));
+  if (delayed(s)) outputs.back().values = fp8_history_pushed(inputs[1], amax[0]);
 }
 
 Gate QuantizeFp8Op::gate(const KernelSpec& /*spec*/, const TensorInfo& output) const {
-  if (output.name != "scale") return Gate::for_dtype(output.dtype);
-  // The scales are defined in fp32 with IEEE divisions: bitwise equal.
+  if (output.name != "scale" && output.name != "amax_history_out") return Gate::for_dtype(output.dtype);
+  // The scales are defined in fp32 with IEEE divisions, the history holds maxima: bitwise equal.
   Gate g;
   g.atol = g.rtol = 0;
   g.max_rel_fro = -1;
@@ -245,6 +293,18 @@ std::vector<TestSpec> QuantizeFp8Op::test_specs(const TargetInfo& target) const 
   add(f32, e4, 3, 7, kBlock128x128, 1, "block128x128 fp32, transpose, 3x7");
   add(bf16, e4, 0, 128, kTensorwise, 0, "0 rows: a no-op");
   add(bf16, e4, 0, 128, kBlock128x128, 1, "0 rows, transpose: a no-op");
+  auto delayed_spec = [&](DType in, DType fp8, int64_t rows, int64_t cols, int64_t t, int64_t len, int64_t margin,
+                          std::string_view why) {
+    out.push_back({{"quantize_fp8", in, fp8,
+                    {{"rows", rows}, {"cols", cols}, {"granularity", kTensorwise}, {"transpose", t},
+                     {"scaling", kDelayedScaling}, {"history_len", len}, {"margin", margin}}},
+                   why});
+  };
+  delayed_spec(bf16, e4, 130, 300, 0, 16, 0, "delayed tensorwise, history 16, tails (saturates)");
+  delayed_spec(bf16, e5, 136, 256, 1, kFp8MaxHistory, 1, "delayed tensorwise, transpose, history 1024, margin 1");
+  delayed_spec(f32, e4, 3, 7, 0, 1, 0, "delayed tensorwise fp32, 3x7 (scalar variant), history 1");
+  delayed_spec(f16, e4, 2, 64, 1, 3, 2, "delayed tensorwise fp16, transpose, margin 2");
+  delayed_spec(bf16, e4, 0, 128, 0, 8, 0, "delayed, 0 rows: the scale of the history, amax 0 pushed");
   return out;
 }
 

@@ -9,11 +9,22 @@
 namespace kiln {
 
 /// Parameters: rows (runtime; 0 is a no-op), cols (baked), granularity (baked: tensorwise,
-/// rowwise, block1x128, block128x128), transpose (0/1, baked, default 0).
+/// rowwise, block1x128, block128x128), transpose (0/1, baked, default 0), scaling (baked:
+/// current, the default, or delayed, tensorwise only), history_len (runtime, 1..1024, default
+/// 1024) and margin (runtime, default 0), both used by delayed scaling only.
 /// KernelSpec: dtype = the input (bf16/fp16/fp32), out_dtype = the fp8 format.
-/// Tensors: x [rows, cols] -> q [rows, cols] (fp8), scale (fp32, shape as fp8_scale_shape),
-///   qt [cols, rows] (fp8, with transpose=1: x^T quantized with the same scales; tensorwise and
-///   block128x128 only, where a scale is shared by the rows and columns of the transpose).
+/// Tensors: x [rows, cols], amax_history [history_len] (fp32, delayed) -> q [rows, cols] (fp8),
+///   scale (fp32, shape as fp8_scale_shape), qt [cols, rows] (fp8, with transpose=1: x^T quantized
+///   with the same scales; tensorwise and block128x128 only, where a scale is shared by the rows
+///   and columns of the transpose), amax_history_out (delayed: written over amax_history).
+/// Delayed scaling (TransformerEngine's DelayedScaling recipe, amax_compute_algo "max";
+/// docs/gemm-fp8.md): the scale comes from the max of earlier calls' amax instead of x's own, so
+/// x is read once: amax_h = max(0, amax_history) (NaN entries ignored);
+///   scale = (amax_h / FP8_MAX) * 2^margin (fp32), 1 where amax_h is 0 or infinite; values above
+///   FP8_MAX * scale saturate. The call then pushes its own max |x| into the history:
+///   amax_history[i + 1] = amax_history[i], amax_history[0] = max |x| (0 for 0 rows); the oldest
+///   entry drops out. Plan: kiln_quantize_fp8_tiles (one pass; each tile block's amax into the
+///   workspace), then kiln_fp8_amax_history (one block: writes scale, pushes the amax).
 /// Definition, in fp32 (the CPU reference computes exactly this; the gate is bit-exact):
 ///   amax  = max |x| over the group (the tensor, a row, 128 contiguous elements of a row, or a
 ///           128x128 tile; tails in rows and columns make smaller groups);

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "support/embedded.h"
+#include "templates/lib/fp8_scaling.h"
 
 namespace kiln {
 namespace {
@@ -14,6 +15,13 @@ const ParamInfo kParams[] = {
     {"hidden", "normalized (last) dimension", true, false, 1, 65536},
     {"residual", "fused residual add: normalize h = x + residual and write h (default 0)", true, true, 0, 1, {}, 0},
     {"save_rstd", "write rstd [rows] (fp32) for the backward (default 0)", true, true, 0, 1, {}, 0},
+    {"fp8_out", "also write y_fp8 = y quantized to this fp8 dtype, with its scales, in the same pass (default none)",
+     true, false, 0, 4, fp8_out_names(), 0, true},
+    {"fp8_granularity", "y_fp8's scales: tensorwise (delayed scaling, from amax_history), rowwise (default), block1x128",
+     true, false, 0, 2, fp8_fused_granularity_names(), kRowwise, true},
+    {"history_len", "delayed scaling: entries of amax_history (default 1024)", false, false, 1, kFp8MaxHistory, {}, 1024},
+    {"margin", "delayed scaling: the scale keeps amax_h at 2^-margin of the format's largest value (default 0)", false,
+     false, 0, 64, {}, 0},
 };
 const ScalarInfo kScalars[] = {{"eps", 1e-5f, "added to mean(h^2) before the square root"}};
 const DType kDTypes[] = {DType::bf16, DType::f16, DType::f32};
@@ -23,15 +31,28 @@ std::vector<int64_t> hidden(const KernelSpec& s) { return {s.param("hidden")}; }
 std::vector<int64_t> rows(const KernelSpec& s) { return {s.param("rows")}; }
 bool with_residual(const KernelSpec& s) { return s.param("residual") != 0; }
 bool with_rstd(const KernelSpec& s) { return s.param("save_rstd") != 0; }
+DType y_fp8_dtype(const KernelSpec& s) { return fp8_out_dtype(s); }
+std::vector<int64_t> y_scale_shape(const KernelSpec& s) {
+  return fp8_scale_shape(s.param("fp8_granularity"), s.param("rows"), s.param("hidden"));
+}
 
 const TensorDecl kSignature[] = {
     {"x", Role::input, DTypeRule::in, DType::f32, "[rows, hidden]", rows_hidden},
     {"residual", Role::input, DTypeRule::in, DType::f32, "[rows, hidden]", rows_hidden, with_residual},
     {"gamma", Role::input, DTypeRule::in, DType::f32, "[hidden]", hidden},
+    {"amax_history", Role::input, DTypeRule::fixed, DType::f32, "[history_len]", fp8_history_shape, fp8_fused_delayed,
+     "delayed scaling: max |y| of earlier calls, [0] the latest"},
     {"y", Role::output, DTypeRule::out, DType::f32, "[rows, hidden]", rows_hidden},
     {"h", Role::output, DTypeRule::in, DType::f32, "[rows, hidden]", rows_hidden, with_residual,
      "x + residual, rounded to the dtype"},
     {"rstd", Role::output, DTypeRule::fixed, DType::f32, "[rows]", rows, with_rstd, "1 / sqrt(mean(h^2) + eps)"},
+    {"y_fp8", Role::output, DTypeRule::derived, DType::f32, "[rows, hidden]", rows_hidden, fp8_fused,
+     "y (as stored) quantized as quantize_fp8 defines it", {}, nullptr, y_fp8_dtype, "fp8_out"},
+    {"y_scale", Role::output, DTypeRule::fixed, DType::f32, "[1] | [rows] | [rows, ceil(hidden/128)]", y_scale_shape,
+     fp8_fused, "y ~ float(y_fp8) * y_scale, per fp8_granularity (tensorwise | rowwise | block1x128)"},
+    {"amax_history_out", Role::output, DTypeRule::fixed, DType::f32, "[history_len]", fp8_history_shape,
+     fp8_fused_delayed, "the history with this call's max |y| pushed at [0] (written over amax_history)",
+     "amax_history"},
 };
 }  // namespace
 
@@ -39,8 +60,21 @@ std::span<const ParamInfo> RmsNormOp::params() const { return kParams; }
 std::span<const ScalarInfo> RmsNormOp::scalars() const { return kScalars; }
 std::span<const DType> RmsNormOp::dtypes() const { return kDTypes; }
 std::span<const TensorDecl> RmsNormOp::signature() const { return kSignature; }
-std::string_view RmsNormOp::device_template(const TileConfig&) const {
-  return embedded_file("templates/rmsnorm/rmsnorm.kernel");
+std::string_view RmsNormOp::device_template(const TileConfig& c) const {
+  // With an fp8 output, its own template: the one without stays byte for byte what it was, and so
+  // do the cache keys of every rmsnorm kernel without fp8_out.
+  return embedded_file(c.count("FP8") ? "templates/rmsnorm/rmsnorm_fp8.kernel" : "templates/rmsnorm/rmsnorm.kernel");
+}
+std::string_view RmsNormOp::kernel_name(const TileConfig& c) const {
+  return c.count("FP8") ? "kiln_rmsnorm_fp8" : "kiln_rmsnorm";
+}
+
+Result<void> RmsNormOp::check(const KernelSpec& spec, const TargetInfo&) const {
+  const KernelSpec s = with_defaults(spec);
+  if (!fp8_fused(s) && s.param("fp8_granularity") != kRowwise)
+    return make_error(Errc::invalid_argument, "rmsnorm: fp8_granularity applies to the fp8 output: set fp8_out (an fp8 "
+                                              "dtype of the target) or leave fp8_granularity out");
+  return ok();
 }
 
 // Each thread loads ITEMS vectors of VEC elements (16 bytes when VEC > 1) and keeps them in
@@ -53,38 +87,91 @@ TileConfig norm_row_config(int64_t hidden, int64_t vec, const TargetInfo& target
 }
 
 std::vector<TileConfig> RmsNormOp::variants(const KernelSpec& spec, const TargetInfo& target) const {
-  const int64_t hidden = spec.param("hidden");
-  const int64_t vec = 16 / static_cast<int64_t>(dtype_size(spec.dtype));
+  const KernelSpec s = with_defaults(spec);
+  const int64_t hidden = s.param("hidden");
+  const int64_t vec = 16 / static_cast<int64_t>(dtype_size(s.dtype));
+  auto config = fp8_fused(s) ? fp8_row_config : norm_row_config;
   std::vector<TileConfig> out;
-  if (hidden % vec == 0 && hidden >= vec) out.push_back(norm_row_config(hidden, vec, target));
-  out.push_back(norm_row_config(hidden, 1, target));
+  if (hidden % vec == 0 && hidden >= vec) out.push_back(config(hidden, vec, target));
+  out.push_back(config(hidden, 1, target));
   return out;
 }
 
 std::vector<uint32_t> RmsNormOp::base_alignment(const KernelSpec& spec, const TileConfig& config) const {
-  return vector_variant_alignment(config, tensors(spec).size());
+  const std::vector<TensorInfo> ts = tensors(spec);
+  std::vector<uint32_t> out = vector_variant_alignment(config, ts.size());
+  if (config.count("FP8"))  // fp32 scales and history: scalar accesses
+    for (size_t i = 0; i < ts.size(); ++i)
+      if (ts[i].name == "y_scale" || ts[i].name == "amax_history" || ts[i].name == "amax_history_out") out[i] = 1;
+  return out;
 }
 
-std::string RmsNormOp::specialize(const KernelSpec& spec, const TileConfig& c) const {
-  return fmt::format("constexpr int HIDDEN = {};\nconstexpr int THREADS = {}, VEC = {}, ITEMS = {};\n"
+std::string RmsNormOp::specialize(const KernelSpec& given, const TileConfig& c) const {
+  const KernelSpec spec = with_defaults(given);
+  std::string fp8;
+  if (c.count("FP8"))
+    fp8 = fmt::format("#define FP8_GRAN {}\ntypedef {} fp8_t;\n", spec.param("fp8_granularity"),
+                      device_type_name(fp8_out_dtype(spec)));
+  return fp8 + fmt::format("constexpr int HIDDEN = {};\nconstexpr int THREADS = {}, VEC = {}, ITEMS = {};\n"
                      "#define RESIDUAL {}\n#define SAVE_RSTD {}\n"
                      "typedef {} in_t;\ntypedef {} out_t;\n",
                      spec.param("hidden"), c.at("THREADS"), c.at("VEC"), c.at("ITEMS"), spec.param("residual"),
                      spec.param("save_rstd"), device_type_name(spec.dtype), device_type_name(spec.out_dtype));
 }
 
-Plan RmsNormOp::plan(const KernelSpec& call, const TileConfig& c) const {
+Plan RmsNormOp::plan(const KernelSpec& given, const TileConfig& c) const {
   Plan p;
-  if (call.param("rows") == 0) return p;
-  LaunchGeometry g;
-  g.grid.x = static_cast<uint32_t>(call.param("rows"));
-  g.block.x = static_cast<uint32_t>(c.at("THREADS"));
-  p.launches.push_back(single_launch(call, c, g));
+  const KernelSpec call = with_defaults(given);
+  const int64_t rows = call.param("rows");
+  const bool delayed = fp8_fused_delayed(call);
+  if (rows == 0 && !delayed) return p;
+  // Tensors: x, residual?, gamma, amax_history? -> y, h?, rstd?, y_fp8?, y_scale?, amax_history_out?
+  const std::vector<TensorInfo> ts = tensors(call);
+  Launch l;
+  l.kernel = std::string(kernel_name(c));
+  l.geometry.grid.x = static_cast<uint32_t>(rows);
+  l.geometry.block.x = static_cast<uint32_t>(c.at("THREADS"));
+  uint32_t history = 0, scale = 0;
+  for (uint32_t i = 0; i < ts.size(); ++i) {
+    if (ts[i].name == "amax_history") history = i;
+    if (ts[i].name == "y_scale") scale = i;
+    if (ts[i].name != "amax_history" && ts[i].name != "amax_history_out") l.args.push_back(KernelArg::tensor(i));
+  }
+  if (delayed) {  // the history's scale, each row's max |y| into the workspace, then the push
+    l.args.push_back(KernelArg::tensor(history));
+    l.args.push_back(KernelArg::workspace(0));
+    l.args.push_back(KernelArg::i32(call.param("history_len")));
+    l.args.push_back(KernelArg::i32(call.param("margin")));
+  }
+  l.args.push_back(KernelArg::i32(rows));
+  l.args.push_back(KernelArg::scalar(0));
+  if (rows > 0) p.launches.push_back(l);
+  if (delayed) {
+    p.launches.push_back(fp8_history_launch(rows, history, scale, call.param("history_len"), call.param("margin")));
+    p.workspace_bytes = static_cast<uint64_t>(std::max<int64_t>(rows, 1)) * sizeof(float);
+  }
   return p;
 }
 
-void RmsNormOp::reference(const KernelSpec& spec, const Scalars& scalars, std::span<const std::vector<float>> inputs,
-                          std::span<const int64_t> sample, std::vector<RefOutput>& outputs) const {
+void RmsNormOp::init_inputs(const KernelSpec& spec, std::span<const TensorInfo> inputs,
+                            std::vector<std::vector<float>>& values, std::mt19937_64& rng) const {
+  OpTemplate::init_inputs(spec, inputs, values, rng);
+  // |y| = |h| / rms(h) * |gamma| reaches about sqrt(3) for uniform inputs.
+  if (fp8_fused_delayed(with_defaults(spec))) fp8_init_history(1.7f, values.back(), rng);
+}
+
+Gate RmsNormOp::gate(const KernelSpec& spec, const TensorInfo& output) const {
+  Gate g;
+  if (fp8_fused_gate(with_defaults(spec), output.name, spec.out_dtype, g)) return g;
+  return Gate::for_dtype(output.dtype);
+}
+
+void RmsNormOp::reference(const KernelSpec& given, const Scalars& scalars, std::span<const std::vector<float>> inputs,
+                          std::span<const int64_t> sampled, std::vector<RefOutput>& outputs) const {
+  const KernelSpec spec = with_defaults(given);
+  const bool fp8 = fp8_fused(spec);
+  // Delayed scaling pushes max |y| over every row into the history: every row is computed.
+  const std::span<const int64_t> sample = fp8_fused_delayed(spec) ? std::span<const int64_t>{} : sampled;
   const int64_t n_rows = spec.param("rows"), H = spec.param("hidden");
   const bool residual = with_residual(spec), save = with_rstd(spec);
   const double eps = scalar(scalars, "eps");
@@ -110,9 +197,15 @@ void RmsNormOp::reference(const KernelSpec& spec, const Scalars& scalars, std::s
     if (residual) outputs[1].values.insert(outputs[1].values.end(), h.begin(), h.end());
     if (save) outputs.back().values.push_back(inv_rms);
   }
+  if (!fp8) return;
+  // y as the kernel stores it, then quantized.
+  std::vector<double> y(outputs[0].values.size());
+  for (size_t i = 0; i < y.size(); ++i) y[i] = round_to_dtype(static_cast<float>(outputs[0].values[i]), spec.out_dtype);
+  fp8_fused_reference(spec, rows, H, y, fp8_fused_delayed(spec) ? std::span<const float>(inputs.back()) : std::span<const float>{},
+                      outputs);
 }
 
-std::vector<TestSpec> RmsNormOp::test_specs(const TargetInfo&) const {
+std::vector<TestSpec> RmsNormOp::test_specs(const TargetInfo& target) const {
   std::vector<TestSpec> out;
   auto add = [&](DType t, int64_t rows, int64_t hidden, int residual, int save, std::string_view why) {
     out.push_back({{"rmsnorm", t, t, {{"rows", rows}, {"hidden", hidden}, {"residual", residual}, {"save_rstd", save}}},
@@ -126,6 +219,27 @@ std::vector<TestSpec> RmsNormOp::test_specs(const TargetInfo&) const {
   }
   add(DType::bf16, 0, 64, 0, 0, "0 rows: a no-op");
   add(DType::bf16, 9, 5120, 1, 1, "hidden 5120");
+  // The fp8 output in the same pass.
+  const auto [e4, e5] = fp8_test_formats(target);
+  auto fp8 = [&](DType t, int64_t rows, int64_t hidden, int residual, DType f, int64_t g, int64_t len, int64_t margin,
+                 std::string_view why) {
+    KernelSpec s{"rmsnorm", t, t,
+                 {{"rows", rows}, {"hidden", hidden}, {"residual", residual}, {"save_rstd", residual},
+                  {"fp8_out", fp8_out_value(f)}, {"fp8_granularity", g}}};
+    if (g == kTensorwise) {
+      s.params["history_len"] = len;
+      s.params["margin"] = margin;
+    }
+    out.push_back({s, why});
+  };
+  fp8(DType::bf16, 3, 4096, 0, e4, kRowwise, 0, 0, "fp8 rowwise, hidden 4096");
+  fp8(DType::bf16, 3, 7, 0, e5, kRowwise, 0, 0, "fp8 rowwise, hidden 7 (scalar variant)");
+  fp8(DType::f16, 4, 1000, 1, e4, kBlock1x128, 0, 0, "fp8 1x128, hidden 1000 (tail group), residual, rstd");
+  fp8(DType::bf16, 2, 300, 0, e5, kBlock1x128, 0, 0, "fp8 1x128, hidden 300 (scalar variant: groups across wavefronts)");
+  fp8(DType::f32, 2, 384, 0, e4, kBlock1x128, 0, 0, "fp8 1x128 from fp32 (32 lanes a group)");
+  fp8(DType::bf16, 9, 1024, 1, e4, kTensorwise, 16, 0, "fp8 delayed tensorwise, history 16");
+  fp8(DType::f32, 3, 100, 0, e5, kTensorwise, kFp8MaxHistory, 1, "fp8 delayed tensorwise, history 1024, margin 1");
+  fp8(DType::bf16, 0, 64, 0, e4, kTensorwise, 4, 0, "fp8 delayed, 0 rows: the history's scale, amax 0 pushed");
   return out;
 }
 

@@ -7,52 +7,153 @@
 
 #include "support/embedded.h"
 #include "templates/lib/elementwise_row.h"
+#include "templates/lib/fp8_scaling.h"
 
 namespace kiln {
 namespace {
 const ParamInfo kParams[] = {
     {"rows", "rows (tokens); a runtime argument, not baked; 0 is a no-op", false, false, 0, (int64_t{1} << 31) - 1},
     {"intermediate", "I: output columns; the input has 2*I", true, false, 1, int64_t{1} << 24},
+    {"fp8_out", "also write y_fp8 = y quantized to this fp8 dtype, with its scales, in the same pass (default none)",
+     true, false, 0, 4, fp8_out_names(), 0, true},
+    {"fp8_granularity", "y_fp8's scales: tensorwise (delayed scaling, from amax_history), rowwise (default), block1x128",
+     true, false, 0, 2, fp8_fused_granularity_names(), kRowwise, true},
+    {"history_len", "delayed scaling: entries of amax_history (default 1024)", false, false, 1, kFp8MaxHistory, {}, 1024},
+    {"margin", "delayed scaling: the scale keeps amax_h at 2^-margin of the format's largest value (default 0)", false,
+     false, 0, 64, {}, 0},
 };
+constexpr int64_t kFp8MaxIntermediate = 65536;  // the fp8 kernel keeps a row in registers
 const DType kDTypes[] = {DType::bf16, DType::f16, DType::f32};
 std::vector<int64_t> rows_2i(const KernelSpec& s) { return {s.param("rows"), 2 * s.param("intermediate")}; }
 std::vector<int64_t> rows_i(const KernelSpec& s) { return {s.param("rows"), s.param("intermediate")}; }
+DType y_fp8_dtype(const KernelSpec& s) { return fp8_out_dtype(s); }
+std::vector<int64_t> y_scale_shape(const KernelSpec& s) {
+  return fp8_scale_shape(s.param("fp8_granularity"), s.param("rows"), s.param("intermediate"));
+}
 const TensorDecl kSignature[] = {
     {"x", Role::input, DTypeRule::in, DType::f32, "[rows, 2*I]", rows_2i, nullptr, "gate | up"},
+    {"amax_history", Role::input, DTypeRule::fixed, DType::f32, "[history_len]", fp8_history_shape, fp8_fused_delayed,
+     "delayed scaling: max |y| of earlier calls, [0] the latest"},
     {"y", Role::output, DTypeRule::out, DType::f32, "[rows, I]", rows_i},
+    {"y_fp8", Role::output, DTypeRule::derived, DType::f32, "[rows, I]", rows_i, fp8_fused,
+     "y (as stored) quantized as quantize_fp8 defines it", {}, nullptr, y_fp8_dtype, "fp8_out"},
+    {"y_scale", Role::output, DTypeRule::fixed, DType::f32, "[1] | [rows] | [rows, ceil(I/128)]", y_scale_shape,
+     fp8_fused, "y ~ float(y_fp8) * y_scale, per fp8_granularity (tensorwise | rowwise | block1x128)"},
+    {"amax_history_out", Role::output, DTypeRule::fixed, DType::f32, "[history_len]", fp8_history_shape,
+     fp8_fused_delayed, "the history with this call's max |y| pushed at [0] (written over amax_history)",
+     "amax_history"},
 };
 }  // namespace
 
 std::span<const ParamInfo> SwiGluOp::params() const { return kParams; }
 std::span<const DType> SwiGluOp::dtypes() const { return kDTypes; }
 std::span<const TensorDecl> SwiGluOp::signature() const { return kSignature; }
-std::string_view SwiGluOp::device_template(const TileConfig&) const {
-  return embedded_file("templates/swiglu/swiglu.kernel");
+std::string_view SwiGluOp::device_template(const TileConfig& c) const {
+  // With an fp8 output, its own template (one block per row): the one without stays byte for byte
+  // what it was, and so do the cache keys of every swiglu kernel without fp8_out.
+  return embedded_file(c.count("FP8") ? "templates/swiglu/swiglu_fp8.kernel" : "templates/swiglu/swiglu.kernel");
+}
+std::string_view SwiGluOp::kernel_name(const TileConfig& c) const {
+  return c.count("FP8") ? "kiln_swiglu_fp8" : "kiln_swiglu";
+}
+
+Result<void> SwiGluOp::check(const KernelSpec& spec, const TargetInfo&) const {
+  const KernelSpec s = with_defaults(spec);
+  if (!fp8_fused(s) && s.param("fp8_granularity") != kRowwise)
+    return make_error(Errc::invalid_argument, "swiglu: fp8_granularity applies to the fp8 output: set fp8_out (an fp8 "
+                                              "dtype of the target) or leave fp8_granularity out");
+  if (fp8_fused(s) && s.param("intermediate") > kFp8MaxIntermediate)
+    return make_error(Errc::invalid_argument,
+                      fmt::format("swiglu: with fp8_out a block keeps a row in registers: intermediate = {} must be at "
+                                  "most {}; quantize y with quantize_fp8 instead",
+                                  s.param("intermediate"), kFp8MaxIntermediate));
+  return ok();
 }
 
 std::vector<TileConfig> SwiGluOp::variants(const KernelSpec& spec, const TargetInfo& target) const {
-  return elementwise_row_variants(spec.param("intermediate"), spec.dtype, target);
+  const KernelSpec s = with_defaults(spec);
+  if (!fp8_fused(s)) return elementwise_row_variants(s.param("intermediate"), s.dtype, target);
+  const int64_t I = s.param("intermediate"), vec = 16 / static_cast<int64_t>(dtype_size(s.dtype));
+  std::vector<TileConfig> out;
+  if (I % vec == 0) out.push_back(fp8_row_config(I, vec, target));
+  out.push_back(fp8_row_config(I, 1, target));
+  return out;
 }
 std::vector<uint32_t> SwiGluOp::base_alignment(const KernelSpec& spec, const TileConfig& config) const {
-  return vector_variant_alignment(config, tensors(spec).size());
+  const std::vector<TensorInfo> ts = tensors(spec);
+  std::vector<uint32_t> out = vector_variant_alignment(config, ts.size());
+  if (config.count("FP8"))  // fp32 scales and history: scalar accesses
+    for (size_t i = 0; i < ts.size(); ++i)
+      if (ts[i].name == "y_scale" || ts[i].name == "amax_history" || ts[i].name == "amax_history_out") out[i] = 1;
+  return out;
 }
 
-std::string SwiGluOp::specialize(const KernelSpec& spec, const TileConfig& c) const {
-  return fmt::format("constexpr int INTERMEDIATE = {};\nconstexpr int THREADS = {}, VEC = {}, ITEMS = {};\n"
+std::string SwiGluOp::specialize(const KernelSpec& given, const TileConfig& c) const {
+  const KernelSpec spec = with_defaults(given);
+  std::string fp8;
+  if (c.count("FP8"))
+    fp8 = fmt::format("#define FP8_GRAN {}\ntypedef {} fp8_t;\n", spec.param("fp8_granularity"),
+                      device_type_name(fp8_out_dtype(spec)));
+  return fp8 + fmt::format("constexpr int INTERMEDIATE = {};\nconstexpr int THREADS = {}, VEC = {}, ITEMS = {};\n"
                      "typedef {} in_t;\ntypedef {} out_t;\n",
                      spec.param("intermediate"), c.at("THREADS"), c.at("VEC"), c.at("ITEMS"),
                      device_type_name(spec.dtype), device_type_name(spec.out_dtype));
 }
 
-Plan SwiGluOp::plan(const KernelSpec& call, const TileConfig& c) const {
+Plan SwiGluOp::plan(const KernelSpec& given, const TileConfig& c) const {
   Plan p;
-  if (call.param("rows") == 0) return p;
-  p.launches.push_back(single_launch(call, c, elementwise_row_geometry(call.param("rows"), call.param("intermediate"), c)));
+  const KernelSpec call = with_defaults(given);
+  const int64_t rows = call.param("rows");
+  if (!c.count("FP8")) {
+    if (rows == 0) return p;
+    Launch l;
+    l.kernel = "kiln_swiglu";
+    l.geometry = elementwise_row_geometry(rows, call.param("intermediate"), c);
+    l.args = {KernelArg::tensor(0), KernelArg::tensor(1), KernelArg::i32(rows)};
+    p.launches.push_back(l);
+    return p;
+  }
+  // Tensors: x, amax_history? -> y, y_fp8, y_scale, amax_history_out?; one block per row.
+  const bool delayed = fp8_fused_delayed(call);
+  const uint32_t h = delayed ? 1 : 0;
+  Launch l;
+  l.kernel = "kiln_swiglu_fp8";
+  l.geometry.grid.x = static_cast<uint32_t>(rows);
+  l.geometry.block.x = static_cast<uint32_t>(c.at("THREADS"));
+  l.args = {KernelArg::tensor(0), KernelArg::tensor(1 + h), KernelArg::tensor(2 + h), KernelArg::tensor(3 + h)};
+  if (delayed) {  // the history's scale, each row's max |y| into the workspace, then the push
+    l.args.push_back(KernelArg::tensor(1));
+    l.args.push_back(KernelArg::workspace(0));
+    l.args.push_back(KernelArg::i32(call.param("history_len")));
+    l.args.push_back(KernelArg::i32(call.param("margin")));
+  }
+  l.args.push_back(KernelArg::i32(rows));
+  if (rows > 0) p.launches.push_back(l);
+  if (delayed) {
+    p.launches.push_back(fp8_history_launch(rows, 1, 4, call.param("history_len"), call.param("margin")));
+    p.workspace_bytes = static_cast<uint64_t>(std::max<int64_t>(rows, 1)) * sizeof(float);
+  }
   return p;
 }
 
-void SwiGluOp::reference(const KernelSpec& spec, const Scalars&, std::span<const std::vector<float>> inputs,
-                         std::span<const int64_t> sample, std::vector<RefOutput>& outputs) const {
+void SwiGluOp::init_inputs(const KernelSpec& spec, std::span<const TensorInfo> inputs,
+                           std::vector<std::vector<float>>& values, std::mt19937_64& rng) const {
+  OpTemplate::init_inputs(spec, inputs, values, rng);
+  // |silu(gate) * up| reaches silu(1) = 0.73 for inputs in [-1, 1].
+  if (fp8_fused_delayed(with_defaults(spec))) fp8_init_history(0.73f, values.back(), rng);
+}
+
+Gate SwiGluOp::gate(const KernelSpec& spec, const TensorInfo& output) const {
+  Gate g;
+  if (fp8_fused_gate(with_defaults(spec), output.name, spec.out_dtype, g)) return g;
+  return Gate::for_dtype(output.dtype);
+}
+
+void SwiGluOp::reference(const KernelSpec& given, const Scalars&, std::span<const std::vector<float>> inputs,
+                         std::span<const int64_t> sampled, std::vector<RefOutput>& outputs) const {
+  const KernelSpec spec = with_defaults(given);
+  // Delayed scaling pushes max |y| over every row into the history: every row is computed.
+  const std::span<const int64_t> sample = fp8_fused_delayed(spec) ? std::span<const int64_t>{} : sampled;
   const int64_t n_rows = spec.param("rows"), I = spec.param("intermediate");
   outputs.assign(1, {});
   RefOutput& y = outputs[0];
@@ -66,8 +167,36 @@ void SwiGluOp::reference(const KernelSpec& spec, const Scalars&, std::span<const
       y.values.push_back(g / (1.0 + std::exp(-g)) * u);
     }
   }
+  if (!fp8_fused(spec)) return;
+  // y as the kernel stores it, then quantized.
+  std::vector<double> stored(y.values.size());
+  for (size_t i = 0; i < stored.size(); ++i) stored[i] = round_to_dtype(static_cast<float>(y.values[i]), spec.out_dtype);
+  const std::vector<int64_t> rows = y.rows;
+  fp8_fused_reference(spec, rows, I, stored,
+                      fp8_fused_delayed(spec) ? std::span<const float>(inputs.back()) : std::span<const float>{}, outputs);
 }
 
-std::vector<TestSpec> SwiGluOp::test_specs(const TargetInfo&) const { return elementwise_row_test_specs("swiglu"); }
+std::vector<TestSpec> SwiGluOp::test_specs(const TargetInfo& target) const {
+  std::vector<TestSpec> out = elementwise_row_test_specs("swiglu");
+  // The fp8 output in the same pass.
+  const auto [e4, e5] = fp8_test_formats(target);
+  auto fp8 = [&](DType t, int64_t rows, int64_t I, DType f, int64_t g, int64_t len, int64_t margin, std::string_view why) {
+    KernelSpec s{"swiglu", t, t, {{"rows", rows}, {"intermediate", I}, {"fp8_out", fp8_out_value(f)}, {"fp8_granularity", g}}};
+    if (g == kTensorwise) {
+      s.params["history_len"] = len;
+      s.params["margin"] = margin;
+    }
+    out.push_back({s, why});
+  };
+  fp8(DType::bf16, 3, 1024, e4, kRowwise, 0, 0, "fp8 rowwise, I 1024");
+  fp8(DType::f16, 2, 100, e5, kRowwise, 0, 0, "fp8 rowwise, I 100 (scalar variant)");
+  fp8(DType::bf16, 4, 1000, e4, kBlock1x128, 0, 0, "fp8 1x128, I 1000 (tail group)");
+  fp8(DType::f32, 2, 200, e5, kBlock1x128, 0, 0, "fp8 1x128 from fp32, I 200 (32 lanes a group, tail)");
+  fp8(DType::bf16, 3, 130, e4, kBlock1x128, 0, 0, "fp8 1x128, I 130 (scalar variant: groups across wavefronts)");
+  fp8(DType::bf16, 5, 512, e4, kTensorwise, 16, 0, "fp8 delayed tensorwise, history 16");
+  fp8(DType::f16, 2, 7, e5, kTensorwise, 1, 2, "fp8 delayed tensorwise, I 7, history 1, margin 2");
+  fp8(DType::bf16, 0, 64, e4, kTensorwise, 4, 0, "fp8 delayed, 0 rows: the history's scale, amax 0 pushed");
+  return out;
+}
 
 }  // namespace kiln

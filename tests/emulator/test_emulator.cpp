@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -23,6 +24,8 @@
 #include "cache/tuning.h"
 #include "kiln/kiln.h"
 #include "runtime/device_impl.h"
+#include "runtime/device_tensors.h"
+#include "templates/lib/fp8_scaling.h"
 #include "templates/registry.h"
 #include "test_util.h"
 
@@ -227,6 +230,104 @@ TEST(EmulatorScalars, OpsMatchTheReferenceWithOtherScalarValues) {
   }
   std::printf("[ emulator ] %d specs with other scalar values: %.1f s\n", checked,
               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+}
+
+// fp8 quantization without an extra pass, on the device. rmsnorm and swiglu with an fp8 output:
+// y_fp8 and y_scale are, bit for bit, quantize_fp8's definition (its CPU reference) applied to the
+// y that the kernel stored, for every granularity (delayed tensorwise with the same history, whose
+// update must match too). And delayed quantize_fp8 whose history's max is the tensor's own amax
+// writes what current (two-pass) scaling writes.
+namespace {
+std::vector<float> read_back(Device& device, const DeviceTensors& d, std::string_view name) {
+  for (size_t i = 0; i < d.tensors().size(); ++i) {
+    const TensorInfo& t = d.tensors()[i];
+    if (t.name != name) continue;
+    std::vector<uint8_t> bytes(static_cast<size_t>(t.bytes()));
+    EXPECT_TRUE(device.copy_to_host(bytes.data(), d.pointers()[i], bytes.size()).ok());
+    std::vector<float> out;
+    for (int64_t e = 0; e < t.elements(); ++e) out.push_back(static_cast<float>(decode_value(bytes.data(), static_cast<size_t>(e), t.dtype)));
+    return out;
+  }
+  ADD_FAILURE() << "no tensor " << name;
+  return {};
+}
+
+void expect_same_bits(const std::vector<float>& got, const std::vector<double>& want, std::string_view what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  size_t differ = 0;
+  for (size_t i = 0; i < got.size(); ++i)
+    if (std::bit_cast<uint32_t>(got[i]) != std::bit_cast<uint32_t>(static_cast<float>(want[i]))) ++differ;
+  EXPECT_EQ(differ, 0u) << what << ": " << differ << " of " << got.size() << " differ";
+}
+}  // namespace
+
+TEST(EmulatorFp8, FusedOutputsAreQuantizeFp8OfTheStoredOutput) {
+  int checked = 0;
+  for (const char* target : kTargets) {
+    KILN_EMULATOR_OR_SKIP(rt, target);
+    Device& device = *rt->device();
+    const auto [e4, e5] = fp8_test_formats(device.target());
+    const OpTemplate* quant = *find_op("quantize_fp8");
+    for (const char* op_name : {"rmsnorm", "swiglu"})
+      for (int64_t g : {kTensorwise, kRowwise, kBlock1x128}) {
+        const OpTemplate* op = *find_op(op_name);
+        const bool norm = std::string(op_name) == "rmsnorm";
+        const int64_t rows = 5, cols = 384;
+        KernelSpec spec{op_name, DType::bf16, DType::bf16,
+                        {{"rows", rows}, {norm ? "hidden" : "intermediate", cols},
+                         {"fp8_out", fp8_out_value(g == kRowwise ? e5 : e4)}, {"fp8_granularity", g}}};
+        if (g == kTensorwise) spec.params["history_len"] = 8;
+        SCOPED_TRACE(to_string(spec) + " on " + target);
+        std::mt19937_64 rng(11);
+        auto d = DeviceTensors::make(device, *op, op->with_defaults(spec), rng);
+        ASSERT_TRUE(d.ok()) << d.error().message;
+        auto kernel = rt->kernel(spec);
+        ASSERT_TRUE(kernel.ok()) << kernel.error().message;
+        ASSERT_TRUE((*kernel)->launch(spec, d->pointers(), {}, nullptr).ok());
+        ASSERT_TRUE(device.synchronize(nullptr).ok());
+        std::vector<std::vector<float>> y = {read_back(device, *d, "y")};
+        KernelSpec q{"quantize_fp8", DType::bf16, g == kRowwise ? e5 : e4,
+                     {{"rows", rows}, {"cols", cols}, {"granularity", g}}};
+        if (g == kTensorwise) {
+          q.params["scaling"] = kDelayedScaling;
+          q.params["history_len"] = 8;
+          y.push_back(d->inputs().back());
+        }
+        std::vector<RefOutput> want;
+        quant->reference(q, {}, y, {}, want);
+        expect_same_bits(read_back(device, *d, "y_fp8"), want[0].values, "y_fp8");
+        expect_same_bits(read_back(device, *d, "y_scale"), want[1].values, "y_scale");
+        if (g == kTensorwise) expect_same_bits(read_back(device, *d, "amax_history_out"), want[2].values, "history");
+        ++checked;
+      }
+    // Delayed with max(history) = amax(x) is current scaling.
+    for (int64_t transpose : {0, 1}) {
+      KernelSpec delayed{"quantize_fp8", DType::bf16, e4,
+                         {{"rows", 130}, {"cols", 136}, {"granularity", kTensorwise}, {"transpose", transpose},
+                          {"scaling", kDelayedScaling}, {"history_len", 4}}};
+      KernelSpec current = delayed;
+      current.params.erase("scaling");
+      current.params.erase("history_len");
+      SCOPED_TRACE(to_string(delayed) + " on " + target);
+      std::mt19937_64 rng(12);
+      auto d = DeviceTensors::make(device, *quant, quant->with_defaults(delayed), rng);
+      ASSERT_TRUE(d.ok()) << d.error().message;
+      float amax = 0.0f;
+      for (float v : d->inputs()[0]) amax = std::fmax(amax, std::fabs(v));
+      const float history[4] = {amax / 2, amax, 0.0f, amax / 4};
+      ASSERT_TRUE(device.copy_to_device(d->pointers()[1], history, sizeof(history)).ok());
+      ASSERT_TRUE(rt->launch(delayed, d->pointers()).ok());
+      ASSERT_TRUE(device.synchronize(nullptr).ok());
+      std::vector<RefOutput> want;
+      quant->reference(current, {}, std::span<const std::vector<float>>(d->inputs()).first(1), {}, want);
+      expect_same_bits(read_back(device, *d, "q"), want[0].values, "q");
+      expect_same_bits(read_back(device, *d, "scale"), want[1].values, "scale");
+      if (transpose) expect_same_bits(read_back(device, *d, "qt"), want[2].values, "qt");
+      expect_same_bits(read_back(device, *d, "amax_history_out"), {amax, amax / 2, amax, 0.0f}, "history");
+      ++checked;
+    }
+  }
+  std::printf("[ emulator ] %d fused or delayed fp8 outputs equal to quantize_fp8's bit for bit\n", checked);
 }
 
 // An output written in place over an input (TensorDecl::overwrites, e.g. an in-place backward):

@@ -281,6 +281,20 @@ KILN_GLOBAL KILN_LAUNCH_BOUNDS(256) void kiln_library_test(float* out, const kil
       in, in, (const int*)q, scratch, scratch, [](float* f) { f[0] = 1.0f; }, tile, tile, 3, 1, 8, 128, 64);
   kiln::rope_token<2, 1, 8, 8, false, true, true, true, 1, 8, 4, 1, 1>(
       in, in, (const int*)q, scratch, scratch, [](float*) {}, out, out, 3, 1, 8, 16, 8);
+  s += kiln::fp8_current_scale<kiln::fp8_e4m3>(v) + kiln::fp8_delayed_scale<kiln::fp8_e5m2fnuz>(v, 1);
+  s += kiln::fp8_history_max<256>(out, 16, scratch);
+  kiln::fp8_history_push<kiln::fp8_e4m3, 256>(out, 4, out + 16, 16, 0, out + 40, scratch);
+  KILN_SHARED float qscratch[2 * 256 / kiln::kWaveSize];
+  kiln::Pack<kiln::bf16, 8> row8[1] = {p};
+  s += kiln::fp8_quantize_row<kiln::fp8_e4m3, kiln::bf16, 2, 256, 8, 1, 2048>(
+      row8, reinterpret_cast<kiln::fp8_e4m3*>(q), out, 1.0f, qscratch);
+  kiln::Pack<float, 1> row1[2] = {{v}, {s}};
+  s += kiln::fp8_quantize_row<kiln::fp8_e5m2fnuz, float, 2, 256, 1, 2, 300>(
+      row1, reinterpret_cast<kiln::fp8_e5m2fnuz*>(q), out, 1.0f, qscratch);
+  s += kiln::fp8_quantize_row<kiln::fp8_e4m3, float, 1, 256, 1, 2, 300>(
+      row1, reinterpret_cast<kiln::fp8_e4m3*>(q), out, 1.0f, qscratch);
+  s += kiln::fp8_quantize_row<kiln::fp8_e4m3, float, 0, 256, 1, 2, 300>(
+      row1, reinterpret_cast<kiln::fp8_e4m3*>(q), out, 2.0f, qscratch);
   out[kiln::thread_x()] = s + kiln::to_float(p.e[3]);
 }
 )";

@@ -434,6 +434,102 @@ TEST(Templates, QuantizeFp8ReferenceByHand) {
   EXPECT_EQ(refs[0].values, deq);
 }
 
+// Delayed tensorwise scaling (TransformerEngine's recipe): the scale of the history's max, values
+// above its range saturating, the call's amax pushed at [0]; a margin of m doubles the scale m times;
+// a history of zeros, or with an infinity, gives scale 1; NaN entries are ignored.
+TEST(Templates, QuantizeFp8DelayedScalingReferenceByHand) {
+  const OpTemplate* quant = *find_op("quantize_fp8");
+  auto spec = [](int64_t len, int64_t margin) {
+    return KernelSpec{"quantize_fp8", DType::f32, DType::e4m3,
+                      {{"rows", 1}, {"cols", 3}, {"granularity", kTensorwise}, {"scaling", kDelayedScaling},
+                       {"history_len", len}, {"margin", margin}}};
+  };
+  std::vector<RefOutput> refs;
+  const float nan = std::nanf("");
+  std::vector<std::vector<float>> in = {{1, -2, 896}, {224, 0, 112}};
+  quant->reference(spec(3, 0), {}, in, {}, refs);
+  ASSERT_EQ(refs.size(), 3u);  // q, scale, amax_history_out
+  EXPECT_EQ(refs[0].values, (std::vector<double>{2, -4, 448}));  // scale 224 / 448: 896 saturates
+  EXPECT_EQ(refs[1].values, (std::vector<double>{0.5}));
+  EXPECT_EQ(refs[2].values, (std::vector<double>{896, 224, 0}));
+  quant->reference(spec(3, 1), {}, in, {}, refs);
+  EXPECT_EQ(refs[0].values, (std::vector<double>{1, -2, 448}));
+  EXPECT_EQ(refs[1].values, (std::vector<double>{1}));
+  for (const std::vector<float>& h : {std::vector<float>{0, 0}, std::vector<float>{1, INFINITY}}) {
+    in[1] = h;
+    quant->reference(spec(2, 0), {}, in, {}, refs);
+    EXPECT_EQ(refs[1].values, (std::vector<double>{1}));
+    EXPECT_EQ(refs[2].values, (std::vector<double>{896, h[0]}));
+  }
+  in[1] = {nan, 224};
+  quant->reference(spec(2, 0), {}, in, {}, refs);
+  EXPECT_EQ(refs[1].values, (std::vector<double>{0.5}));
+  // A history whose max is this tensor's amax gives current scaling's result, bit for bit.
+  KernelSpec current{"quantize_fp8", DType::f32, DType::e4m3, {{"rows", 1}, {"cols", 3}, {"granularity", kTensorwise}}};
+  in = {{0.3f, -1.7f, 5.1f}, {5.1f, 2.0f}};
+  std::vector<RefOutput> want;
+  quant->reference(current, {}, std::span<const std::vector<float>>(in).first(1), {}, want);
+  quant->reference(spec(2, 0), {}, in, {}, refs);
+  EXPECT_EQ(refs[0].values, want[0].values);
+  EXPECT_EQ(refs[1].values, want[1].values);
+  // Delayed scaling is tensorwise only.
+  KernelSpec rowwise = spec(2, 0);
+  rowwise.params["granularity"] = kRowwise;
+  auto r = quant->validate(rowwise, target("sm_90a"));
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("scaling=current"), std::string::npos) << r.error().message;
+}
+
+// rmsnorm and swiglu with an fp8 output: y_fp8 and y_scale are quantize_fp8's definition applied to
+// y as stored (the references agree bit for bit), for every granularity and both formats; and an
+// fp8 output changes nothing of the op's other outputs.
+TEST(Templates, FusedFp8OutputsAreQuantizeFp8OfTheStoredOutput) {
+  const OpTemplate* quant = *find_op("quantize_fp8");
+  std::mt19937_64 rng(5);
+  for (const char* op_name : {"rmsnorm", "swiglu"}) {
+    const OpTemplate* op = *find_op(op_name);
+    for (DType fp8 : {DType::e4m3, DType::e5m2fnuz})
+      for (int64_t g : {kTensorwise, kRowwise, kBlock1x128}) {
+        const bool norm = std::string(op_name) == "rmsnorm";
+        const int64_t rows = 3, cols = 300;
+        KernelSpec plain{op_name, DType::bf16, DType::bf16, {{"rows", rows}, {norm ? "hidden" : "intermediate", cols}}};
+        KernelSpec spec = plain;
+        spec.params["fp8_out"] = fp8_out_value(fp8);
+        spec.params["fp8_granularity"] = g;
+        if (g == kTensorwise) spec.params["history_len"] = 5;
+        SCOPED_TRACE(to_string(spec));
+        const std::vector<TensorInfo> ts = op->tensors(spec);
+        std::vector<TensorInfo> inputs;
+        for (const TensorInfo& t : ts)
+          if (!t.output) inputs.push_back(t);
+        std::vector<std::vector<float>> values;
+        op->init_inputs(spec, inputs, values, rng);
+        std::vector<RefOutput> fused, base;
+        op->reference(spec, {}, values, {}, fused);
+        op->reference(plain, {}, std::span<const std::vector<float>>(values).first(norm ? 2 : 1), {}, base);
+        ASSERT_EQ(fused.size(), base.size() + (g == kTensorwise ? 3 : 2));
+        for (size_t i = 0; i < base.size(); ++i) EXPECT_EQ(fused[i].values, base[i].values);
+        // quantize_fp8 of y rounded to bf16, as the kernel stores it.
+        std::vector<std::vector<float>> y(1);
+        for (double v : base[0].values) y[0].push_back(round_to_dtype(static_cast<float>(v), DType::bf16));
+        KernelSpec q{"quantize_fp8", DType::bf16, fp8, {{"rows", rows}, {"cols", cols}, {"granularity", g}}};
+        if (g == kTensorwise) {
+          q.params["scaling"] = kDelayedScaling;
+          q.params["history_len"] = 5;
+          y.push_back(values.back());
+        }
+        std::vector<RefOutput> want;
+        quant->reference(q, {}, y, {}, want);
+        const size_t f = base.size();
+        EXPECT_EQ(fused[f].values, want[0].values);
+        EXPECT_EQ(fused[f + 1].values, want[1].values);
+        if (g == kTensorwise) {
+          EXPECT_EQ(fused[f + 2].values, want[2].values);
+        }
+      }
+  }
+}
+
 TEST(Templates, QuantizeFp8RefusesTransposeWithPerRowScales) {
   const OpTemplate* quant = *find_op("quantize_fp8");
   for (int64_t g : {kRowwise, kBlock1x128}) {
