@@ -129,8 +129,8 @@ Plan AttentionBwdOp::plan(const KernelSpec& call, const TileConfig& c) const {
     if (thd) l.args.insert(l.args.end(), {KernelArg::tensor(6), KernelArg::tensor(7)});
     l.geometry.block.x = static_cast<uint32_t>(mfma(c) ? 64 * c.at("WAVES") : threads);
   };
-  // Rows per block of the dK/dV and dQ launches: keys and queries.
-  const int64_t kb = mfma(c) ? 32 * c.at("WAVES") : c.at("KB"), qb = mfma(c) ? 32 * c.at("WAVES") : c.at("QB");
+  // Rows per block of the dK/dV and dQ launches of the MFMA and portable kernels: keys, queries.
+  auto rows = [&](const char* portable) { return mfma(c) ? 32 * c.at("WAVES") : c.at(portable); };
   auto tail = [&](Launch& l, int64_t blocks) {
     l.args.insert(l.args.end(), {KernelArg::workspace(0), KernelArg::i32(call.param("seqlen_q")),
                                  KernelArg::i32(call.param("seqlen_k")), KernelArg::i32(blocks), KernelArg::i32(tq),
@@ -192,7 +192,7 @@ Plan AttentionBwdOp::plan(const KernelSpec& call, const TileConfig& c) const {
     return p;
   }
   if (tk > 0 && ah::max_len_k(call) > 0) {  // every key row gets dk, dv (0 where no query sees it)
-    const int64_t k_blocks = ceil_div(ah::max_len_k(call), kb);
+    const int64_t k_blocks = ceil_div(ah::max_len_k(call), rows("KB"));
     Launch l;
     l.kernel = "kiln_attention_bwd_dkdv";
     common(l);
@@ -203,7 +203,7 @@ Plan AttentionBwdOp::plan(const KernelSpec& call, const TileConfig& c) const {
     p.launches.push_back(std::move(l));
   }
   if (tq > 0 && ah::max_len_q(call) > 0) {
-    const int64_t q_blocks = ceil_div(ah::max_len_q(call), qb);
+    const int64_t q_blocks = ceil_div(ah::max_len_q(call), rows("QB"));
     Launch l;
     l.kernel = "kiln_attention_bwd_dq";
     common(l);
