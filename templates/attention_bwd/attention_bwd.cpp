@@ -47,6 +47,14 @@ std::span<const DType> AttentionBwdOp::dtypes() const { return ah::kDTypes; }
 std::span<const TensorDecl> AttentionBwdOp::signature() const { return kSignature; }
 namespace {
 bool wgmma(const TileConfig& c) { return c.count("WGMMA") && c.at("WGMMA") != 0; }
+bool mfma(const TileConfig& c) { return c.count("MFMA") && c.at("MFMA") != 0; }
+// The MFMA kernels serve head dims up to 128 (both of q/k and v): K, V (or Q, dO) resident for
+// 64 rows and Q, dO (or K, V) streamed for 32 keep LDS at 52 KiB at 128/128; the accumulators
+// dK^T and dV^T take 128 VGPRs there. Above 128 the portable kernels serve.
+bool has_mfma(const KernelSpec& spec, const TargetInfo& t) {
+  return t.vendor == Vendor::amd && (t.name == "gfx942" || t.name == "gfx950") &&
+         std::max(spec.param("head_dim"), ah::dim_v(spec)) <= 128;
+}
 bool has_wgmma(const KernelSpec& spec, const TargetInfo& t) {
   const int64_t d = spec.param("head_dim");
   return t.vendor == Vendor::nvidia && t.cpu == "sm_90a" && ah::dim_v(spec) == d && (d == 64 || d == 128);
@@ -61,8 +69,9 @@ int64_t sm90_shared_bytes(const KernelSpec& spec, const TileConfig& c) {
 }  // namespace
 
 std::string_view AttentionBwdOp::device_template(const TileConfig& c) const {
-  return embedded_file(wgmma(c) ? "templates/attention_bwd/attention_bwd_sm90.kernel"
-                                : "templates/attention_bwd/attention_bwd.kernel");
+  if (wgmma(c)) return embedded_file("templates/attention_bwd/attention_bwd_sm90.kernel");
+  return embedded_file(mfma(c) ? "templates/attention_bwd/attention_bwd_mfma.kernel"
+                               : "templates/attention_bwd/attention_bwd.kernel");
 }
 
 uint32_t AttentionBwdOp::dynamic_shared_bytes(const KernelSpec& spec, const TileConfig& c) const {
@@ -80,11 +89,17 @@ Result<void> AttentionBwdOp::check(const KernelSpec& spec, const TargetInfo&) co
 // resident tiles of 128 rows, streamed tiles of 64 in a 2-stage ring (132 KiB of shared memory at
 // head dim 128); THREADS is the D = rowsum(dO O) launch's. The portable kernels follow as the
 // fallback and serve every other case.
+// gfx942 and gfx950, head dims up to 128: the MFMA kernels (attention_bwd_mfma.kernel), WAVES = 2
+// wavefronts of 32 resident rows each, streamed tiles of 32 rows; MFMA_K 8 (gfx942's 32x32x8) or
+// 16 (gfx950's 32x32x16); THREADS is the D launch's. The portable kernels follow, as in the
+// forward (a tuning candidate), and serve the larger head dims.
 std::vector<TileConfig> AttentionBwdOp::variants(const KernelSpec& spec, const TargetInfo& target) const {
   const int64_t dmax = std::max(spec.param("head_dim"), ah::dim_v(spec));
   const int64_t tile = dmax <= 128 ? 32 : 16;
   TileConfig portable = {{"QB", tile}, {"KB", tile}, {"THREADS", 256}};
   if (has_wgmma(spec, target)) return {{{"WGMMA", 1}, {"STAGES", 2}, {"THREADS", 256}}, portable};
+  if (has_mfma(spec, target))
+    return {{{"MFMA", 1}, {"WAVES", 2}, {"MFMA_K", target.name == "gfx950" ? 16 : 8}, {"THREADS", 256}}, portable};
   return {portable};
 }
 
@@ -93,6 +108,10 @@ std::string AttentionBwdOp::specialize(const KernelSpec& spec, const TileConfig&
     return ah::specialize_common(spec) +
            fmt::format("constexpr int STAGES = {}, THREADS = {};\nconstexpr bool IN_BF16 = {};\n", c.at("STAGES"),
                        c.at("THREADS"), spec.dtype == DType::bf16 ? "true" : "false");
+  if (mfma(c))
+    return ah::specialize_common(spec) +
+           fmt::format("constexpr int WAVES = {}, MFMA_K = {}, DOT_THREADS = {};\nconstexpr bool IN_BF16 = {};\n",
+                       c.at("WAVES"), c.at("MFMA_K"), c.at("THREADS"), spec.dtype == DType::bf16 ? "true" : "false");
   return ah::specialize_common(spec) + fmt::format("constexpr int QB = {}, KB = {}, THREADS = {};\n", c.at("QB"),
                                                    c.at("KB"), c.at("THREADS"));
 }
@@ -109,8 +128,10 @@ Plan AttentionBwdOp::plan(const KernelSpec& call, const TileConfig& c) const {
     l.args = {KernelArg::tensor(0), KernelArg::tensor(1), KernelArg::tensor(2), KernelArg::tensor(3),
               KernelArg::tensor(5)};
     if (thd) l.args.insert(l.args.end(), {KernelArg::tensor(6), KernelArg::tensor(7)});
-    l.geometry.block.x = static_cast<uint32_t>(threads);
+    l.geometry.block.x = static_cast<uint32_t>(mfma(c) ? 64 * c.at("WAVES") : threads);
   };
+  // Rows per block of the dK/dV and dQ launches of the MFMA and portable kernels: keys, queries.
+  auto rows = [&](const char* portable) { return mfma(c) ? 32 * c.at("WAVES") : c.at(portable); };
   auto tail = [&](Launch& l, int64_t blocks) {
     l.args.insert(l.args.end(), {KernelArg::workspace(0), KernelArg::i32(call.param("seqlen_q")),
                                  KernelArg::i32(call.param("seqlen_k")), KernelArg::i32(blocks), KernelArg::i32(tq),
@@ -172,7 +193,7 @@ Plan AttentionBwdOp::plan(const KernelSpec& call, const TileConfig& c) const {
     return p;
   }
   if (tk > 0 && ah::max_len_k(call) > 0) {  // every key row gets dk, dv (0 where no query sees it)
-    const int64_t k_blocks = ceil_div(ah::max_len_k(call), c.at("KB"));
+    const int64_t k_blocks = ceil_div(ah::max_len_k(call), rows("KB"));
     Launch l;
     l.kernel = "kiln_attention_bwd_dkdv";
     common(l);
@@ -183,7 +204,7 @@ Plan AttentionBwdOp::plan(const KernelSpec& call, const TileConfig& c) const {
     p.launches.push_back(std::move(l));
   }
   if (tq > 0 && ah::max_len_q(call) > 0) {
-    const int64_t q_blocks = ceil_div(ah::max_len_q(call), c.at("QB"));
+    const int64_t q_blocks = ceil_div(ah::max_len_q(call), rows("QB"));
     Launch l;
     l.kernel = "kiln_attention_bwd_dq";
     common(l);

@@ -17,6 +17,8 @@ namespace kiln {
 /// Three launches (D into an fp32 workspace of 4 x heads x tokens_q bytes; dK/dV per key block;
 /// dQ per query block), no atomics: every output is bitwise deterministic, with deterministic = 0
 /// as with 1 (1 keeps that promise for variants that will use atomics).
+/// Kernels (docs/attention.md): MFMA on gfx942/gfx950 for head dims up to 128, TMA + WGMMA on
+/// sm_90a for head dims 64 and 128, portable FlashAttention-2 kernels for every other case.
 class AttentionBwdOp final : public OpTemplate {
  public:
   std::string_view name() const override { return "attention_bwd"; }

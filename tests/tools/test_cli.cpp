@@ -719,6 +719,29 @@ TEST_F(CliTest, InspectMetaReportsTheMfmaHotLoopOnAmd) {
   }
 }
 
+// The MFMA attention backward: the dK/dV kernel's report, and a line for each other kernel of its
+// plan (D and dQ), each with its registers, LDS, scratch (none) and occupancy; MFMAs in both
+// main kernels' hot loops.
+TEST_F(CliTest, InspectMetaReportsEveryKernelOfTheMfmaAttentionBackward) {
+  KILN_REQUIRE_LLVM();
+  for (const char* arch : {"gfx942", "gfx950"}) {
+    SCOPED_TRACE(arch);
+    Output o = kiln_cached({"inspect", "attention_bwd", "-p", "batch=1,seqlen_q=512,seqlen_k=512,heads=8,kv_heads=2,head_dim=128,causal=1",
+                            "--dtype", "bf16", "--arch", arch, "--emit", "meta"});
+    ASSERT_EQ(o.code, 0) << o.err;
+    EXPECT_TRUE(std::regex_search(o.out, std::regex(R"(kernel\s+kiln_attention_bwd_dkdv)"))) << o.out;
+    EXPECT_TRUE(std::regex_search(o.out, std::regex(R"(tile config .*MFMA=1)"))) << o.out;
+    EXPECT_TRUE(std::regex_search(o.out, std::regex(R"(scratch\s+0 bytes)"))) << o.out;
+    EXPECT_TRUE(std::regex_search(o.out, std::regex(R"(hot loop\s+bytes 0x[0-9a-f]+\.\.0x[0-9a-f]+, \d+ instructions: [1-9]\d* MFMA)")))
+        << o.out;
+    EXPECT_TRUE(std::regex_search(o.out, std::regex(R"(occupancy\s+[1-8] waves per SIMD)"))) << o.out;
+    EXPECT_TRUE(std::regex_search(o.out, std::regex(R"(also\s+kiln_attention_bwd_dot: \d+ VGPRs, \d+ AGPRs, \d+ SGPRs, LDS \d+ bytes, scratch 0 bytes per lane, 0 spills, [1-8] waves per SIMD)")))
+        << o.out;
+    EXPECT_TRUE(std::regex_search(o.out, std::regex(R"(also\s+kiln_attention_bwd_dq: \d+ VGPRs, \d+ AGPRs, \d+ SGPRs, LDS [1-9]\d* bytes, scratch 0 bytes per lane, 0 spills, [1-8] waves per SIMD .*hot loop \d+ instructions, [1-9]\d* MFMA)")))
+        << o.out;
+  }
+}
+
 TEST_F(CliTest, InspectLlvmIr) {
   std::vector<std::string> args = {"inspect", "rmsnorm", "--param", "rows=4,hidden=128", "--arch", "gfx942",
                                    "--emit", "llvm"};

@@ -239,6 +239,27 @@ int print_meta(const KernelSpec& spec, const TargetInfo& target, const InspectOp
     auto it = std::find_if(plan.launches.begin(), plan.launches.end(), [&](const Launch& l) { return l.kernel == i.kernel; });
     const Launch& l = it != plan.launches.end() ? *it : plan.launches.front();
     print_amd_report(spec, target, variants.front(), l.geometry, (*compiled)->code_object(), i.kernel, line);
+    // The plan's other kernels (the same code object; e.g. attention_bwd's dot and dq launches):
+    // registers, LDS, scratch, occupancy and the hot loop of each, once per name.
+    std::vector<std::string> seen = {i.kernel};
+    for (const Launch& other : plan.launches) {
+      if (std::find(seen.begin(), seen.end(), other.kernel) != seen.end()) continue;
+      seen.push_back(other.kernel);
+      auto r = amdgpu_code_report((*compiled)->code_object(), other.kernel, target, static_cast<int>(other.geometry.block.x));
+      if (!r) {
+        line("also", fmt::format("{}: not shown: {}", other.kernel, first_line(r.error().message)));
+        continue;
+      }
+      line("also", fmt::format("{}: {} VGPRs, {} AGPRs, {} SGPRs, LDS {} bytes, scratch {} bytes per lane, {} spills, "
+                               "{} waves per SIMD (limited by {}; {} threads per workgroup); hot loop {}",
+                               other.kernel, known(r->vgprs), known(r->agprs), known(r->sgprs), known(r->lds_bytes),
+                               known(r->scratch_bytes), known(r->spills), r->waves_per_simd, r->occupancy_limit,
+                               other.geometry.block.x,
+                               r->hot_loop.found ? fmt::format("{} instructions, {} MFMA, {} LDS, {} other VALU",
+                                                               r->hot_loop.mix.total, r->hot_loop.mix.mfma,
+                                                               r->hot_loop.mix.lds, r->hot_loop.mix.valu)
+                                                 : std::string("none")));
+    }
   }
   if (!i.assembler_report.empty() && globals().verbose) fmt::print("assembler report:\n{}\n", i.assembler_report);
   return 0;
