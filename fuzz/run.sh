@@ -34,9 +34,14 @@ SOURCES=(support/dtype.cpp support/dynlib.cpp support/env.cpp support/fs.cpp sup
 FLAGS=(-std=c++20 -O1 -g -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined
   -I. -Iinclude -I"$OUT" -I/usr/local/cuda/include -DKILN_WITH_LLVM=0 -DKILN_WITH_HIP=0 '-DKILN_CLANG_VERSION="22.1.8"')
 objs=()
+# An object is rebuilt when its source or any header of the tree is newer (a header that changes a
+# type's layout, such as op_interface.h's ParamInfo, must rebuild every object that uses it: a
+# stale one reads the type with its old size).
+newest_header=$(find include templates codegen support cache runtime manifest "$OUT/generated" -name '*.h' \
+  -printf '%T@ %p\n' | sort -n | tail -1 | cut -d' ' -f2-)
 for src in "${SOURCES[@]}"; do
   obj="$OUT/obj/$(echo "$src" | tr '/' '_').o"
-  if [[ ! -f $obj || $src -nt $obj || templates/op_template.h -nt $obj || templates/op_codegen.h -nt $obj || include/kiln/dtype.h -nt $obj ]]; then "$CXX" "${FLAGS[@]}" -c "$src" -o "$obj" & fi
+  if [[ ! -f $obj || $src -nt $obj || $newest_header -nt $obj ]]; then "$CXX" "${FLAGS[@]}" -c "$src" -o "$obj" & fi
   objs+=("$obj")
   while (( $(jobs -r | wc -l) >= $(nproc) )); do wait -n; done
 done

@@ -58,9 +58,9 @@ bool flag(const TileConfig& c, const char* key) {
   return it != c.end() && it->second != 0;
 }
 
-TileConfig sm90_tma_config(bool dbuf) {
-  return {{"WGMMA", 1}, {"TMA", 1}, {"DBUF", dbuf ? 1 : 0}, {"BM", 128}, {"BN", 128}, {"BK", 128},
-          {"STAGES", 6}, {"THREADS", 384}};
+TileConfig sm90_tma_config(bool dbuf, int64_t bm = 128) {
+  return {{"WGMMA", 1}, {"TMA", 1},           {"DBUF", dbuf ? 1 : 0},         {"BM", bm}, {"BN", 128}, {"BK", 128},
+          {"STAGES", bm == 128 ? 6 : 5}, {"THREADS", 128 * (1 + bm / 64)}};
 }
 // The Hopper kernels: K a multiple of 16 (TMA's 16-byte row strides), 32-bit tile indices.
 bool sm90_tma(const KernelSpec& spec, const TargetInfo& target) {
@@ -111,13 +111,22 @@ std::vector<TileConfig> GemmFp8Op::variants(const KernelSpec& spec, const Target
   // The portable kernel: a TM x TN = t x t register tile per thread.
   const TileConfig portable = {{"BM", bm}, {"BN", bm}, {"BK", 16}, {"TM", t}, {"TN", t}, {"THREADS", (bm / t) * (bm / t)}};
   // sm_90a, K a multiple of 16 (16-byte rows, as TMA's strides need): the TMA warp-specialized
-  // persistent kernel (gemm_fp8_sm90_tma.kernel), 128 x 128 tiles, 128-deep slices in a 6-stage
-  // ring (about 200 KiB of shared memory); the portable kernel serves unaligned views. Tuning
+  // persistent kernel (gemm_fp8_sm90_tma.kernel), 128 x 128 tiles in a 6-stage ring of 128-deep
+  // slices (about 200 KiB of shared memory) or 192 x 128 in 5; the portable kernel serves
+  // unaligned views. Tuning
   // candidates: DBUF (two partial accumulators, the next slice's WGMMAs issued before a
   // promotion) and the cp.async WGMMA kernel (gemm_fp8_sm90.kernel). On the H100 (2026-11-26,
   // bench_gemm_fp8 --only square --tune) DBUF was 2-6% slower at 8192^3 and the cp.async kernel
   // 20-45% slower, so neither is the default.
-  if (sm90_tma(spec, target)) return {sm90_tma_config(false), portable};
+  // Tensorwise and rowwise (no scales in the main loop) take three consumer warpgroups (192 x 128
+  // tiles) where those still fill every SM: the H100's tuner (2026-11-26, 8192^3) found them
+  // 11% / 6% faster than two; with block scales they were 40% slower (160 registers per thread
+  // for the totals, the slice and the scales), so blockwise and block1x128 keep 128 x 128.
+  if (sm90_tma(spec, target)) {
+    const bool three = spec.param("granularity") < kGemmBlockwise &&
+                       ceil_div(M, 192) * ceil_div(N, 128) >= target.compute_units;
+    return {sm90_tma_config(false, three ? 192 : 128), portable};
+  }
   if (target.vendor != Vendor::amd) return {portable};
   // gfx942 and gfx950: the MFMA kernel on 2 x 2 waves with the 32x32x16 fp8 MFMAs, which both
   // have (MFMA_K=64, gfx950's 32x32x64 f8f6f4, is written but not chosen: in the CDNA emulator it
@@ -145,7 +154,8 @@ uint32_t GemmFp8Op::dynamic_shared_bytes(const KernelSpec& spec, const TileConfi
 
 std::vector<TileConfig> GemmFp8Op::tuning_candidates(const KernelSpec& spec, const TargetInfo& target) const {
   if (!sm90_tma(spec, target)) return {choose_config(spec, target)};
-  return {sm90_tma_config(false), sm90_tma_config(true),
+  const TileConfig first = choose_config(spec, target);
+  return {first, first.at("BM") == 192 ? sm90_tma_config(false) : sm90_tma_config(false, 192), sm90_tma_config(true),
           {{"WGMMA", 1}, {"BM", 128}, {"BN", 128}, {"BK", 128}, {"STAGES", 4}, {"THREADS", 256}}};
 }
 

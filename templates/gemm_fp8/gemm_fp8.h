@@ -52,7 +52,8 @@ class GemmFp8Op final : public OpTemplate {
   std::string_view kernel_name(const TileConfig&) const override { return "kiln_gemm_fp8"; }
   Plan plan(const KernelSpec& call, const TileConfig& config) const override;
   uint32_t dynamic_shared_bytes(const KernelSpec& spec, const TileConfig& config) const override;
-  /// sm_90a with K % 16 == 0: the TMA kernel with and without DBUF, and the cp.async WGMMA kernel.
+  /// sm_90a with K % 16 == 0: the TMA kernel with and without DBUF, with three consumer
+  /// warpgroups (BM 192), and the cp.async WGMMA kernel.
   std::vector<TileConfig> tuning_candidates(const KernelSpec& spec, const TargetInfo& target) const override;
   /// The MFMA kernel needs A and B 16-byte aligned where K % 16 == 0 (16-byte loads); the portable
   /// kernel, its fallback, needs nothing.

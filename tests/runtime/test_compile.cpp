@@ -107,16 +107,26 @@ TEST_P(CompileEveryTarget, ProducesAValidCodeObject) {
     // Known: the Hopper attention kernels (384 threads, so ptxas gives them 168 registers) spill:
     // the forward (attention_sm90.kernel) up to a few hundred bytes with clang's PTX and none with
     // NVRTC's (the default NVIDIA compiler); the backward (attention_bwd_sm90.kernel) 16 bytes
-    // with NVRTC at head dim 128 and up to about 750 with clang. The fp8 GEMM's TMA kernel
-    // (gemm_fp8_sm90_tma.kernel: 384 threads, three 64-register accumulators with DBUF) spills
-    // nothing with NVRTC and up to about 900 bytes with clang's PTX, where ptxas does not give the
-    // consumer warpgroups the registers setmaxnreg raises them to. Everything else must not spill.
+    // with NVRTC at head dim 128 and up to about 1100 with clang. The TMA kernels of the fp8 GEMM
+    // and the grouped GEMM (384 or 512 threads) spill nothing with NVRTC and up to about 900
+    // bytes with clang's PTX, where ptxas does not give the consumer warpgroups the registers
+    // setmaxnreg raises them to. The one-block delayed-scaling history push of quantize_fp8,
+    // rmsnorm and swiglu (kiln_fp8_amax_history, 1024 threads: 64 registers) spills 20 bytes
+    // with clang's PTX, none with NVRTC's. Everything else must not spill.
     const bool known_spill = (spec.op == "gemm" && spec.dtype == DType::f32 && target.vendor == Vendor::nvidia) ||
                              (spec.op == "gemm_fp8" && target.vendor == Vendor::nvidia);
     const bool clang = std::string(c.compiler) == "clang";
-    const bool sm90_384 = ((spec.op == "attention" || spec.op == "attention_bwd") && src->config.count("WGMMA")) ||
-                                (spec.op == "gemm_fp8" && src->config.count("TMA"));
-    const int64_t allowed = sm90_384 ? (clang ? 1024 : spec.op == "attention_bwd" ? 32 : 0) : known_spill ? 16 : 0;
+    const bool warp_specialized = ((spec.op == "attention" || spec.op == "attention_bwd") && src->config.count("WGMMA")) ||
+                                  ((spec.op == "gemm_fp8" || spec.op == "grouped_gemm") && src->config.count("TMA"));
+    const bool delayed_history = target.vendor == Vendor::nvidia && clang &&
+                                 ((spec.op == "quantize_fp8" && spec.params.count("scaling") && spec.param("scaling") == 1) ||
+                                  ((spec.op == "rmsnorm" || spec.op == "swiglu") && spec.params.count("fp8_out") &&
+                                   spec.param("fp8_out") != 0 && !(spec.params.count("fp8_granularity") &&
+                                                                    spec.param("fp8_granularity") != 0)));
+    const int64_t allowed = warp_specialized ? (clang ? 1536 : spec.op == "attention_bwd" ? 32 : 0)
+                            : delayed_history ? 32
+                            : known_spill     ? 16
+                                              : 0;
     EXPECT_LE(info.spill_stores, allowed) << "no spills expected in these small kernels";
 #if KILN_WITH_LLVM
     const auto symbols = elf_symbols(b);
