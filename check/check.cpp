@@ -170,6 +170,10 @@ Result<CheckReport> check_unguarded(Runtime& rt, const KernelSpec& spec, const C
     std::sort(batches.begin(), batches.end());
     report.kernel_ms = batches[batches.size() / 2];
   }
+  if (options.timer) {
+    KILN_ASSIGN_OR_RETURN(report.kernel_ms,
+                          options.timer([&]() -> Result<void> { return kernel->launch(spec, ptrs, options.scalars, nullptr); }));
+  }
   return report;
 }
 
