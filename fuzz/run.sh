@@ -26,7 +26,7 @@ mkdir -p "$OUT/generated"
   echo "#define KILN_OP_FOLDERS ${#op_dirs[@]}"
 } >"$OUT/generated/op_headers.h.new"
 cmp -s "$OUT/generated/op_headers.h.new" "$OUT/generated/op_headers.h" || mv "$OUT/generated/op_headers.h.new" "$OUT/generated/op_headers.h"
-SOURCES=(support/dtype.cpp support/dynlib.cpp support/env.cpp support/fs.cpp support/log.cpp support/sha256.cpp
+SOURCES=(support/dtype.cpp support/dynlib.cpp support/env.cpp support/fs.cpp support/log.cpp support/parallel.cpp support/sha256.cpp
   templates/op_interface.cpp templates/op_codegen.cpp templates/op_testing.cpp templates/op_template.cpp templates/registry.cpp templates/*/*.cpp
   codegen/targets.cpp codegen/codegen.cpp codegen/code_object.cpp manifest/manifest.cpp cache/disk_cache.cpp cache/cache_key.cpp
   runtime/compile/compiler.cpp runtime/compile/nvrtc_compiler.cpp runtime/compile/clang_options.cpp
@@ -36,7 +36,7 @@ FLAGS=(-std=c++20 -O1 -g -fsanitize=fuzzer-no-link,address,undefined -fno-saniti
 objs=()
 for src in "${SOURCES[@]}"; do
   obj="$OUT/obj/$(echo "$src" | tr '/' '_').o"
-  if [[ ! -f $obj || $src -nt $obj || templates/op_template.h -nt $obj || templates/op_codegen.h -nt $obj || include/kiln/dtype.h -nt $obj ]]; then "$CXX" "${FLAGS[@]}" -c "$src" -o "$obj" & fi
+  if [[ ! -f $obj || $src -nt $obj || templates/op_template.h -nt $obj || templates/op_codegen.h -nt $obj || templates/op_testing.h -nt $obj || include/kiln/dtype.h -nt $obj ]]; then "$CXX" "${FLAGS[@]}" -c "$src" -o "$obj" & fi
   objs+=("$obj")
   while (( $(jobs -r | wc -l) >= $(nproc) )); do wait -n; done
 done
