@@ -98,9 +98,19 @@ class DiskCache {
   const std::string& root() const { return root_; }
   bool read_only() const { return read_only_; }
 
+  /// The generated source a caller already holds with its SHA-256 (KernelSource::text and
+  /// source_sha256), which the key covers.
+  struct KnownSource {
+    std::string_view text;
+    std::string_view sha256;
+  };
   /// A verified entry, or nullopt on a miss. A corrupt entry is reported once, moved to
   /// v1/corrupt/ and counted, and the call returns nullopt so the caller rebuilds it.
-  std::optional<CacheEntry> load(const std::string& key);
+  /// With `known` (a disk hit of the runtime, which has just generated the source), the entry's
+  /// source file is neither read nor hashed again: meta.json must record the same SHA-256 and
+  /// size for it (else the entry is corrupt), and the entry's source is the caller's text. The
+  /// code object is always read and verified. `kiln cache verify` still checks every file.
+  std::optional<CacheEntry> load(const std::string& key, const KnownSource* known = nullptr);
 
   /// Publishes an entry atomically (temporary directory, fsync, rename). If another process
   /// published the same key first, its entry is kept and this returns success.
@@ -184,7 +194,7 @@ class DiskCache {
   Result<EntryDir> open_entry(const std::string& key) const;
   bool trusted(const struct stat& st) const;
   bool still_linked(const std::string& key, const struct stat& dir_st) const;
-  Result<CacheEntry> read_entry(const EntryDir& dir, const std::string& key) const;
+  Result<CacheEntry> read_entry(const EntryDir& dir, const std::string& key, const KnownSource* known) const;
   void quarantine(const std::string& key, const struct stat* dir_st, const std::string& why);
 
   std::string root_;

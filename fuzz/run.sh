@@ -26,7 +26,7 @@ mkdir -p "$OUT/generated"
   echo "#define KILN_OP_FOLDERS ${#op_dirs[@]}"
 } >"$OUT/generated/op_headers.h.new"
 cmp -s "$OUT/generated/op_headers.h.new" "$OUT/generated/op_headers.h" || mv "$OUT/generated/op_headers.h.new" "$OUT/generated/op_headers.h"
-SOURCES=(support/dtype.cpp support/dynlib.cpp support/env.cpp support/fs.cpp support/log.cpp support/sha256.cpp
+SOURCES=(support/dtype.cpp support/dynlib.cpp support/env.cpp support/fs.cpp support/log.cpp support/parallel.cpp support/sha256.cpp
   templates/op_interface.cpp templates/op_codegen.cpp templates/op_testing.cpp templates/op_template.cpp templates/registry.cpp templates/*/*.cpp
   codegen/targets.cpp codegen/codegen.cpp codegen/code_object.cpp manifest/manifest.cpp cache/disk_cache.cpp cache/cache_key.cpp
   runtime/compile/compiler.cpp runtime/compile/nvrtc_compiler.cpp runtime/compile/clang_options.cpp

@@ -11,39 +11,43 @@
 
 #include "runtime/device_impl.h"
 #include "support/memory.h"
+#include "support/parallel.h"
 
 namespace kiln {
 
 std::vector<uint8_t> encode_values(std::span<const float> values, DType t) {
   const size_t size = dtype_size(t);
   std::vector<uint8_t> out(values.size() * size);
-  for (size_t i = 0; i < values.size(); ++i) {
-    uint8_t* p = &out[i * size];
-    switch (t) {
-      case DType::f32: std::memcpy(p, &values[i], 4); break;
-      case DType::bf16: {
-        const uint16_t h = float_to_bf16_bits(values[i]);
-        std::memcpy(p, &h, 2);
-        break;
+  // GPU-sized inputs are billions of elements: every core encodes its own range.
+  parallel_for(values.size(), size_t{1} << 18, [&](size_t begin, size_t end) {
+    for (size_t i = begin; i < end; ++i) {
+      uint8_t* p = &out[i * size];
+      switch (t) {
+        case DType::f32: std::memcpy(p, &values[i], 4); break;
+        case DType::bf16: {
+          const uint16_t h = float_to_bf16_bits(values[i]);
+          std::memcpy(p, &h, 2);
+          break;
+        }
+        case DType::f16: {
+          const uint16_t h = float_to_f16_bits(values[i]);
+          std::memcpy(p, &h, 2);
+          break;
+        }
+        case DType::i32: {
+          const int32_t v = static_cast<int32_t>(std::nearbyint(values[i]));
+          std::memcpy(p, &v, 4);
+          break;
+        }
+        case DType::i64: {
+          const int64_t v = static_cast<int64_t>(std::nearbyint(values[i]));
+          std::memcpy(p, &v, 8);
+          break;
+        }
+        default: *p = float_to_fp8_bits(values[i], t); break;
       }
-      case DType::f16: {
-        const uint16_t h = float_to_f16_bits(values[i]);
-        std::memcpy(p, &h, 2);
-        break;
-      }
-      case DType::i32: {
-        const int32_t v = static_cast<int32_t>(std::nearbyint(values[i]));
-        std::memcpy(p, &v, 4);
-        break;
-      }
-      case DType::i64: {
-        const int64_t v = static_cast<int64_t>(std::nearbyint(values[i]));
-        std::memcpy(p, &v, 8);
-        break;
-      }
-      default: *p = float_to_fp8_bits(values[i], t); break;
     }
-  }
+  });
   return out;
 }
 

@@ -604,11 +604,13 @@ Result<std::shared_ptr<CompiledKernelImpl>> RuntimeImpl::build(const KernelSpec&
   if (env().dump_source) KILN_LOG_INFO("source of {} for {}:\n{}", to_string(src.spec), target.name, src.text);
 
   FileLock lock;
+  // A hit takes the source generated here instead of reading and hashing the entry's copy again.
+  const DiskCache::KnownSource known{src.text, src.source_sha256};
   if (disk_) {
-    if (auto hit = disk_->load(digest)) return from_disk(std::move(*hit), *compiler, src);
+    if (auto hit = disk_->load(digest, &known)) return from_disk(std::move(*hit), *compiler, src);
   }
   for (const auto& layer : layers_) {
-    if (auto hit = layer->load(digest)) {
+    if (auto hit = layer->load(digest, &known)) {
       ++stats_.layer_hits;
       return from_disk(std::move(*hit), *compiler, src);
     }
@@ -621,7 +623,7 @@ Result<std::shared_ptr<CompiledKernelImpl>> RuntimeImpl::build(const KernelSpec&
     if (!locked && locked.error().code == Errc::timeout) return locked.take_error();
     if (locked) {
       lock = std::move(locked).value();
-      if (auto hit = disk_->load(digest)) return from_disk(std::move(*hit), *compiler, src);
+      if (auto hit = disk_->load(digest, &known)) return from_disk(std::move(*hit), *compiler, src);
     } else {
       KILN_LOG_WARN("compiling without the cross-process lock: {}", locked.error().message);
     }

@@ -4,7 +4,7 @@
 #   scripts/gpu_attention.sh build tests run
 # build: Kiln without LLVM (NVRTC), kiln, test_gpu and bench_attention (hiredis from .gpu-carry/hiredis). tests: test_gpu (every op's test specs,
 # attention's GPU-size ones included, NVRTC; clang kernels only where a prewarmed cache is carried
-# as in scripts/gpu_issue8.sh). run: `kiln run --check --bench --no-tune` of the portable kernels
+# as in scripts/gpu_bench_steps.sh). run: `kiln run --check --bench --no-tune` of the portable kernels
 # on a few shapes, forward and backward (the fp64 reference covers every row: shapes stay moderate).
 # On sm_90a the forward of head dims 64 and 128 is the TMA + WGMMA kernel (attention_sm90.kernel);
 # other head dims and the backward are the portable kernels. bench: bench_attention --quick and the

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The GPU machine's benchmarks and GPU tests in steps that fit the device tool's 10-minute calls
-# (the build directory stays on a warm machine between calls): launch overhead (bench_launch), the
-# memory-bound report (bench_membound, then its PyTorch peers), attention (bench_attention, then
-# its PyTorch SDPA peers) and test_gpu. Logs and CSVs go under $OUT. (scripts/gpu_check.sh is the
+# (the build directory stays on a warm machine between calls): launch overhead (bench_launch), a
+# disk hit phase by phase with the driver's module load (bench_disk_hit), the memory-bound report
+# (bench_membound, then its PyTorch peers), attention (bench_attention, then its PyTorch SDPA
+# peers) and test_gpu. Logs and CSVs go under $OUT. (scripts/gpu_check.sh is the
 # one-call build + whole suite + examples.)
-#   scripts/gpu_bench_steps.sh build launch membound   # then, in the next call:
+#   scripts/gpu_bench_steps.sh build launch disk_hit membound   # then, in the next call:
 #   scripts/gpu_bench_steps.sh peers tests
 #   scripts/gpu_bench_steps.sh build attention         # --quick cases (< 3 min) + peers
 #   scripts/gpu_bench_steps.sh attention_full          # all cases + peers; or, if that does not fit
@@ -44,7 +45,7 @@ for step in "$@"; do
       nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv > "$OUT/env.txt" 2>&1
       date -u +%FT%TZ >> "$OUT/env.txt"
       configure
-      ninja -C $B kiln bench_launch bench_membound test_gpu > "$OUT/build.log" 2>&1 ||
+      ninja -C $B kiln bench_launch bench_disk_hit bench_membound test_gpu > "$OUT/build.log" 2>&1 ||
         { tail -40 "$OUT/build.log"; exit 1; } ;;
     attention)  # the --quick cases: one per shape (causal) at batch 1 and 2, and the causal varlen batch
       attention_kiln attention --quick
@@ -57,6 +58,10 @@ for step in "$@"; do
     launch)
       KILN_CACHE_DIR=$(mktemp -d) $B/bench/bench_launch 2>&1 | sed 's/\x1b\[[0-9;]*m//g' > "$OUT/bench_launch.log"
       tail -8 "$OUT/bench_launch.log" ;;
+    disk_hit)  # a disk hit phase by phase on this machine, the module load through the real driver (sm_90a)
+      KILN_CUDA_LIB=libcuda.so.1 $B/bench/bench_disk_hit --benchmark_filter='/2$' 2>&1 | sed 's/\x1b\[[0-9;]*m//g' \
+        > "$OUT/bench_disk_hit.log"
+      grep -E "^(Codegen|Key|OpenRead|MetaJson|Sha256|Load|Hit|LoadModule|KernelHit)/" "$OUT/bench_disk_hit.log" ;;
     membound)  # Kiln's side; a fresh cache, so the heuristic's kernels (no tuning records)
       KILN_CACHE_DIR=$(mktemp -d) $B/bench/bench_membound $B/kiln_membound.csv --quick > "$OUT/kiln_membound.log" 2>&1
       cp $B/kiln_membound.csv "$OUT/"; cat "$OUT/kiln_membound.log" ;;

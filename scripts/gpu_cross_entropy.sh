@@ -5,9 +5,9 @@
 #   scripts/gpu_cross_entropy.sh build check    # then, in later calls:
 #   scripts/gpu_cross_entropy.sh bench peers
 #   scripts/gpu_cross_entropy.sh tune
-# (test_gpu, which runs every op's test specs with NVRTC and clang, is scripts/gpu_issue8.sh's
+# (test_gpu, which runs every op's test specs with NVRTC and clang, is scripts/gpu_bench_steps.sh's
 # `tests` step.)
-# build: without LLVM (NVRTC), hiredis from .gpu-carry/hiredis, as scripts/gpu_issue8.sh.
+# build: without LLVM (NVRTC), hiredis from .gpu-carry/hiredis, as scripts/gpu_bench_steps.sh.
 # check: every test spec of both ops (vocab 1 to 152064, in place, int32/int64 targets) against
 #        the fp64 reference, through kiln run --check.
 # bench: bench_membound's cross-entropy rows ([8192, 128256], [8192, 152064], [16384, 32000]

@@ -18,14 +18,16 @@ int64_t OpTestHooks::sample_dimension(const KernelSpec& spec) const {
 
 void OpTestHooks::init_inputs(const KernelSpec& /*spec*/, std::span<const TensorInfo> inputs,
                              std::vector<std::vector<float>>& values, std::mt19937_64& rng) const {
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
   values.resize(inputs.size());
   for (size_t i = 0; i < inputs.size(); ++i) {
-    values[i].resize(static_cast<size_t>(inputs[i].elements()));
-    for (float& v : values[i]) {
-      do v = round_to_dtype(dist(rng), inputs[i].dtype);
+    const DType t = inputs[i].dtype;
+    fill_random(values[i], static_cast<size_t>(inputs[i].elements()), rng, [t](std::mt19937_64& g) {
+      std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+      float v;
+      do v = round_to_dtype(dist(g), t);
       while (v == 0.0f);
-    }
+      return v;
+    });
   }
 }
 

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -24,6 +25,12 @@ struct CheckOptions {
   int64_t sample_rows = 0;    ///< Output rows compared with the reference (0: all rows).
   std::map<std::string, float> scalars;
   int bench_iterations = 0;   ///< > 0: also time this many launches (median of 5 batches).
+  /// Optional: called once after the comparison with `launch`, which launches the checked kernel
+  /// once on the checked tensors (the default stream, nothing synchronized), so that a benchmark
+  /// times the kernel on the inputs already made instead of making GPU-sized inputs a second
+  /// time (bench_membound: L2 flushed before each launch). Its result, milliseconds per launch,
+  /// becomes CheckReport::kernel_ms; an error it returns is check_on_device's error.
+  std::function<Result<double>(const std::function<Result<void>()>& launch)> timer;
 };
 
 /// The comparison of one output tensor with its reference.
@@ -56,7 +63,7 @@ struct CheckReport {
   std::string gate;            ///< The gate applied, in words.
   double first_call_ms = 0;    ///< kernel(): compile or cache load + module load, host wall time.
   double cached_call_ms = 0;   ///< A second kernel() call (memory hit), host wall time.
-  double kernel_ms = 0;        ///< Median device time per launch (with bench_iterations).
+  double kernel_ms = 0;        ///< Median device time per launch (with bench_iterations), or the timer's result.
   double bytes = 0;            ///< Bytes moved by one launch (inputs read + outputs written).
   double flops = 0;            ///< Floating-point operations of one launch (GEMM: 2*M*N*K).
   std::string origin;          ///< "compiled", "disk" or "memory".

@@ -78,12 +78,11 @@ std::vector<TileConfig> vector_then_scalar(const KernelSpec& spec, RowConfig row
 /// Logits [tokens, vocab] (`elements` of them) uniform in [-4, 4], rounded to `t`, never 0:
 /// probabilities spread over about e^8, as trained models'.
 inline void init_logits(std::vector<float>& logits, int64_t elements, DType t, std::mt19937_64& rng) {
-  std::uniform_real_distribution<float> u(-4.0f, 4.0f);
-  logits.resize(static_cast<size_t>(elements));
-  for (float& v : logits) {
-    v = round_to_dtype(u(rng), t);
-    if (v == 0.0f) v = 0.25f;
-  }
+  fill_random(logits, static_cast<size_t>(elements), rng, [t](std::mt19937_64& g) {
+    std::uniform_real_distribution<float> u(-4.0f, 4.0f);
+    const float v = round_to_dtype(u(g), t);
+    return v == 0.0f ? 0.25f : v;
+  });
 }
 
 /// Targets in [1, vocab) (never 0, as every input), and always the second token ignored:

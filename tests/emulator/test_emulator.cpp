@@ -401,6 +401,22 @@ Result<std::unique_ptr<Runtime>> emulator_runtime(const std::string& target) {
 // backend sets for gfx942. With the decoding forced to OCP (KILN_EMULATOR_FP8=ocp) the same
 // gfx942 fp8 GEMM fails its gate: the cases above pass because of the switch, not in spite of
 // it. (Read as OCP, an FNUZ code is worth twice its value: biases 7 and 15 instead of 8 and 16.)
+// With sampled rows, check_on_device reads back only those rows of each output (a benchmark's
+// 8 rows of a GPU-sized tensor, not gigabytes), each into its place for the comparison: rows read
+// from the wrong place would hold other values (or the NaN poison past the sampled ones) and fail.
+// rmsnorm's y [50, 64] and rstd [50] (rstd's rows are its elements).
+TEST(EmulatorCheck, SampledRowsAreReadBackAloneAndStillCompared) {
+  KILN_EMULATOR_OR_SKIP(rt, "gfx942");
+  const KernelSpec spec{"rmsnorm", DType::bf16, DType::bf16, {{"rows", 50}, {"hidden", 64}, {"save_rstd", 1}}};
+  CheckOptions options;
+  options.sample_rows = 5;
+  auto report = check_on_device(*rt, spec, options);
+  ASSERT_TRUE(report.ok()) << report.error().message;
+  EXPECT_TRUE(report->pass) << format_report(*report);
+  EXPECT_LE(report->compared, 5 * 64 + 5);
+  EXPECT_GE(report->compared, 2 * 64 + 2) << "the first and last row at least";
+}
+
 TEST(EmulatorBackend, Gfx942Fp8NeedsTheFnuzDecoding) {
   KILN_REQUIRE_LLVM();
   const KernelSpec spec{"gemm_fp8", DType::e4m3fnuz, DType::f32,

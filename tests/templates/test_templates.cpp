@@ -639,4 +639,38 @@ TEST(DTypes, Fp8EncoderRoundsToNearestEvenAndSaturates) {
 }
 
 }  // namespace
+// fill_random draws GPU-sized inputs on every core: one seed gives the same values whatever the
+// thread count (each 64 Ki-element chunk has its own generator, seeded in chunk order), and the
+// chunks are not copies of each other.
+TEST(FillRandom, OneSeedGivesTheSameValuesAndChunksDiffer) {
+  constexpr size_t n = (size_t{1} << 16) * 3 + 123;
+  auto draw = [](std::mt19937_64& g) {
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    return u(g);
+  };
+  std::vector<float> a, b, c;
+  std::mt19937_64 r1(5), r2(5), r3(6);
+  fill_random(a, n, r1, draw);
+  fill_random(b, n, r2, draw);
+  fill_random(c, n, r3, draw);
+  ASSERT_EQ(a.size(), n);
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a, c);
+  EXPECT_FALSE(std::equal(a.begin(), a.begin() + 1000, a.begin() + (size_t{1} << 16)));
+  EXPECT_EQ(r1(), r2()) << "the caller's generator advances the same way";
+  for (float v : a) ASSERT_TRUE(v >= -1.0f && v <= 1.0f);
+  // The default init_inputs draws through it: never zero, rounded to the dtype.
+  const OpTemplate& swiglu = **find_op("swiglu");
+  const KernelSpec spec{"swiglu", DType::bf16, DType::bf16, {{"rows", 300}, {"intermediate", 256}}};
+  std::vector<TensorInfo> inputs;
+  for (const TensorInfo& t : swiglu.tensors(spec))
+    if (!t.output) inputs.push_back(t);
+  std::vector<std::vector<float>> values;
+  std::mt19937_64 rng(1);
+  swiglu.init_inputs(spec, inputs, values, rng);
+  ASSERT_EQ(values.size(), 1u);
+  ASSERT_EQ(values[0].size(), size_t{300 * 512});
+  for (float v : values[0]) ASSERT_TRUE(v != 0.0f && v == round_to_dtype(v, DType::bf16) && std::fabs(v) <= 1.0f);
+}
+
 }  // namespace kiln
