@@ -3,7 +3,7 @@
 # tool's 10-minute calls (the build directory stays on a warm machine between calls):
 #   scripts/gpu_step.sh build check time     # then, in the next call:
 #   scripts/gpu_step.sh moe                  # examples/moe_block checked and timed against PyTorch
-#   scripts/gpu_step.sh attention tests
+#   scripts/gpu_step.sh attention tests      # (alltests: every op's specs in four parallel processes)
 #   scripts/gpu_step.sh grouped              # bench_grouped_gemm + torch._grouped_mm (GROUPED_QUICK=1: DeepSeek-V3 only)
 #   scripts/gpu_step.sh fp8                  # bench_gemm_fp8 + torch._scaled_mm (FP8_ARGS, default --quick)
 # check: examples/llama_step at --seq $CHECK_SEQ (2048) dumps weights and gradients, and
@@ -80,6 +80,16 @@ PY
       # every op's test specs with NVRTC (Compilers/Gpu.*/0), the determinism test of embedding_bwd
       # (TEST_OPS=op1,op2: only those ops' specs, through KILN_GPU_TEST_OPS)
       KILN_GPU_TEST_OPS=${TEST_OPS:-} $B/tests/test_gpu --gtest_filter='Compilers/Gpu.*/0:GpuEmbedding*' > "$OUT/test_gpu.log" 2>&1
+      grep -E "specs pass|^\[  (PASSED|FAILED)|FAILED  \]|FAIL " "$OUT/test_gpu.log" | head -40 ;;
+    alltests)  # every op's specs with NVRTC, in four processes at once (their compiles run in parallel)
+      groups=("gemm" "rmsnorm,swiglu,rmsnorm_bwd,swiglu_bwd,quantize_fp8,dequantize_fp8"
+              "cross_entropy,cross_entropy_bwd,rope,rope_bwd,embedding,embedding_bwd,gemm_fp8,grouped_gemm"
+              "attention,attention_bwd,moe_router,moe_router_bwd,moe_permute,moe_permute_bwd,moe_unpermute,moe_unpermute_bwd")
+      for i in "${!groups[@]}"; do
+        KILN_GPU_TEST_OPS=${groups[$i]} $B/tests/test_gpu --gtest_filter='Compilers/Gpu.*/0' > "$OUT/test_gpu_$i.log" 2>&1 &
+      done
+      wait
+      cat "$OUT"/test_gpu_*.log > "$OUT/test_gpu.log"; rm -f "$OUT"/test_gpu_*.log
       grep -E "specs pass|^\[  (PASSED|FAILED)|FAILED  \]|FAIL " "$OUT/test_gpu.log" | head -40 ;;
     membound)  # the rows of the new memory-bound ops, with their PyTorch peers
       $B/bench/bench_membound "$OUT/membound_new.csv" --quick --only cross_entropy,rope,embedding,rmsnorm_bwd_dres \
