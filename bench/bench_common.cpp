@@ -79,4 +79,30 @@ BackgroundCompile::~BackgroundCompile() {
   thread_.join();
 }
 
+Result<Timing> time_flushed(kiln::Device& dev, DeviceBuffer& flush, const std::function<Result<void>()>& launch,
+                            double flops, int max_reps) {
+  std::vector<double> ms;
+  int reps = max_reps;
+  for (int r = 0; r < reps; ++r) {
+    KILN_TRY(dev.memset(flush.ptr, static_cast<uint8_t>(r), flush.bytes));
+    KILN_ASSIGN_OR_RETURN(float t, dev.time_ms(nullptr, launch));
+    ms.push_back(t);
+    if (r == 0) reps = std::clamp(static_cast<int>(300.0 / std::max(double(t), 1e-3)), 5, max_reps);
+  }
+  return summarize(std::move(ms), flops);
+}
+
+Result<void> tune_and_print(kiln::Runtime& rt, const kiln::KernelSpec& spec, const std::string& label) {
+  kiln::TuneOptions opt;
+  opt.force = true;
+  KILN_ASSIGN_OR_RETURN(kiln::TuneReport rep, rt.tune(spec, opt));
+  for (size_t i = 0; i < rep.candidates.size(); ++i) {
+    std::string cfg;
+    for (const auto& [k, v] : rep.candidates[i].config) cfg += fmt::format("{}{}={}", cfg.empty() ? "" : " ", k, v);
+    std::fprintf(stderr, "  tune %s: %s  %.4f ms%s\n", label.c_str(), cfg.c_str(), rep.candidates[i].median_ms,
+                 i == rep.winner ? "  <- winner" : "");
+  }
+  return kiln::ok();
+}
+
 }  // namespace kiln::bench

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <cstddef>
 #include <cstdio>
 #include <string>
@@ -38,6 +39,14 @@ struct Timing {
 /// The Timing of repetitions `ms` (milliseconds each) of `flops` floating-point operations; all
 /// zero without repetitions.
 Timing summarize(std::vector<double> ms, double flops);
+
+/// Times `launch` with device events, the L2 evicted before each repetition (`flush` written by a
+/// memset): the first repetition sets the count, about 300 ms of device time (5 .. max_reps).
+Result<Timing> time_flushed(kiln::Device& dev, DeviceBuffer& flush, const std::function<Result<void>()>& launch,
+                            double flops, int max_reps);
+/// Runtime::tune of `spec` (timed again even with a record), each candidate's configuration and
+/// median printed to stderr under `label`, the winner marked; kernel(spec) then loads the winner.
+Result<void> tune_and_print(kiln::Runtime& rt, const kiln::KernelSpec& spec, const std::string& label);
 
 /// The fields of a CSV header line ("a,b,c" -> a, b, c).
 std::vector<std::string> split_header(std::string_view csv);

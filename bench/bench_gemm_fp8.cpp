@@ -159,17 +159,7 @@ Result<Row> run_gran(kiln::Runtime& rt, const Shape& s, int64_t gran, const Tabl
   const kiln::KernelSpec spec{"gemm_fp8", s.a_e5m2 ? DType::e5m2 : DType::e4m3, DType::bf16,
                               {{"M", s.M}, {"N", s.N}, {"K", s.K}, {"granularity", gran}, {"b_format", 0}}};
   Row row;
-  if (tune) {
-    kiln::TuneOptions opt;
-    opt.force = true;
-    KILN_ASSIGN_OR_RETURN(kiln::TuneReport rep, rt.tune(spec, opt));
-    for (size_t i = 0; i < rep.candidates.size(); ++i) {
-      std::string cfg;
-      for (const auto& [k, v] : rep.candidates[i].config) cfg += fmt::format("{}{}={}", cfg.empty() ? "" : " ", k, v);
-      std::fprintf(stderr, "  tune %s %s: %s  %.4f ms%s\n", s.label.c_str(), kGranNames[gran], cfg.c_str(),
-                   rep.candidates[i].median_ms, i == rep.winner ? "  <- winner" : "");
-    }
-  }
+  if (tune) KILN_TRY(kiln::bench::tune_and_print(rt, spec, s.label + " " + kGranNames[gran]));
   KILN_ASSIGN_OR_RETURN(auto kernel, rt.kernel(spec));
   row.config = kernel->compiled().info().config;
   const bool b_is_1x128 = gran == kGranBlock1x128;
@@ -215,15 +205,8 @@ Result<Row> run_gran(kiln::Runtime& rt, const Shape& s, int64_t gran, const Tabl
   row.snr = err > 0 ? 10 * std::log10(sig / err) : 200;
   row.check = finite && row.snr > 40 ? "PASS" : "FAIL";
 
-  std::vector<double> ms;
-  int reps = 50;
-  for (int r = 0; r < reps; ++r) {
-    KILN_TRY(dev.memset(flush.ptr, static_cast<uint8_t>(r), kFlushBytes));
-    KILN_ASSIGN_OR_RETURN(float t, dev.time_ms(nullptr, launch));
-    ms.push_back(t);
-    if (r == 0) reps = std::clamp(static_cast<int>(300.0 / std::max(double(t), 1e-3)), 5, 50);
-  }
-  row.timing = kiln::bench::summarize(ms, 2.0 * double(s.M) * double(s.N) * double(s.K));
+  KILN_ASSIGN_OR_RETURN(row.timing, kiln::bench::time_flushed(dev, flush, launch,
+                                                               2.0 * double(s.M) * double(s.N) * double(s.K), 50));
   return row;
 }
 }  // namespace

@@ -134,17 +134,7 @@ Result<Row> run_case(kiln::Runtime& rt, const Case& c, const Table& table, Devic
   kiln::Device& dev = *rt.device();
   const kiln::KernelSpec spec{"grouped_gemm", kiln::DType::bf16, kiln::DType::bf16,
                               {{"mode", 0}, {"groups", c.groups}, {"N", c.N}, {"K", c.K}, {"tokens", c.tokens}}};
-  if (tune) {  // every tuning candidate, timed by Runtime::tune on the op's own random group sizes
-    kiln::TuneOptions opt;
-    opt.force = true;
-    KILN_ASSIGN_OR_RETURN(kiln::TuneReport rep, rt.tune(spec, opt));
-    for (size_t i = 0; i < rep.candidates.size(); ++i) {
-      std::string cfg;
-      for (const auto& [k, v] : rep.candidates[i].config) cfg += fmt::format("{}{}={}", cfg.empty() ? "" : " ", k, v);
-      std::fprintf(stderr, "  tune %s: %s  %.4f ms%s\n", c.label.c_str(), cfg.c_str(), rep.candidates[i].median_ms,
-                   i == rep.winner ? "  <- winner" : "");
-    }
-  }
+  if (tune) KILN_TRY(kiln::bench::tune_and_print(rt, spec, c.label));  // on the op's own random group sizes
   KILN_ASSIGN_OR_RETURN(auto kernel, rt.kernel(spec));
   DeviceBuffer a, w, off, out;
   KILN_TRY(a.allocate(dev, static_cast<size_t>(c.tokens * c.K) * 2));
@@ -186,15 +176,8 @@ Result<Row> run_case(kiln::Runtime& rt, const Case& c, const Table& table, Devic
   row.snr = err > 0 ? 10 * std::log10(sig / err) : 200;
   row.check = finite && row.snr > 40 ? "PASS" : "FAIL";
 
-  std::vector<double> ms;
-  int reps = 100;
-  for (int r = 0; r < reps; ++r) {
-    KILN_TRY(dev.memset(flush.ptr, static_cast<uint8_t>(r), kFlushBytes));
-    KILN_ASSIGN_OR_RETURN(float t, dev.time_ms(nullptr, launch));
-    ms.push_back(t);
-    if (r == 0) reps = std::clamp(static_cast<int>(300.0 / std::max(double(t), 1e-3)), 5, 100);
-  }
-  row.timing = kiln::bench::summarize(ms, 2.0 * double(c.tokens) * double(c.N) * double(c.K));
+  KILN_ASSIGN_OR_RETURN(row.timing, kiln::bench::time_flushed(dev, flush, launch,
+                                                               2.0 * double(c.tokens) * double(c.N) * double(c.K), 100));
   return row;
 }
 }  // namespace

@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -217,6 +218,29 @@ inline Snr snr_db(const std::vector<float>& out, const std::vector<float>& ref) 
   }
   s.db = 10 * std::log10(std::max(sig, 1e-300) / std::max(err, 1e-300));
   return s;
+}
+
+/// One check line, "check: NAME SNR x dB (gate 30) PASS|FAIL" (NAME padded to `width`), of an
+/// output against its reference; true when it passes (no non-finite value, SNR above 30 dB).
+inline bool report_snr(const std::string& name, const std::vector<float>& out, const std::vector<float>& ref,
+                       int width) {
+  const Snr s = snr_db(out, ref);
+  const bool ok = s.nonfinite == 0 && s.db > 30;
+  std::printf("check: %-*s SNR %6.1f dB (gate 30)%s %s\n", width, name.c_str(), s.db,
+              s.nonfinite ? fmt::format(", {} non-finite", s.nonfinite).c_str() : "", ok ? "PASS" : "FAIL");
+  return ok;
+}
+
+/// Device times of `n` runs of `body` (device events), sorted: [size / 2] is the median.
+inline kiln::Result<std::vector<float>> sorted_times(kiln::Device& dev, const std::function<kiln::Result<void>()>& body,
+                                                    int64_t n) {
+  std::vector<float> ms;
+  for (int64_t i = 0; i < n; ++i) {
+    KILN_ASSIGN_OR_RETURN(float t, dev.time_ms(nullptr, body));
+    ms.push_back(t);
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms;
 }
 
 }  // namespace kiln_example

@@ -526,24 +526,16 @@ int main(int argc, char** argv) {
       auto a = g.download(*dg[i]);
       auto b = host.download(*hg[i]);
       if (!a || !b) return fail(a ? b.error() : a.error());
-      const auto [snr, nonfinite] = kiln_example::snr_db(*a, *b);
-      const bool ok = nonfinite == 0 && snr > 30;
-      pass = pass && ok;
-      std::printf("check: %-28s SNR %6.1f dB (gate 30)%s %s\n", dg[i]->name.c_str(), snr,
-                  nonfinite ? fmt::format(", {} non-finite", nonfinite).c_str() : "", ok ? "PASS" : "FAIL");
+      pass = kiln_example::report_snr(dg[i]->name, *a, *b, 28) && pass;
     }
     std::printf("check: %s\n", pass ? "PASS" : "FAIL");
     if (!pass) rc = 1;
   }
 
   if (!emulated && time_steps > 0) {
-    std::vector<float> ms;
-    for (int64_t i = 0; i < time_steps; ++i) {
-      auto t = dev.time_ms(nullptr, step);
-      if (!t) return fail(t.error());
-      ms.push_back(*t);
-    }
-    std::sort(ms.begin(), ms.end());
+    auto times = kiln_example::sorted_times(dev, step, time_steps);
+    if (!times) return fail(times.error());
+    const std::vector<float>& ms = *times;
     std::printf("llama_step: step time %.3f ms (median of %ld; min %.3f, max %.3f)\n", ms[ms.size() / 2],
                 long(ms.size()), ms.front(), ms.back());
     if (breakdown) {

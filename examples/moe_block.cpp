@@ -451,24 +451,16 @@ int main(int argc, char** argv) {
       auto a = g.download(*dr[i]);
       auto r = host.download(*hr[i]);
       if (!a || !r) return fail(a ? r.error() : a.error());
-      const auto [snr, nonfinite] = kiln_example::snr_db(*a, *r);
-      const bool ok = nonfinite == 0 && snr > 30;
-      pass = pass && ok;
-      std::printf("check: %-30s SNR %6.1f dB (gate 30)%s %s\n", dr[i]->name.c_str(), snr,
-                  nonfinite ? fmt::format(", {} non-finite", nonfinite).c_str() : "", ok ? "PASS" : "FAIL");
+      pass = kiln_example::report_snr(dr[i]->name, *a, *r, 30) && pass;
     }
     std::printf("check: %s\n", pass ? "PASS" : "FAIL");
     if (!pass) rc = 1;
   }
 
   if (!emulated && time_steps > 0) {
-    std::vector<float> ms;
-    for (int64_t i = 0; i < time_steps; ++i) {
-      auto t = dev.time_ms(nullptr, block);
-      if (!t) return fail(t.error());
-      ms.push_back(*t);
-    }
-    std::sort(ms.begin(), ms.end());
+    auto times = kiln_example::sorted_times(dev, block, time_steps);
+    if (!times) return fail(times.error());
+    const std::vector<float>& ms = *times;
     std::printf("moe_block: block time %.3f ms (forward + backward, median of %ld; min %.3f, max %.3f)\n",
                 ms[ms.size() / 2], long(ms.size()), ms.front(), ms.back());
     if (breakdown) {

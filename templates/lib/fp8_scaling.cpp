@@ -1,5 +1,7 @@
 #include "templates/lib/fp8_scaling.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <iterator>
@@ -164,6 +166,19 @@ Fp8Granularity fp8_gemm_operand_granularity(int64_t scaling, bool operand_b) {
 
 std::pair<DType, DType> fp8_test_formats(const TargetInfo& target) {
   return {fp8_for_target(DType::e4m3, target), fp8_for_target(DType::e5m2, target)};
+}
+
+std::string fp8_fused_defines(const KernelSpec& spec, const TileConfig& config) {
+  if (!config.count("FP8")) return "";
+  return fmt::format("#define FP8_GRAN {}\ntypedef {} fp8_t;\n", spec.param("fp8_granularity"),
+                     device_type_name(fp8_out_dtype(spec)));
+}
+
+void fp8_fused_alignment(const TileConfig& config, std::span<const TensorInfo> tensors, std::vector<uint32_t>& out) {
+  if (!config.count("FP8")) return;
+  for (size_t i = 0; i < tensors.size(); ++i)
+    if (tensors[i].name == "y_scale" || tensors[i].name == "amax_history" || tensors[i].name == "amax_history_out")
+      out[i] = 1;
 }
 
 }  // namespace kiln

@@ -90,6 +90,12 @@ TileConfig fp8_row_config(int64_t columns, int64_t vec, const TargetInfo& target
 /// must then hold them all), quantized as quantize_fp8 defines it.
 void fp8_fused_reference(const KernelSpec& spec, std::span<const int64_t> rows, int64_t cols, const std::vector<double>& y,
                          std::span<const float> history, std::vector<RefOutput>& outputs);
+/// The fused fp8 output of a row op (rmsnorm, swiglu), shared by both ops: the baked constants
+/// of a configuration with "FP8" (FP8_GRAN and fp8_t; "" without it) ...
+std::string fp8_fused_defines(const KernelSpec& spec_with_defaults, const TileConfig& config);
+/// ... and the base alignment of its tensors: the fp32 y_scale and amax history are accessed one
+/// element at a time (1), whatever the vector variant asks of the others.
+void fp8_fused_alignment(const TileConfig& config, std::span<const TensorInfo> tensors, std::vector<uint32_t>& out);
 /// Gates of the fused outputs: y_fp8 within one code (y's own rounding may differ from the
 /// reference's by one unit, and the code with it); y_scale and the history's new entry within
 /// y's dtype gate, the delayed scale bitwise (it depends on the history alone).

@@ -82,19 +82,13 @@ std::vector<TileConfig> SwiGluOp::variants(const KernelSpec& spec, const TargetI
 std::vector<uint32_t> SwiGluOp::base_alignment(const KernelSpec& spec, const TileConfig& config) const {
   const std::vector<TensorInfo> ts = tensors(spec);
   std::vector<uint32_t> out = vector_variant_alignment(config, ts.size());
-  if (config.count("FP8"))  // fp32 scales and history: scalar accesses
-    for (size_t i = 0; i < ts.size(); ++i)
-      if (ts[i].name == "y_scale" || ts[i].name == "amax_history" || ts[i].name == "amax_history_out") out[i] = 1;
+  fp8_fused_alignment(config, ts, out);
   return out;
 }
 
 std::string SwiGluOp::specialize(const KernelSpec& given, const TileConfig& c) const {
   const KernelSpec spec = with_defaults(given);
-  std::string fp8;
-  if (c.count("FP8"))
-    fp8 = fmt::format("#define FP8_GRAN {}\ntypedef {} fp8_t;\n", spec.param("fp8_granularity"),
-                      device_type_name(fp8_out_dtype(spec)));
-  return fp8 + fmt::format("constexpr int INTERMEDIATE = {};\nconstexpr int THREADS = {}, VEC = {}, ITEMS = {};\n"
+  return fp8_fused_defines(spec, c) + fmt::format("constexpr int INTERMEDIATE = {};\nconstexpr int THREADS = {}, VEC = {}, ITEMS = {};\n"
                      "typedef {} in_t;\ntypedef {} out_t;\n",
                      spec.param("intermediate"), c.at("THREADS"), c.at("VEC"), c.at("ITEMS"),
                      device_type_name(spec.dtype), device_type_name(spec.out_dtype));
