@@ -507,7 +507,7 @@ struct Options {
   std::string target = "sm_90a";
   std::string compiler;
   std::string backend = "cuda", emulator_target = "gfx942";
-  bool timing = true;
+  bool timing = true, tune = false;
   std::vector<std::string> shapes;  // "HQ/HKV/D/S"
   std::string varlen;               // "TOTAL/MIN/MAX"
 };
@@ -598,6 +598,10 @@ Result<Accuracy> run_check(Bench& b, const Case& c, const Tensors& t, const std:
 
 Result<void> run_case(Bench& b, const Case& c, Tensors& t, Row& row) {
   const kiln::KernelSpec fs = make_spec(c, false), bs = make_spec(c, true);
+  if (b.opt.tune) {  // the tuning records then serve kernel()
+    KILN_TRY(kiln::bench::tune_and_print(*b.rt, fs, c.label + " forward"));
+    KILN_TRY(kiln::bench::tune_and_print(*b.rt, bs, c.label + " backward"));
+  }
   KILN_ASSIGN_OR_RETURN(auto fk, b.rt->kernel(fs));
   KILN_ASSIGN_OR_RETURN(auto bk, b.rt->kernel(bs));
   if (bk->workspace_bytes(bs) > t.workspace.bytes)
@@ -888,6 +892,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--emulator-target", opt.emulator_target, "gfx942 or gfx950 (--backend emulator)")
       ->capture_default_str();
+  app.add_flag("--tune", opt.tune, "Time every tuning candidate of each case first (Runtime::tune) and print them");
   app.add_flag("!--no-timing", opt.timing, "Check only, no timed repetitions (implied by --backend emulator)");
   CLI11_PARSE(app, argc, argv);
   opt.max_reps = std::max(opt.max_reps, opt.min_reps);

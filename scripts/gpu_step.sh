@@ -6,6 +6,7 @@
 #   scripts/gpu_step.sh attention tests      # (alltests: every op's specs in four parallel processes)
 #   scripts/gpu_step.sh grouped              # bench_grouped_gemm + torch._grouped_mm (GROUPED_QUICK=1: DeepSeek-V3 only)
 #   scripts/gpu_step.sh fp8                  # bench_gemm_fp8 + torch._scaled_mm (FP8_ARGS, default --quick)
+#   (attention: bench_attention's arguments in ATTN_ARGS, default --quick; e.g. "--quick --only s8192_b1 --tune")
 # check: examples/llama_step at --seq $CHECK_SEQ (2048) dumps weights and gradients, and
 #        scripts/llama_step_torch.py compares them with PyTorch in fp32 (loss 1e-3, gradients 30 dB);
 # time:  the step at the model's sequence length (micro-batch $MB, default 1) with its per-op
@@ -73,7 +74,7 @@ PY
         --kiln-ms "${ms:-0}" > "$OUT/moe_time_torch.log" 2>&1
       tail -6 "$OUT/moe_time_torch.log" ;;
     attention)
-      $B/bench/bench_attention "$OUT/attention.csv" --quick > "$OUT/bench_attention.log" 2>&1; tail -25 "$OUT/bench_attention.log"
+      $B/bench/bench_attention "$OUT/attention.csv" ${ATTN_ARGS:---quick} > "$OUT/bench_attention.log" 2>&1; tail -40 "$OUT/bench_attention.log"
       python3 bench/attention_peers.py "$OUT/attention.csv" "$OUT/attention_peers" > "$OUT/attention_peers.log" 2>&1
       tail -30 "$OUT/attention_peers.log" ;;
     tests)

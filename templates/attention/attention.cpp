@@ -39,7 +39,7 @@ Result<void> AttentionOp::check(const KernelSpec& spec, const TargetInfo&) const
 // Three kernels:
 //  - Hopper (attention_sm90.kernel, sm_90a; head_dim == head_dim_v, 64 or 128): FlashAttention-3's
 //    structure, TMA + WGMMA, a producer warpgroup and two consumer warpgroups of 64 query rows,
-//    128-key blocks in a STAGES-deep ring (2 at head dim 128: 160 KiB of shared memory; 4 at 64),
+//    128-key blocks in a STAGES-deep ring (3 at head dim 128: 225 KiB of shared memory; 4 at 64),
 //    the softmax of one block overlapped with the GEMMs of the next.
 //    TMA needs 16-byte row strides and bases, which the op requires of every layout anyway.
 //  - portable (attention.kernel, every target): BM query rows of one head per block, key/value
@@ -63,14 +63,20 @@ int64_t block_threads(const TileConfig& c) {
 // and V tiles of 128 keys, the mbarriers.
 int64_t sm90_shared_bytes(const KernelSpec& spec, const TileConfig& c) {
   const int64_t d = spec.param("head_dim");
-  return 1024 + 128 * d * 2 + 2 * c.at("STAGES") * 128 * d * 2 + 8 * (1 + 3 * c.at("STAGES"));
+  return 1024 + 128 * d * 2 + 2 * c.at("STAGES") * 128 * d * 2 + 8 * (1 + 4 * c.at("STAGES"));
 }
-// PINGPONG: the two consumer warpgroups take turns on the tensor cores (FlashAttention-3). Off by
-// default: on the H100 (2026-11-26, bench_attention --quick --only s8192_b1) it was slower at head
-// dim 128 (320 / 342 TFLOP/s with, 397 / 428 without) and even at 64 (319 / 316); it stays a
-// tuning candidate.
-TileConfig sm90_config(const KernelSpec& spec, bool pingpong) {
-  return {{"WGMMA", 1}, {"STAGES", spec.param("head_dim") == 64 ? 4 : 2}, {"PINGPONG", pingpong ? 1 : 0}};
+// PINGPONG: the two consumer warpgroups take turns on the tensor cores (FlashAttention-3). STAGES:
+// the K/V ring's depth, 3 at head dim 128 (225 KiB of shared memory, under the 227 KiB a block may
+// opt in to), 4 at 64. Measured with bench_attention --quick --only s8192_b1 --tune (H200,
+// 2026-11-26, causal, after the WGMMA serialization fix): at head dim 128 three stages beat two by
+// 4-7% and ping-pong is 0-5% slower; at 64 ping-pong is 16% faster. The others stay tuning
+// candidates.
+TileConfig sm90_config(bool pingpong, int64_t stages) {
+  return {{"WGMMA", 1}, {"STAGES", stages}, {"PINGPONG", pingpong ? 1 : 0}};
+}
+TileConfig sm90_default(const KernelSpec& spec) {
+  const bool d64 = spec.param("head_dim") == 64;
+  return sm90_config(d64, d64 ? 4 : 3);
 }
 bool has_wgmma(const KernelSpec& spec, const TargetInfo& t) {
   const int64_t d = spec.param("head_dim");
@@ -84,8 +90,10 @@ bool has_mfma(const TargetInfo& t) { return t.vendor == Vendor::amd && (t.name =
 }  // namespace
 
 std::vector<TileConfig> AttentionOp::variants(const KernelSpec& spec, const TargetInfo& target) const {
-  if (has_wgmma(spec, target))
-    return {sm90_config(spec, false), sm90_config(spec, true), portable_config(spec)};
+  if (has_wgmma(spec, target)) {
+    const TileConfig d = sm90_default(spec);
+    return {d, sm90_config(!d.at("PINGPONG"), d.at("STAGES")), portable_config(spec)};
+  }
   if (!has_mfma(target)) return {portable_config(spec)};
   const int64_t dmax = std::max(spec.param("head_dim"), ah::dim_v(spec));
   return {{{"MFMA", 1}, {"WAVES", dmax <= 128 ? 2 : 1}, {"BN", 32}, {"MFMA_K", target.name == "gfx950" ? 16 : 8}},
@@ -152,10 +160,11 @@ Plan AttentionOp::plan(const KernelSpec& call, const TileConfig& c) const {
   return p;
 }
 
-// Tuning on sm_90a times the Hopper kernel with and without ping-pong.
+// Tuning on sm_90a times the Hopper kernel with and without ping-pong (and with 2 or 3 stages at head dim 128).
 std::vector<TileConfig> AttentionOp::tuning_candidates(const KernelSpec& spec, const TargetInfo& target) const {
-  if (has_wgmma(spec, target)) return {sm90_config(spec, true), sm90_config(spec, false)};
-  return {choose_config(spec, target)};
+  if (!has_wgmma(spec, target)) return {choose_config(spec, target)};
+  if (spec.param("head_dim") == 64) return {sm90_config(true, 4), sm90_config(false, 4)};
+  return {sm90_config(false, 3), sm90_config(true, 3), sm90_config(false, 2), sm90_config(true, 2)};
 }
 
 uint32_t AttentionOp::dynamic_shared_bytes(const KernelSpec& spec, const TileConfig& c) const {
