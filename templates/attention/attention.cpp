@@ -63,20 +63,23 @@ int64_t block_threads(const TileConfig& c) {
 // and V tiles of 128 keys, the mbarriers.
 int64_t sm90_shared_bytes(const KernelSpec& spec, const TileConfig& c) {
   const int64_t d = spec.param("head_dim");
-  return 1024 + 128 * d * 2 + 2 * c.at("STAGES") * 128 * d * 2 + 8 * (1 + 4 * c.at("STAGES"));
+  return 1024 + 128 * d * 2 + 2 * c.at("STAGES") * 128 * d * 2 + 8 * (2 + 4 * c.at("STAGES"));
 }
 // PINGPONG: the two consumer warpgroups take turns on the tensor cores (FlashAttention-3). STAGES:
 // the K/V ring's depth, 3 at head dim 128 (225 KiB of shared memory, under the 227 KiB a block may
-// opt in to), 4 at 64. Measured with bench_attention --quick --only s8192_b1 --tune (H200,
-// 2026-11-26, causal, after the WGMMA serialization fix): at head dim 128 three stages beat two by
-// 4-7% and ping-pong is 0-5% slower; at 64 ping-pong is 16% faster. The others stay tuning
-// candidates.
-TileConfig sm90_config(bool pingpong, int64_t stages) {
-  return {{"WGMMA", 1}, {"STAGES", stages}, {"PINGPONG", pingpong ? 1 : 0}};
+// opt in to), 4 at 64. PERSISTENT: at most one block per SM, striding over the work items (else
+// every item gets a block; the kernel orders the items differently, see its tile_of). Measured with
+// bench_attention --quick (--tune), H100 and H200, 2026-11-26, causal, after the WGMMA
+// serialization fix: at head dim 128 three stages beat two by 4-7%, ping-pong lost 0-5%, and
+// persistence won up to 12% on 7 of the 8 dense rows (lost 3% on one); at 64 ping-pong won 16%
+// and persistence lost 1-4%; on the packed varlen batch persistence lost 12% (a static stride
+// over items of very different lengths, many of them empty). The others stay tuning candidates.
+TileConfig sm90_config(bool pingpong, int64_t stages, bool persistent) {
+  return {{"WGMMA", 1}, {"STAGES", stages}, {"PINGPONG", pingpong ? 1 : 0}, {"PERSISTENT", persistent ? 1 : 0}};
 }
 TileConfig sm90_default(const KernelSpec& spec) {
   const bool d64 = spec.param("head_dim") == 64;
-  return sm90_config(d64, d64 ? 4 : 3);
+  return sm90_config(d64, d64 ? 4 : 3, !d64 && !ah::thd(spec));
 }
 bool has_wgmma(const KernelSpec& spec, const TargetInfo& t) {
   const int64_t d = spec.param("head_dim");
@@ -92,7 +95,7 @@ bool has_mfma(const TargetInfo& t) { return t.vendor == Vendor::amd && (t.name =
 std::vector<TileConfig> AttentionOp::variants(const KernelSpec& spec, const TargetInfo& target) const {
   if (has_wgmma(spec, target)) {
     const TileConfig d = sm90_default(spec);
-    return {d, sm90_config(!d.at("PINGPONG"), d.at("STAGES")), portable_config(spec)};
+    return {d, sm90_config(!d.at("PINGPONG"), d.at("STAGES"), d.at("PERSISTENT")), portable_config(spec)};
   }
   if (!has_mfma(target)) return {portable_config(spec)};
   const int64_t dmax = std::max(spec.param("head_dim"), ah::dim_v(spec));
@@ -108,9 +111,10 @@ std::string_view AttentionOp::device_template(const TileConfig& c) const {
 std::string AttentionOp::specialize(const KernelSpec& spec, const TileConfig& c) const {
   if (wgmma(c))
     return ah::specialize_common(spec) +
-           fmt::format("constexpr int BM = 128, BN = 128, STAGES = {};\nconstexpr bool IN_BF16 = {}, PINGPONG = {};\n",
+           fmt::format("constexpr int BM = 128, BN = 128, STAGES = {};\nconstexpr bool IN_BF16 = {}, PINGPONG = {}, PERSISTENT = {};\n",
                        c.at("STAGES"), spec.dtype == DType::bf16 ? "true" : "false",
-                       c.at("PINGPONG") ? "true" : "false");
+                       c.at("PINGPONG") ? "true" : "false",
+                       c.count("PERSISTENT") && c.at("PERSISTENT") ? "true" : "false");
   if (mfma(c))
     return ah::specialize_common(spec) +
            fmt::format("constexpr int WAVES = {}, BN = {}, MFMA_K = {};\nconstexpr bool IN_BF16 = {};\n", c.at("WAVES"),
@@ -143,9 +147,14 @@ Plan AttentionOp::plan(const KernelSpec& call, const TileConfig& c) const {
               map(2, ah::v_stride(call), ah::tokens_k(call))};
     if (thd) l.args.insert(l.args.end(), {KernelArg::tensor(3), KernelArg::tensor(4)});
     l.args.insert(l.args.end(), {KernelArg::tensor(out), KernelArg::tensor(out + 1), KernelArg::i32(call.param("seqlen_q")),
-                                 KernelArg::i32(call.param("seqlen_k")), KernelArg::i32(q_blocks),
+                                 KernelArg::i32(call.param("seqlen_k")), KernelArg::i32(q_blocks), KernelArg::i32(batch),
                                  KernelArg::i32(ah::tokens_q(call)), KernelArg::scalar(0)});
     l.geometry.dynamic_shared_bytes = static_cast<uint32_t>(sm90_shared_bytes(call, c));
+    // Persistent: grid.x counts the work items (query blocks x sequences x heads); the launch caps
+    // it at one block per SM, and the blocks stride over the items.
+    l.geometry.grid.x = static_cast<uint32_t>(std::min<int64_t>(q_blocks * batch * call.param("heads"), INT32_MAX));
+    l.geometry.grid.y = 1;
+    l.geometry.persistent = c.count("PERSISTENT") && c.at("PERSISTENT") != 0;
     p.launches.push_back(std::move(l));
     return p;
   }
@@ -160,11 +169,16 @@ Plan AttentionOp::plan(const KernelSpec& call, const TileConfig& c) const {
   return p;
 }
 
-// Tuning on sm_90a times the Hopper kernel with and without ping-pong (and with 2 or 3 stages at head dim 128).
+// Tuning on sm_90a times the Hopper kernel's default against it with the other persistence, the other
+// ping-pong and (at head dim 128) two stages.
 std::vector<TileConfig> AttentionOp::tuning_candidates(const KernelSpec& spec, const TargetInfo& target) const {
   if (!has_wgmma(spec, target)) return {choose_config(spec, target)};
-  if (spec.param("head_dim") == 64) return {sm90_config(true, 4), sm90_config(false, 4)};
-  return {sm90_config(false, 3), sm90_config(true, 3), sm90_config(false, 2), sm90_config(true, 2)};
+  const TileConfig d = sm90_default(spec);
+  const bool pingpong = d.at("PINGPONG") != 0, persistent = d.at("PERSISTENT") != 0;
+  const int64_t stages = d.at("STAGES");
+  std::vector<TileConfig> c = {d, sm90_config(pingpong, stages, !persistent), sm90_config(!pingpong, stages, persistent)};
+  if (stages == 3) c.push_back(sm90_config(pingpong, 2, persistent));
+  return c;
 }
 
 uint32_t AttentionOp::dynamic_shared_bytes(const KernelSpec& spec, const TileConfig& c) const {
