@@ -99,8 +99,13 @@ Result<void> tune_and_print(kiln::Runtime& rt, const kiln::KernelSpec& spec, con
   for (size_t i = 0; i < rep.candidates.size(); ++i) {
     std::string cfg;
     for (const auto& [k, v] : rep.candidates[i].config) cfg += fmt::format("{}{}={}", cfg.empty() ? "" : " ", k, v);
-    std::fprintf(stderr, "  tune %s: %s  %.4f ms%s\n", label.c_str(), cfg.c_str(), rep.candidates[i].median_ms,
-                 i == rep.winner ? "  <- winner" : "");
+    const kiln::TuneCandidate& c = rep.candidates[i];
+    const std::string time = !c.error.empty()             ? "skipped: " + c.error
+                             : c.median_ms > 0            ? fmt::format("{:.4f} ms", c.median_ms)
+                             : rep.candidates.size() == 1 ? std::string("the only candidate (not timed)")
+                                                          : std::string("not timed");
+    std::fprintf(stderr, "  tune %s: %s  %s%s\n", label.c_str(), cfg.c_str(), time.c_str(),
+                 i == rep.winner && rep.candidates.size() > 1 ? "  <- winner" : "");
   }
   return kiln::ok();
 }
