@@ -67,19 +67,19 @@ int64_t sm90_shared_bytes(const KernelSpec& spec, const TileConfig& c) {
 }
 // PINGPONG: the two consumer warpgroups take turns on the tensor cores (FlashAttention-3). STAGES:
 // the K/V ring's depth, 3 at head dim 128 (225 KiB of shared memory, under the 227 KiB a block may
-// opt in to), 4 at 64. PERSISTENT: at most one block per SM, striding over the work items (else
-// every item gets a block; the kernel orders the items differently, see its tile_of). Measured with
-// bench_attention --quick (--tune), H100 and H200, 2026-11-26, causal, after the WGMMA
-// serialization fix: at head dim 128 three stages beat two by 4-7%, ping-pong lost 0-5%, and
-// persistence won up to 12% on 7 of the 8 dense rows (lost 3% on one); at 64 ping-pong won 16%
-// and persistence lost 1-4%; on the packed varlen batch persistence lost 12% (a static stride
-// over items of very different lengths, many of them empty). The others stay tuning candidates.
+// opt in to), 4 at 64. PERSISTENT: at most one block per SM, each taking every grid-th non-empty
+// work item (else every item gets a block; the kernel orders the items differently, see its
+// tile_of and next_item). Measured with bench_attention --quick (--tune), H100 and H200,
+// 2026-11-26, causal, after the WGMMA serialization fix: at head dim 128 three stages beat two by
+// 4-7% on dense batches, ping-pong lost 0-5%, and persistence won up to 12% on 7 of the 8 dense
+// rows (lost 3% on one) and 6% on the packed varlen batch; at 64 ping-pong won 16% and
+// persistence lost 4-8%. The others stay tuning candidates.
 TileConfig sm90_config(bool pingpong, int64_t stages, bool persistent) {
   return {{"WGMMA", 1}, {"STAGES", stages}, {"PINGPONG", pingpong ? 1 : 0}, {"PERSISTENT", persistent ? 1 : 0}};
 }
 TileConfig sm90_default(const KernelSpec& spec) {
   const bool d64 = spec.param("head_dim") == 64;
-  return sm90_config(d64, d64 ? 4 : 3, !d64 && !ah::thd(spec));
+  return sm90_config(d64, d64 ? 4 : 3, !d64);
 }
 bool has_wgmma(const KernelSpec& spec, const TargetInfo& t) {
   const int64_t d = spec.param("head_dim");
