@@ -53,33 +53,39 @@ Result<void> AttentionOp::check(const KernelSpec& spec, const TargetInfo&) const
 namespace {
 bool mfma(const TileConfig& c) { return c.count("MFMA") && c.at("MFMA") != 0; }
 bool wgmma(const TileConfig& c) { return c.count("WGMMA") && c.at("WGMMA") != 0; }
+// Consumer warpgroups of the Hopper kernel (64 query rows each): 2, or 3 at head dim 64.
+int64_t consumers(const TileConfig& c) { return c.count("CONSUMERS") ? c.at("CONSUMERS") : 2; }
 int64_t block_rows(const TileConfig& c) {
-  return wgmma(c) ? 128 : mfma(c) ? 32 * c.at("WAVES") : c.at("BM");
+  return wgmma(c) ? 64 * consumers(c) : mfma(c) ? 32 * c.at("WAVES") : c.at("BM");
 }
 int64_t block_threads(const TileConfig& c) {
-  return wgmma(c) ? 384 : mfma(c) ? 64 * c.at("WAVES") : c.at("THREADS");
+  return wgmma(c) ? 128 * (1 + consumers(c)) : mfma(c) ? 64 * c.at("WAVES") : c.at("THREADS");
 }
 // Dynamic shared memory of the Hopper kernel: 1 KiB of alignment slack, Q (128 rows), STAGES K
 // and V tiles of 128 keys, the mbarriers.
 int64_t sm90_shared_bytes(const KernelSpec& spec, const TileConfig& c) {
   const int64_t d = spec.param("head_dim");
-  return 1024 + 128 * d * 2 + 2 * c.at("STAGES") * 128 * d * 2 + 8 * (2 + 4 * c.at("STAGES"));
+  return 1024 + block_rows(c) * d * 2 + 2 * c.at("STAGES") * 128 * d * 2 + 8 * (2 + 4 * c.at("STAGES"));
 }
-// PINGPONG: the two consumer warpgroups take turns on the tensor cores (FlashAttention-3). STAGES:
-// the K/V ring's depth, 3 at head dim 128 (225 KiB of shared memory, under the 227 KiB a block may
-// opt in to), 4 at 64. PERSISTENT: at most one block per SM, each taking every grid-th non-empty
-// work item (else every item gets a block; the kernel orders the items differently, see its
-// tile_of and next_item). Measured with bench_attention --quick (--tune), H100 and H200,
-// 2026-11-26, causal, after the WGMMA serialization fix: at head dim 128 three stages beat two by
-// 4-7% on dense batches, ping-pong lost 0-5%, and persistence won up to 12% on 7 of the 8 dense
-// rows (lost 3% on one) and 6% on the packed varlen batch; at 64 ping-pong won 16% and
-// persistence lost 4-8%. The others stay tuning candidates.
-TileConfig sm90_config(bool pingpong, int64_t stages, bool persistent) {
-  return {{"WGMMA", 1}, {"STAGES", stages}, {"PINGPONG", pingpong ? 1 : 0}, {"PERSISTENT", persistent ? 1 : 0}};
+// PINGPONG: the consumer warpgroups take turns on the tensor cores (FlashAttention-3). STAGES: the
+// K/V ring's depth, 3 at head dim 128 (225 KiB of shared memory, under the 227 KiB a block may opt
+// in to), 4 at 64. PERSISTENT: at most one block per SM, each taking every grid-th non-empty work
+// item (else every item gets a block; the kernel orders the items differently, see its tile_of
+// and next_item). CONSUMERS: 64-row consumer warpgroups, 2 (240 registers each) or, at head dim
+// 64, 3 (160 registers; 192-row blocks, as FlashAttention-3 uses there). Measured with
+// bench_attention --quick (--tune), H100 and H200, 2026-11-26, causal, after the WGMMA
+// serialization fix: at head dim 128 three stages beat two by 4-7% on dense batches, ping-pong
+// lost 0-5%, and persistence won up to 12% on 7 of the 8 dense rows (lost 3% on one) and 6% on the
+// packed varlen batch; at 64 ping-pong won 16%, persistence lost 4-8%, and three consumers won
+// 0-7% at seq 4096 and 7% at 8192. The others stay tuning candidates.
+TileConfig sm90_config(bool pingpong, int64_t stages, bool persistent, int64_t consumers = 2) {
+  TileConfig c = {{"WGMMA", 1}, {"STAGES", stages}, {"PINGPONG", pingpong ? 1 : 0}, {"PERSISTENT", persistent ? 1 : 0}};
+  if (consumers != 2) c["CONSUMERS"] = consumers;  // absent: 2 (the configurations tuned before it existed)
+  return c;
 }
 TileConfig sm90_default(const KernelSpec& spec) {
   const bool d64 = spec.param("head_dim") == 64;
-  return sm90_config(d64, d64 ? 4 : 3, !d64);
+  return sm90_config(d64, d64 ? 4 : 3, !d64, d64 ? 3 : 2);
 }
 bool has_wgmma(const KernelSpec& spec, const TargetInfo& t) {
   const int64_t d = spec.param("head_dim");
@@ -111,8 +117,9 @@ std::string_view AttentionOp::device_template(const TileConfig& c) const {
 std::string AttentionOp::specialize(const KernelSpec& spec, const TileConfig& c) const {
   if (wgmma(c))
     return ah::specialize_common(spec) +
-           fmt::format("constexpr int BM = 128, BN = 128, STAGES = {};\nconstexpr bool IN_BF16 = {}, PINGPONG = {}, PERSISTENT = {};\n",
-                       c.at("STAGES"), spec.dtype == DType::bf16 ? "true" : "false",
+           fmt::format("constexpr int BM = {}, BN = 128, STAGES = {}, CONSUMERS = {};\n"
+                       "constexpr bool IN_BF16 = {}, PINGPONG = {}, PERSISTENT = {};\n",
+                       block_rows(c), c.at("STAGES"), consumers(c), spec.dtype == DType::bf16 ? "true" : "false",
                        c.at("PINGPONG") ? "true" : "false",
                        c.count("PERSISTENT") && c.at("PERSISTENT") ? "true" : "false");
   if (mfma(c))
@@ -138,13 +145,15 @@ Plan AttentionOp::plan(const KernelSpec& call, const TileConfig& c) const {
   // Tensors: q, k, v, [cu_seqlens_q, cu_seqlens_k], out, lse.
   if (wgmma(c)) {
     // q, k, v as TMA tensor maps: rows of the full row stride, boxes of 64 columns (one head's
-    // 64-column chunk) by 128 rows. An empty tensor gets one row: no box of it is ever loaded.
-    auto map = [&](uint32_t t, int64_t stride, int64_t rows) {
+    // 64-column chunk) by the block's query rows (q) or 128 keys (k, v). An empty tensor gets one
+    // row: no box of it is ever loaded.
+    auto map = [&](uint32_t t, int64_t stride, int64_t rows, int64_t box_rows) {
       return KernelArg::tensor_map_of(TensorMapInfo{t, static_cast<uint64_t>(stride),
-                                                    static_cast<uint64_t>(std::max<int64_t>(rows, 1)), 64, 128});
+                                                    static_cast<uint64_t>(std::max<int64_t>(rows, 1)), 64,
+                                                    static_cast<uint32_t>(box_rows)});
     };
-    l.args = {map(0, ah::q_stride(call), ah::tokens_q(call)), map(1, ah::k_stride(call), ah::tokens_k(call)),
-              map(2, ah::v_stride(call), ah::tokens_k(call))};
+    l.args = {map(0, ah::q_stride(call), ah::tokens_q(call), block_rows(c)),
+              map(1, ah::k_stride(call), ah::tokens_k(call), 128), map(2, ah::v_stride(call), ah::tokens_k(call), 128)};
     if (thd) l.args.insert(l.args.end(), {KernelArg::tensor(3), KernelArg::tensor(4)});
     l.args.insert(l.args.end(), {KernelArg::tensor(out), KernelArg::tensor(out + 1), KernelArg::i32(call.param("seqlen_q")),
                                  KernelArg::i32(call.param("seqlen_k")), KernelArg::i32(q_blocks), KernelArg::i32(batch),
@@ -170,14 +179,16 @@ Plan AttentionOp::plan(const KernelSpec& call, const TileConfig& c) const {
 }
 
 // Tuning on sm_90a times the Hopper kernel's default against it with the other persistence, the other
-// ping-pong and (at head dim 128) two stages.
+// ping-pong, and two stages (head dim 128) or two consumers (64).
 std::vector<TileConfig> AttentionOp::tuning_candidates(const KernelSpec& spec, const TargetInfo& target) const {
   if (!has_wgmma(spec, target)) return {choose_config(spec, target)};
   const TileConfig d = sm90_default(spec);
   const bool pingpong = d.at("PINGPONG") != 0, persistent = d.at("PERSISTENT") != 0;
   const int64_t stages = d.at("STAGES");
-  std::vector<TileConfig> c = {d, sm90_config(pingpong, stages, !persistent), sm90_config(!pingpong, stages, persistent)};
+  const int64_t n = consumers(d);
+  std::vector<TileConfig> c = {d, sm90_config(pingpong, stages, !persistent, n), sm90_config(!pingpong, stages, persistent, n)};
   if (stages == 3) c.push_back(sm90_config(pingpong, 2, persistent));
+  if (consumers(d) == 3) c.push_back(sm90_config(pingpong, stages, persistent, 2));
   return c;
 }
 
