@@ -44,6 +44,7 @@ std::vector<uint8_t> encode_values(std::span<const float> values, DType t) {
           std::memcpy(p, &v, 8);
           break;
         }
+        case DType::e8m0: *p = float_to_e8m0_bits(values[i]); break;
         default: *p = float_to_fp8_bits(values[i], t); break;
       }
     }
@@ -75,10 +76,12 @@ double decode_value(const uint8_t* data, size_t i, DType t) {
       std::memcpy(&v, p, 8);
       return static_cast<double>(v);
     }
+    case DType::e8m0: return e8m0_bits_to_float(*p);
     default: return fp8_bits_to_float(*p, t);
   }
 }
 
+// 0xFF is NaN in the OCP fp8 formats (e4m3: S.1111.111, e5m2: a NaN) and in e8m0.
 uint8_t poison_byte(DType t) { return t == DType::e4m3fnuz || t == DType::e5m2fnuz ? 0x80 : 0xff; }
 
 namespace {

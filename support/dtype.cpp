@@ -1,5 +1,6 @@
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -36,6 +37,7 @@ std::string_view dtype_name(DType t) {
     case DType::e5m2fnuz: return "fp8_e5m2fnuz";
     case DType::i32: return "int32";
     case DType::i64: return "int64";
+    case DType::e8m0: return "e8m0";
   }
   return "?";
 }
@@ -50,6 +52,7 @@ Result<DType> parse_dtype(std::string_view name) {
   if (name == "fp8_e5m2fnuz" || name == "e5m2fnuz" || name == "float8_e5m2fnuz") return DType::e5m2fnuz;
   if (name == "int32" || name == "i32") return DType::i32;
   if (name == "int64" || name == "i64") return DType::i64;
+  if (name == "e8m0" || name == "float8_e8m0fnu" || name == "e8m0fnu") return DType::e8m0;
   std::string names;
   for (DType t : kAllDTypes) names += fmt::format("{}{}", names.empty() ? "" : ", ", dtype_name(t));
   return make_error(Errc::unknown, fmt::format("unknown dtype '{}'; use one of: {}", name, names));
@@ -206,12 +209,25 @@ float f16_bits_to_float(uint16_t h) {
   return f;
 }
 
+float e8m0_bits_to_float(uint8_t b) {
+  return b == 0xFF ? std::numeric_limits<float>::quiet_NaN() : std::ldexp(1.0f, int{b} - 127);
+}
+
+uint8_t float_to_e8m0_bits(float f) {
+  if (!(f > 0.0f) || std::isinf(f)) return 0xFF;
+  int e = 0;
+  const float m = std::frexp(f, &e);  // f = m 2^e, m in [0.5, 1)
+  const int exponent = (m >= 0.75f ? e : e - 1);  // nearest power of two, 1.5 x 2^k rounds up
+  return static_cast<uint8_t>(std::clamp(exponent + 127, 0, 254));
+}
+
 float round_to_dtype(float f, DType t) {
   switch (t) {
     case DType::f32: return f;
     case DType::f16: return f16_bits_to_float(float_to_f16_bits(f));
     case DType::bf16: return bf16_bits_to_float(float_to_bf16_bits(f));
     case DType::i32: case DType::i64: return std::nearbyint(f);
+    case DType::e8m0: return e8m0_bits_to_float(float_to_e8m0_bits(f));
     default: return fp8_bits_to_float(float_to_fp8_bits(f, t), t);
   }
 }

@@ -13,6 +13,7 @@ std::string_view device_type_name(DType t) {
     case DType::e5m2fnuz: return "kiln::fp8_e5m2fnuz";
     case DType::i32: return "int";
     case DType::i64: return "long long";
+    case DType::e8m0: return "unsigned char";
   }
   return "float";
 }

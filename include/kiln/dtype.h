@@ -20,14 +20,18 @@ struct TargetInfo;
 ///   e4m3fnuz, e5m2fnuz: the FNUZ formats of gfx942 (MI300): bias 8 / 16, max 240 / 57344, no
 ///                       infinities, no negative zero, one NaN (0x80).
 /// i32, i64: two's-complement integers (indices, counts).
-enum class DType : uint8_t { f32, f16, bf16, e4m3, e5m2, e4m3fnuz, e5m2fnuz, i32, i64 };
+/// e8m0: the OCP Microscaling scale type (OCP MX spec v1.0, 2023; PyTorch's float8_e8m0fnu): one
+///   byte, an unsigned biased exponent, value 2^(bits - 127), 0xFF = NaN; no sign, no zero, no
+///   mantissa. The shared scales of MXFP8 (quantize_fp8 and gemm_fp8 granularity mx). Not an fp8
+///   element format (is_fp8 is false).
+enum class DType : uint8_t { f32, f16, bf16, e4m3, e5m2, e4m3fnuz, e5m2fnuz, i32, i64, e8m0 };
 
 /// Every dtype, in enum order.
 inline constexpr DType kAllDTypes[] = {DType::f32,  DType::f16,      DType::bf16,     DType::e4m3, DType::e5m2,
-                                       DType::e4m3fnuz, DType::e5m2fnuz, DType::i32, DType::i64};
+                                       DType::e4m3fnuz, DType::e5m2fnuz, DType::i32, DType::i64, DType::e8m0};
 
 /// Canonical name: "fp32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2", "fp8_e4m3fnuz", "fp8_e5m2fnuz",
-/// "int32", "int64".
+/// "int32", "int64", "e8m0".
 std::string_view dtype_name(DType t);
 /// Parses the canonical names and the usual aliases ("f32", "float32", "bfloat16", "e4m3",
 /// "float8_e4m3fn", "e4m3fnuz", "i32", ...). Errors: Errc::unknown, listing the names.
@@ -69,13 +73,19 @@ DType fp8_in_encoding(DType t, Fp8Encoding encoding);
 /// (manifest_spec_for_target, docs/manifest.md).
 DType fp8_for_target(DType t, const TargetInfo& target);
 
+/// e8m0 (the MX scale): 2^(b - 127) for b < 0xFF, NaN for 0xFF.
+float e8m0_bits_to_float(uint8_t b);
+/// The e8m0 code nearest to f > 0 (ties away from zero: 1.5 x 2^e rounds up), saturating to
+/// [2^-127, 2^127]; NaN, infinities, zero and negative values give the NaN code 0xFF.
+uint8_t float_to_e8m0_bits(float f);
+
 /// Host conversions used by tests, `kiln run` and references (round to nearest even).
 uint16_t float_to_bf16_bits(float f);
 float bf16_bits_to_float(uint16_t b);
 uint16_t float_to_f16_bits(float f);
 float f16_bits_to_float(uint16_t h);
 /// Rounds f to the nearest value representable in t (identity for f32; fp8 as float_to_fp8_bits;
-/// integers round to nearest).
+/// e8m0 as float_to_e8m0_bits; integers round to nearest).
 float round_to_dtype(float f, DType t);
 
 }  // namespace kiln

@@ -19,9 +19,9 @@ const ParamInfo kParams[] = {
     {"N", "rows of B, columns of C", true, false, 1, kMaxDim},
     {"K", "reduction dimension (contiguous in A and B)", true, false, 1, kMaxDim},
     {"granularity",
-     "what one fp32 scale covers: tensorwise, rowwise (sa [M], sb [N]), blockwise (A 1x128, B 128x128) or block1x128 "
-     "(both 1x128: wgrad)",
-     true, false, 0, 3, fp8_gemm_scaling_names()},
+     "what one scale covers: tensorwise, rowwise (sa [M], sb [N]), blockwise (A 1x128, B 128x128), block1x128 "
+     "(both 1x128: wgrad), all fp32; or mx (both 1x32, e8m0: OCP MXFP8, gfx950)",
+     true, false, 0, 4, fp8_gemm_scaling_names()},
     {"b_format", "B's fp8 format in dtype's encoding (default e4m3; e5m2 for a gradient operand)", true, false, 0, 1,
      kFormats, 0},
     {"accumulate", "C += the product: C_in is read and C written over it (fp32 C only; default 0)", true, true, 0, 1,
@@ -30,6 +30,8 @@ const ParamInfo kParams[] = {
 const DType kDTypes[] = {DType::e4m3, DType::e5m2, DType::e4m3fnuz, DType::e5m2fnuz};
 
 bool accumulate(const KernelSpec& s) { return s.param("accumulate") != 0; }
+bool mx(const KernelSpec& s) { return s.param("granularity") == kGemmMx; }
+DType scale_dtype(const KernelSpec& s) { return mx(s) ? DType::e8m0 : DType::f32; }
 std::vector<int64_t> a_shape(const KernelSpec& s) { return {s.param("M"), s.param("K")}; }
 std::vector<int64_t> b_shape(const KernelSpec& s) { return {s.param("N"), s.param("K")}; }
 std::vector<int64_t> c_shape(const KernelSpec& s) { return {s.param("M"), s.param("N")}; }
@@ -43,11 +45,13 @@ const TensorDecl kSignature[] = {
     {"A", Role::input, DTypeRule::in, DType::f32, "[M, K]", a_shape, nullptr, "fp8, K contiguous"},
     {"B", Role::input, DTypeRule::derived, DType::f32, "[N, K]", b_shape, nullptr, "fp8, K contiguous", {}, nullptr,
      gemm_fp8_b_dtype, "b_format in dtype's encoding"},
-    {"sa", Role::input, DTypeRule::fixed, DType::f32, "[1] | [M] | [M, ceil(K/128)] (tensorwise | rowwise | blockwise, block1x128)",
-     sa_shape, nullptr, "A's scales: A * sa is the operand"},
-    {"sb", Role::input, DTypeRule::fixed, DType::f32,
-     "[1] | [N] | [ceil(N/128), ceil(K/128)] | [N, ceil(K/128)] (tensorwise | rowwise | blockwise | block1x128)", sb_shape, nullptr,
-     "B's scales: B * sb is the operand"},
+    {"sa", Role::input, DTypeRule::derived, DType::f32,
+     "[1] | [M] | [M, ceil(K/128)] | [M, ceil(K/32)] (tensorwise | rowwise | blockwise, block1x128 | mx)", sa_shape,
+     nullptr, "A's scales: A * sa is the operand", {}, nullptr, scale_dtype, "fp32; e8m0 with granularity mx"},
+    {"sb", Role::input, DTypeRule::derived, DType::f32,
+     "[1] | [N] | [ceil(N/128), ceil(K/128)] | [N, ceil(K/128)] | [N, ceil(K/32)] (tensorwise | rowwise | blockwise | "
+     "block1x128 | mx)",
+     sb_shape, nullptr, "B's scales: B * sb is the operand", {}, nullptr, scale_dtype, "fp32; e8m0 with granularity mx"},
     {"C_in", Role::input, DTypeRule::out, DType::f32, "[M, N]", c_shape, accumulate,
      "the fp32 C accumulated into (accumulate=1); C is written over it"},
     {"C", Role::output, DTypeRule::out, DType::f32, "[M, N]", c_shape, nullptr, "(C_in +) (A*sa) @ (B*sb)^T", "C_in"},
@@ -89,8 +93,15 @@ std::span<const ParamInfo> GemmFp8Op::params() const { return kParams; }
 std::span<const DType> GemmFp8Op::dtypes() const { return kDTypes; }
 std::span<const TensorDecl> GemmFp8Op::signature() const { return kSignature; }
 
-Result<void> GemmFp8Op::check(const KernelSpec& spec, const TargetInfo&) const {
+Result<void> GemmFp8Op::check(const KernelSpec& spec, const TargetInfo& target) const {
   const KernelSpec s = with_defaults(spec);
+  if (mx(s) && !(target.vendor == Vendor::amd && target.cpu == "gfx950"))
+    return make_error(
+        Errc::unsupported,
+        fmt::format("gemm_fp8: granularity mx (OCP MXFP8, e8m0 scales per 32 along K) needs gfx950's scaled MFMA "
+                    "(v_mfma_scale_f32_32x32x64_f8f6f4), which {} does not have: use blockwise (1x128 and 128x128 fp32 "
+                    "scales) or block1x128 on {}, or compile for gfx950",
+                    target.cpu, target.cpu));
   if (accumulate(s) && s.out_dtype != DType::f32)
     return make_error(Errc::invalid_argument,
                       fmt::format("gemm_fp8: accumulate=1 adds into an fp32 C (wgrad accumulation), but out_dtype is "
@@ -133,7 +144,8 @@ std::vector<TileConfig> GemmFp8Op::variants(const KernelSpec& spec, const Target
   // failed the blockwise and one-k-tile cases that the 32x32x16 form passes; not yet explained), 64-k tiles (two per 128-k scale block;
   // 2 stages of 128 x 128 tiles are 40 KiB of LDS); the portable kernel serves A or B views that
   // are not 16-byte aligned (base_alignment).
-  const TileConfig mfma = {{"MFMA", 1},      {"MFMA_K", 16},
+  // mx (gfx950 only, check()): the scaled 32x32x64 MFMA, MFMA_K 64.
+  const TileConfig mfma = {{"MFMA", 1},      {"MFMA_K", mx(spec) ? 64 : 16},
                            {"BM", bm},       {"BN", bm},
                            {"BK", 64},       {"WAVES_M", 2},
                            {"WAVES_N", 2},   {"THREADS", 256}};
@@ -175,12 +187,12 @@ std::string GemmFp8Op::specialize(const KernelSpec& spec, const TileConfig& c) c
   const KernelSpec s = with_defaults(spec);
   std::string out = fmt::format(
       "constexpr long long M = {}, N = {}, K = {}, KB = {};\n"
-      "constexpr int GRAN = {};  // 0 tensorwise, 1 rowwise, 2 blockwise, 3 block1x128\n"
+      "constexpr int GRAN = {};  // 0 tensorwise, 1 rowwise, 2 blockwise, 3 block1x128, 4 mx\n"
       "constexpr bool ACCUMULATE = {};\n"
-      "typedef {} a_t;\ntypedef {} b_t;\ntypedef {} out_t;\n",
+      "typedef {} a_t;\ntypedef {} b_t;\ntypedef {} out_t;\ntypedef {} scale_t;\n",
       s.param("M"), s.param("N"), s.param("K"), ceil_div(s.param("K"), kBlock), s.param("granularity"),
       accumulate(s) ? "true" : "false", device_type_name(s.dtype), device_type_name(gemm_fp8_b_dtype(s)),
-      device_type_name(s.out_dtype));
+      device_type_name(s.out_dtype), device_type_name(scale_dtype(s)));
   if (flag(c, "WGMMA")) {
     const bool a_e5m2 = s.dtype == DType::e5m2 || s.dtype == DType::e5m2fnuz;
     out += fmt::format("constexpr bool A_E5M2 = {}, B_E5M2 = {};\n"
@@ -248,6 +260,13 @@ void GemmFp8Op::init_inputs(const KernelSpec& spec, std::span<const TensorInfo> 
         do x = round_to_dtype(dist(rng) * max, t.dtype);
         while (x == 0.0f);
       }
+    } else if (mx(spec) && (t.name == "sa" || t.name == "sb")) {
+      // e8m0: 2^(X) with X = -emax + [-2, 2] per group (x / 2^X spans the format's range), B's
+      // also 2^-round(log2(sqrt(K))), so that C stays O(1); neighbouring groups differ.
+      const DType fmt = t.name == "sa" ? spec.dtype : gemm_fp8_b_dtype(spec);
+      const int k_shift = t.name == "sb" ? static_cast<int>(std::lround(0.5 * std::log2(double(spec.param("K"))))) : 0;
+      for (size_t g = 0; g < v.size(); ++g)
+        v[g] = std::ldexp(1.0f, static_cast<int>(g % 5) - 2 - fp8_emax(fmt) - k_shift);
     } else if (t.name == "sa" || t.name == "sb") {
       // About amax / FP8_MAX with amax in [2^-2, 2^2], a different binade per group; B's scaled
       // by 1 / sqrt(K) so that C stays O(1).
@@ -307,6 +326,57 @@ Gate GemmFp8Op::gate(const KernelSpec&, const TensorInfo&) const {
   return g;
 }
 
+// The MFMA kernel's throughput model (modelled, not measured; docs/gemm-fp8.md). Datasheet figures
+// (as docs/amd-gemm-model.md takes them): MI300X (gfx942) 304 CUs at 2.1 GHz, 2615 TFLOP/s dense
+// fp8 = 1024 FLOPs per SIMD per cycle (v_mfma_f32_32x32x16_fp8_fp8: 32768 FLOPs in 32 cycles),
+// 5.3 TB/s HBM; MI355X (gfx950) 256 CUs at 2.4 GHz, 5.0 PFLOP/s dense fp8 and MXFP8 = 2048 FLOPs per
+// SIMD per cycle with v_mfma_(scale_)f32_32x32x64_f8f6f4, while the 32x32x16 fp8 forms keep
+// gfx942's rate per cycle (1024), 8 TB/s. L2 to CU 64 bytes per cycle per CU, an assumption.
+// Per block k-tile (BM x BN x BK): MFMA cycles = 2 BM BN BK / (4 SIMDs x FLOPs per SIMD-cycle);
+// L2 cycles = the staged (BM + BN) BK bytes (mx: plus the lanes' scale bytes) / 64; one block per
+// CU at a time (2 x 2 waves, one per SIMD), tiles in rounds of the CU count; blockwise and
+// block1x128 add their promotion (16 FMAs per accumulator register per 128 k, VALU at 64 lanes per
+// cycle per SIMD). The kernel's time is the larger of that and the HBM time of A, B, the scales
+// and C; the latency between k-tiles is not modelled (an upper bound).
+std::vector<ModelLine> GemmFp8Op::throughput_model(const KernelSpec& call, const TileConfig& c, const TargetInfo& target,
+                                                   int /*registers_per_lane*/) const {
+  if (!flag(c, "MFMA") || target.vendor != Vendor::amd) return {};
+  const KernelSpec s = with_defaults(call);
+  const bool cdna4 = target.cpu == "gfx950";
+  const char* device = cdna4 ? "MI355X" : "MI300X";
+  const double cus = cdna4 ? 256 : 304, ghz = cdna4 ? 2.4 : 2.1, hbm_tb_s = cdna4 ? 8.0 : 5.3;
+  const double flops_per_simd_cycle = c.at("MFMA_K") == 64 ? 2048 : 1024;
+  const double peak = cus * 4 * flops_per_simd_cycle * ghz * 1e-3;  // TFLOP/s of the MFMA form used
+  const double M = double(s.param("M")), N = double(s.param("N")), K = double(s.param("K"));
+  const double bm = double(c.at("BM")), bn = double(c.at("BN")), bk = double(c.at("BK"));
+  const double k_tiles = std::ceil(K / bk);
+  const double tiles = std::ceil(M / bm) * std::ceil(N / bn), rounds = std::ceil(tiles / cus);
+  const double mfma_cycles = 2 * bm * bn * bk / (4 * flops_per_simd_cycle);
+  const int64_t g = s.param("granularity");
+  const double scale_bytes = g == kGemmMx ? (bm + bn) * (bk / 32) : 0;
+  const double l2_cycles = ((bm + bn) * bk + scale_bytes) / 64;
+  const double promote_cycles = g == kGemmBlockwise || g == kGemmBlock1x128 ? bm * bn / 64 / 4 * (bk / 128) : 0;
+  const double tile_cycles = k_tiles * std::max(mfma_cycles + promote_cycles, l2_cycles);
+  const double compute_s = rounds * tile_cycles / (ghz * 1e9);
+  const double scales = g == kGemmMx ? (M + N) * std::ceil(K / 32) : g == kGemmRowwise ? 4 * (M + N) : 4 * (M + N) * std::ceil(K / 128);
+  const double hbm_s = (M * K + N * K + scales + M * N * double(dtype_size(s.out_dtype)) * (accumulate(s) ? 2 : 1)) /
+                       (hbm_tb_s * 1e12);
+  const double seconds = std::max(compute_s, hbm_s);
+  const double tflops = 2 * M * N * K / seconds * 1e-12;
+  const char* bound = hbm_s >= compute_s ? "HBM" : l2_cycles > mfma_cycles + promote_cycles ? "L2" : "MFMA";
+  return {{"model",
+           fmt::format("modelled, not measured: {:.4g} TFLOP/s on {} ({:.0f} peak of {}; {}-bound; {} tiles in {} "
+                       "rounds; per k-tile {:.0f} MFMA{} / {:.0f} L2 cycles; an upper bound: latency not modelled); see "
+                       "docs/gemm-fp8.md",
+                       tflops, device, peak,
+                       g == kGemmMx ? "v_mfma_scale_f32_32x32x64_f8f6f4"
+                       : c.at("MFMA_K") == 64 ? "v_mfma_f32_32x32x64_f8f6f4"
+                                              : "v_mfma_f32_32x32x16 fp8",
+                       bound, tiles, rounds, mfma_cycles,
+                       promote_cycles > 0 ? fmt::format(" + {:.0f} promotion", promote_cycles) : std::string(),
+                       l2_cycles)}};
+}
+
 std::string GemmFp8Op::short_form(const KernelSpec& spec) const {
   const KernelSpec s = with_defaults(spec);
   return fmt::format("{}x{}x{} {} {}x{}{}", s.param("M"), s.param("N"), s.param("K"),
@@ -337,6 +407,15 @@ std::vector<TestSpec> GemmFp8Op::test_specs(const TargetInfo& target) const {
   add(256, 256, 512, kGemmBlockwise, e4, 0, bf16, 0, "blockwise, several tiles and k-blocks");
   add(100, 72, 384, kGemmRowwise, e4, 1, bf16, 0, "rowwise e4m3 x e5m2, K 384 (the WGMMA kernel on sm_90a)");
   add(72, 130, 256, kGemmBlock1x128, e5, 0, f32, 1, "block1x128 (wgrad), accumulate, K 256 (WGMMA on sm_90a)");
+  // mx: gfx950 only (check() refuses it elsewhere). Two format pairs, e4m3 x e4m3 and e5m2 x
+  // e4m3: the CDNA emulator spends about 15 s per process building each format pair's scaled
+  // MFMA (e4m3 x e5m2 passed there too, by hand: docs/gemm-fp8.md).
+  if (target.vendor == Vendor::amd && target.cpu == "gfx950") {
+    add(64, 64, 96, kGemmMx, e4, 0, bf16, 0, "mx e4m3 x e4m3, K 96 (three 32-k groups: a half 64-k step)");
+    add(96, 72, 80, kGemmMx, e5, 0, f32, 0, "mx e5m2 x e4m3 (dgrad), K 80 (a 16-element tail group), N tail");
+    add(65, 33, 129, kGemmMx, e4, 0, f16, 0, "mx, tails in M, N and K (K 129: one element in the last group)");
+    add(64, 96, 192, kGemmMx, e5, 0, f32, 1, "mx e5m2 x e4m3, accumulate into fp32 C (wgrad), three 64-k steps");
+  }
   return out;
 }
 

@@ -9,7 +9,7 @@
 namespace kiln {
 
 /// Parameters (all baked): M, N, K >= 1 (any, tails included); granularity (tensorwise, rowwise,
-/// blockwise, block1x128); b_format (e4m3 or e5m2, default e4m3); accumulate (0/1, default 0).
+/// blockwise, block1x128, mx); b_format (e4m3 or e5m2, default e4m3); accumulate (0/1, default 0).
 /// KernelSpec: dtype = A's fp8 dtype, which also picks the encoding of both operands (OCP
 /// fp8_e4m3 / fp8_e5m2 on sm_90a and gfx950, FNUZ fp8_e4m3fnuz / fp8_e5m2fnuz on gfx942);
 /// out_dtype = C's dtype (bf16, fp16, fp32; fp32 with accumulate).
@@ -21,6 +21,10 @@ namespace kiln {
 ///   sa fp32: tensorwise [1]; rowwise [M]; blockwise and block1x128 [M, ceil(K/128)] (1 x 128 blocks);
 ///   sb fp32: tensorwise [1]; rowwise [N]; blockwise [ceil(N/128), ceil(K/128)] (128 x 128 blocks);
 ///      block1x128 [N, ceil(K/128)] (1 x 128 blocks, as A's: the wgrad GEMM, whose B is x^T);
+///   mx (OCP MXFP8, OCP MX spec v1.0; gfx950 only): sa [M, ceil(K/32)] and sb [N, ceil(K/32)], e8m0
+///      (one byte, 2^(b - 127)) per 32 consecutive k of a row, row-major: what quantize_fp8
+///      granularity=mx writes. K need not be a multiple of 32 (the last group is shorter; the
+///      kernel pads it with zeros);
 ///   C_in [M, N] fp32 (accumulate=1 only): the C accumulated into, overwritten by C (in place);
 ///   C  [M, N]  out_dtype.
 /// Definition: C[m][n] = (C_in[m][n] +) sum_k float(A[m][k]) sa(m, k) float(B[n][k]) sb(n, k),
@@ -33,12 +37,17 @@ namespace kiln {
 /// warpgroup, fp8 WGMMA m64n128k32, persistent, partial sums promoted every 128 of K as DeepGEMM
 /// does). Elsewhere, and for A or B views not 16-byte aligned, the portable LDS-tiled
 /// gemm_fp8.kernel, which dequantizes the operands as it stages them.
-/// Errors: accumulate with out_dtype other than fp32; M needing more than 65535 row blocks.
+/// mx on gfx950: gemm_fp8_mfma.kernel with v_mfma_scale_f32_32x32x64_f8f6f4, which applies both
+/// operands' e8m0 scales per 32 k inside the instruction (one accumulation, no promotion).
+/// Errors: accumulate with out_dtype other than fp32; M needing more than 65535 row blocks;
+/// granularity mx on a target without gfx950's scaled MFMA (gfx942, sm_90a: Errc::unsupported,
+/// naming blockwise and block1x128 as what serves there).
 class GemmFp8Op final : public OpTemplate {
  public:
   std::string_view name() const override { return "gemm_fp8"; }
   std::string_view summary() const override {
-    return "C[M,N] = (A*sa) @ (B*sb)^T, fp8 A [M,K] and B [N,K] K-major; tensorwise/rowwise/blockwise/block1x128 fp32 scales";
+    return "C[M,N] = (A*sa) @ (B*sb)^T, fp8 A [M,K] and B [N,K] K-major; tensorwise/rowwise/blockwise/block1x128 fp32 "
+           "scales, mx e8m0 (gfx950)";
   }
   std::span<const ParamInfo> params() const override;
   std::span<const DType> dtypes() const override;
@@ -71,6 +80,10 @@ class GemmFp8Op final : public OpTemplate {
     return 2.0 * double(spec.param("M")) * double(spec.param("N")) * double(spec.param("K"));
   }
   std::vector<TestSpec> test_specs(const TargetInfo& target) const override;
+  /// The MFMA kernel's modelled throughput on gfx942 / gfx950 (MI300X / MI355X datasheet figures,
+  /// docs/gemm-fp8.md): modelled, not measured.
+  std::vector<ModelLine> throughput_model(const KernelSpec& spec, const TileConfig& config, const TargetInfo& target,
+                                          int registers_per_lane) const override;
   /// "MxNxK blockwise e5m2xe4m3".
   std::string short_form(const KernelSpec& spec) const override;
 

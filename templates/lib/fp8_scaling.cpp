@@ -4,14 +4,15 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <iterator>
 
 #include "templates/op_template.h"
 
 namespace kiln {
 namespace {
-constexpr std::string_view kGranularities[] = {"tensorwise", "rowwise", "block1x128", "block128x128"};
-constexpr std::string_view kGemmScalings[] = {"tensorwise", "rowwise", "blockwise", "block1x128"};
+constexpr std::string_view kGranularities[] = {"tensorwise", "rowwise", "block1x128", "block128x128", "mx"};
+constexpr std::string_view kGemmScalings[] = {"tensorwise", "rowwise", "blockwise", "block1x128", "mx"};
 constexpr std::string_view kScalings[] = {"current", "delayed"};
 constexpr std::string_view kFp8Outs[] = {"none", "fp8_e4m3", "fp8_e5m2", "fp8_e4m3fnuz", "fp8_e5m2fnuz"};
 constexpr DType kFp8OutDTypes[] = {DType::e4m3, DType::e4m3, DType::e5m2, DType::e4m3fnuz, DType::e5m2fnuz};
@@ -129,7 +130,23 @@ Launch fp8_history_launch(int64_t n_partials, uint32_t history_tensor, uint32_t 
   return l;
 }
 
-std::span<const std::string_view> fp8_granularity_names() { return kGranularities; }
+std::span<const std::string_view> fp8_granularity_names() { return std::span(kGranularities).first(4); }
+std::span<const std::string_view> fp8_granularity_names_with_mx() { return kGranularities; }
+
+int fp8_emax(DType fp8) {
+  int e = 0;
+  std::frexp(fp8_max(fp8), &e);  // fp8_max = m 2^e, m in [0.5, 1)
+  return e - 1;
+}
+
+uint8_t fp8_mx_scale_bits(float amax, DType fp8) {
+  if (amax == 0.0f) return 127;
+  uint32_t bits = 0;
+  std::memcpy(&bits, &amax, 4);
+  const int field = static_cast<int>((bits >> 23) & 0xFF);  // floor(log2(amax)) + 127 for a normal amax
+  if (field == 0xFF) return 0xFF;
+  return static_cast<uint8_t>(std::clamp(field - fp8_emax(fp8), 0, 254));
+}
 
 std::vector<int64_t> fp8_scale_shape(const KernelSpec& s) {
   return fp8_scale_shape(s.param("granularity"), s.param("rows"), s.param("cols"));
@@ -140,6 +157,7 @@ std::vector<int64_t> fp8_scale_shape(int64_t granularity, int64_t rows, int64_t 
     case kTensorwise: return {1};
     case kRowwise: return {rows};
     case kBlock1x128: return {rows, ceil_div(cols, 128)};
+    case kMx: return {rows, ceil_div(cols, kMxBlock)};
     default: return {ceil_div(rows, 128), ceil_div(cols, 128)};
   }
 }
@@ -149,6 +167,7 @@ int64_t fp8_scale_index(int64_t granularity, int64_t cols, int64_t r, int64_t c)
     case kTensorwise: return 0;
     case kRowwise: return r;
     case kBlock1x128: return r * ceil_div(cols, 128) + c / 128;
+    case kMx: return r * ceil_div(cols, kMxBlock) + c / kMxBlock;
     default: return r / 128 * ceil_div(cols, 128) + c / 128;
   }
 }
@@ -160,6 +179,7 @@ Fp8Granularity fp8_gemm_operand_granularity(int64_t scaling, bool operand_b) {
     case kGemmTensorwise: return kTensorwise;
     case kGemmRowwise: return kRowwise;
     case kGemmBlockwise: return operand_b ? kBlock128x128 : kBlock1x128;
+    case kGemmMx: return kMx;
     default: return kBlock1x128;
   }
 }

@@ -18,26 +18,40 @@
 
 namespace kiln {
 
-/// Values of the `granularity` parameter of quantize_fp8 and dequantize_fp8.
-enum Fp8Granularity : int64_t { kTensorwise = 0, kRowwise = 1, kBlock1x128 = 2, kBlock128x128 = 3 };
-/// Their names, in value order: "tensorwise", "rowwise", "block1x128", "block128x128".
+/// Values of the `granularity` parameter of quantize_fp8 and dequantize_fp8. kMx is OCP
+/// Microscaling (MXFP8, OCP MX spec v1.0): one e8m0 scale (a power of two) per 32 consecutive
+/// elements of a row; quantize_fp8 only.
+enum Fp8Granularity : int64_t { kTensorwise = 0, kRowwise = 1, kBlock1x128 = 2, kBlock128x128 = 3, kMx = 4 };
+/// The names of the fp32-scale granularities, in value order: "tensorwise", "rowwise",
+/// "block1x128", "block128x128" (dequantize_fp8, `kiln manifest --fp8`).
 std::span<const std::string_view> fp8_granularity_names();
-/// The fp32 scale tensor's shape for a spec with rows, cols and granularity:
+/// The same and "mx" (quantize_fp8).
+std::span<const std::string_view> fp8_granularity_names_with_mx();
+/// Elements along a row that share one MX scale (OCP MX spec v1.0: k = 32).
+constexpr int64_t kMxBlock = 32;
+/// The scale tensor's shape for a spec with rows, cols and granularity:
 /// tensorwise [1]; rowwise [rows]; block1x128 [rows, ceil(cols/128)];
-/// block128x128 [ceil(rows/128), ceil(cols/128)].
+/// block128x128 [ceil(rows/128), ceil(cols/128)] (all fp32); mx [rows, ceil(cols/32)] (e8m0).
 std::vector<int64_t> fp8_scale_shape(const KernelSpec& spec);
 /// The same for a granularity and a [rows, cols] tensor.
 std::vector<int64_t> fp8_scale_shape(int64_t granularity, int64_t rows, int64_t cols);
 /// The index into the scale tensor of element (r, c).
 int64_t fp8_scale_index(int64_t granularity, int64_t cols, int64_t r, int64_t c);
-/// Values of gemm_fp8's `granularity` parameter: how its two operands are scaled.
-enum Fp8GemmScaling : int64_t { kGemmTensorwise = 0, kGemmRowwise = 1, kGemmBlockwise = 2, kGemmBlock1x128 = 3 };
-/// Their names, in value order: "tensorwise", "rowwise", "blockwise", "block1x128".
+/// Values of gemm_fp8's `granularity` parameter: how its two operands are scaled. kGemmMx: both
+/// operands MXFP8 (e8m0 scales per 32 along K; gfx950's scaled MFMA).
+enum Fp8GemmScaling : int64_t {
+  kGemmTensorwise = 0,
+  kGemmRowwise = 1,
+  kGemmBlockwise = 2,
+  kGemmBlock1x128 = 3,
+  kGemmMx = 4
+};
+/// Their names, in value order: "tensorwise", "rowwise", "blockwise", "block1x128", "mx".
 std::span<const std::string_view> fp8_gemm_scaling_names();
 /// The quantize_fp8 granularity of a gemm_fp8 operand (A [M, K], the activation or gradient, or
 /// B [N, K], the weight, both K-major): tensorwise and rowwise as named; blockwise is block1x128
 /// for A and block128x128 for B (DeepSeek-V3's recipe); block1x128 is block1x128 for both (the
-/// wgrad GEMM, whose B is an activation quantized along tokens).
+/// wgrad GEMM, whose B is an activation quantized along tokens); mx is mx for both.
 Fp8Granularity fp8_gemm_operand_granularity(int64_t scaling, bool operand_b);
 /// Values of quantize_fp8's `scaling` parameter (tensorwise): the scale from this tensor's amax
 /// (current scaling, two passes over x) or from the amax history of earlier calls (delayed scaling,
@@ -100,6 +114,15 @@ void fp8_fused_alignment(const TileConfig& config, std::span<const TensorInfo> t
 /// reference's by one unit, and the code with it); y_scale and the history's new entry within
 /// y's dtype gate, the delayed scale bitwise (it depends on the history alone).
 bool fp8_fused_gate(const KernelSpec& spec, std::string_view output, DType y_dtype, Gate& gate);
+
+/// The MX scale of a group whose max |x| is `amax`, for elements of fp8 format `fp8` (OCP MX spec
+/// v1.0, section 6.3): the e8m0 code of 2^(floor(log2(amax)) - emax), emax the exponent of the
+/// format's largest value (e4m3 8, e5m2 15, e4m3fnuz 7, e5m2fnuz 15), clamped to [2^-127, 2^127];
+/// 127 (a scale of 1) where amax is 0; 0xFF (NaN) where amax is NaN or infinite. Computed from
+/// amax's fp32 exponent field, as the kernels do: a subnormal amax gives code 0.
+uint8_t fp8_mx_scale_bits(float amax, DType fp8);
+/// emax of an fp8 element format (above).
+int fp8_emax(DType fp8);
 
 /// The test formats of a target: {e4m3, e5m2} in the encodings it converts (FNUZ on gfx942).
 std::pair<DType, DType> fp8_test_formats(const TargetInfo& target);

@@ -12,8 +12,10 @@ namespace {
 const ParamInfo kParams[] = {
     {"rows", "rows (tokens); a runtime argument, not baked; 0 is a no-op", false, false, 0, (int64_t{1} << 31) - 1},
     {"cols", "columns (the last dimension)", true, false, 1, int64_t{1} << 22},
-    {"granularity", "what one fp32 scale covers: the tensor, a row, 1x128 or 128x128 elements", true, false, 0, 3,
-     fp8_granularity_names()},
+    {"granularity",
+     "what one scale covers: the tensor, a row, 1x128 or 128x128 elements (fp32 scales), or mx: 1x32 elements (OCP "
+     "MXFP8, e8m0 scales)",
+     true, false, 0, 4, fp8_granularity_names_with_mx()},
     {"transpose", "also write qt = quantized x^T [cols, rows] (tensorwise and block128x128; default 0)", true, true, 0, 1,
      {}, 0},
     {"scaling", "tensorwise: current (the exact amax of x, two passes over x; default) or delayed (TransformerEngine's "
@@ -34,14 +36,18 @@ std::vector<int64_t> rows_cols(const KernelSpec& s) { return {s.param("rows"), s
 std::vector<int64_t> cols_rows(const KernelSpec& s) { return {s.param("cols"), s.param("rows")}; }
 bool with_transpose(const KernelSpec& s) { return s.param("transpose") != 0; }
 bool delayed(const KernelSpec& s) { return s.param("scaling") == kDelayedScaling; }
+DType scale_dtype(const KernelSpec& s) { return s.param("granularity") == kMx ? DType::e8m0 : DType::f32; }
 const TensorDecl kSignature[] = {
     {"x", Role::input, DTypeRule::in, DType::f32, "[rows, cols]", rows_cols},
     {"amax_history", Role::input, DTypeRule::fixed, DType::f32, "[history_len]", fp8_history_shape, delayed,
      "delayed scaling: max |x| of earlier calls, [0] the latest"},
     {"q", Role::output, DTypeRule::out, DType::f32, "[rows, cols]", rows_cols, nullptr, "fp8(x / scale)"},
-    {"scale", Role::output, DTypeRule::fixed, DType::f32,
-     "[1] | [rows] | [rows, ceil(cols/128)] | [ceil(rows/128), ceil(cols/128)] (tensorwise | rowwise | block1x128 | block128x128)",
-     fp8_scale_shape, nullptr, "amax / FP8_MAX per group (1 where amax = 0); x ~ float(q) * scale"},
+    {"scale", Role::output, DTypeRule::derived, DType::f32,
+     "[1] | [rows] | [rows, ceil(cols/128)] | [ceil(rows/128), ceil(cols/128)] | [rows, ceil(cols/32)] (tensorwise | "
+     "rowwise | block1x128 | block128x128 | mx)",
+     fp8_scale_shape, nullptr,
+     "amax / FP8_MAX per group (1 where amax = 0); mx: 2^(floor(log2 amax) - emax); x ~ float(q) * scale", {}, nullptr,
+     scale_dtype, "fp32; e8m0 with granularity mx"},
     {"qt", Role::output, DTypeRule::out, DType::f32, "[cols, rows]", cols_rows, with_transpose,
      "x^T quantized with the same scales (with transpose=1)"},
     {"amax_history_out", Role::output, DTypeRule::fixed, DType::f32, "[history_len]", fp8_history_shape, delayed,
@@ -77,13 +83,13 @@ Result<void> QuantizeFp8Op::check(const KernelSpec& spec, const TargetInfo&) con
                       fmt::format("quantize_fp8: scaling=delayed is a tensorwise recipe (one scale from the amax "
                                   "history); granularity {} computes its scales from x in the same pass already: use "
                                   "scaling=current",
-                                  fp8_granularity_names()[static_cast<size_t>(g)]));
-  if (s.param("transpose") && (g == kRowwise || g == kBlock1x128))
+                                  fp8_granularity_names_with_mx()[static_cast<size_t>(g)]));
+  if (s.param("transpose") && (g == kRowwise || g == kBlock1x128 || g == kMx))
     return make_error(Errc::invalid_argument,
                       fmt::format("quantize_fp8: transpose=1 needs a scale shared by the rows and the columns of x "
                                   "(granularity tensorwise or block128x128); with {} the scales of x^T would differ "
                                   "from those of x: quantize x^T with its own call instead",
-                                  fp8_granularity_names()[static_cast<size_t>(g)]));
+                                  fp8_granularity_names_with_mx()[static_cast<size_t>(g)]));
   if (g == kRowwise && s.param("cols") > kRowwiseMaxCols)
     return make_error(Errc::invalid_argument,
                       fmt::format("quantize_fp8: rowwise keeps a row in registers: cols = {} must be at most {}; use "
@@ -200,7 +206,9 @@ void QuantizeFp8Op::init_inputs(const KernelSpec& spec, std::span<const TensorIn
     const int64_t r = static_cast<int64_t>(i) / cols, c = static_cast<int64_t>(i) % cols;
     // |x| >= 2^-8 first, so that the scaled value is never a zero or a subnormal of fp16.
     const float v = std::fabs(x[i]) < 1.0f / 256 ? std::copysign(1.0f / 256, x[i]) : x[i];
-    x[i] = round_to_dtype(std::ldexp(v, static_cast<int>(r % 5 - (c / 128) % 3)), inputs[0].dtype);
+    // mx: 32-column groups also 2^-(c / 32 % 4), so that neighbouring groups take different scales.
+    const int mx = spec.param("granularity") == kMx ? static_cast<int>(c / kMxBlock % 4) : 0;
+    x[i] = round_to_dtype(std::ldexp(v, static_cast<int>(r % 5 - (c / 128) % 3) - mx), inputs[0].dtype);
   }
   if (delayed(with_defaults(spec))) {
     float amax = 0.0f;
@@ -227,6 +235,12 @@ void QuantizeFp8Op::reference(const KernelSpec& spec, const Scalars&, std::span<
       m = std::fmax(m, std::fabs(x[static_cast<size_t>(r * cols + c)]));
     }
   for (size_t i = 0; i < amax.size(); ++i) {
+    if (g == kMx) {  // a power of two: 1 / scale is exact
+      const uint8_t e = fp8_mx_scale_bits(amax[i], fp8);
+      scale[i] = e8m0_bits_to_float(e);
+      inv[i] = e == 0xFF ? scale[i] : std::ldexp(1.0f, 127 - int{e});
+      continue;
+    }
     scale[i] = amax[i] == 0.0f ? 1.0f : amax[i] / fp8_max_f;
     if (delayed(s)) scale[i] = fp8_delayed_scale(inputs[1], s.param("margin"), fp8);
     inv[i] = 1.0f / scale[i];
@@ -244,9 +258,9 @@ void QuantizeFp8Op::reference(const KernelSpec& spec, const Scalars&, std::span<
   for (int64_t r : rs)
     for (int64_t c = 0; c < cols; ++c) q.values.push_back(quantize(r, c));
   RefOutput& sc = outputs[1];
-  if ((g == kRowwise || g == kBlock1x128) && !sample.empty()) {
+  if ((g == kRowwise || g == kBlock1x128 || g == kMx) && !sample.empty()) {
     sc.rows = rs;
-    const int64_t per_row = g == kRowwise ? 1 : ceil_div(cols, 128);
+    const int64_t per_row = g == kRowwise ? 1 : g == kMx ? ceil_div(cols, kMxBlock) : ceil_div(cols, 128);
     for (int64_t r : rs)
       for (int64_t b = 0; b < per_row; ++b) sc.values.push_back(scale[static_cast<size_t>(r * per_row + b)]);
   } else {
@@ -293,6 +307,11 @@ std::vector<TestSpec> QuantizeFp8Op::test_specs(const TargetInfo& target) const 
   add(f32, e4, 3, 7, kBlock128x128, 1, "block128x128 fp32, transpose, 3x7");
   add(bf16, e4, 0, 128, kTensorwise, 0, "0 rows: a no-op");
   add(bf16, e4, 0, 128, kBlock128x128, 1, "0 rows, transpose: a no-op");
+  add(bf16, e4, 130, 96, kMx, 0, "mx (e8m0 scales per 32), rows 130");
+  add(bf16, e5, 3, 300, kMx, 0, "mx e5m2, cols 300 (a group of 12 at the tail)");
+  add(f16, e4, 2, 80, kMx, 0, "mx fp16, cols 80 (a group of 16)");
+  add(f32, e5, 3, 7, kMx, 0, "mx fp32, 3x7 (scalar variant, one short group)");
+  add(bf16, e4, 0, 64, kMx, 0, "mx, 0 rows: a no-op");
   auto delayed_spec = [&](DType in, DType fp8, int64_t rows, int64_t cols, int64_t t, int64_t len, int64_t margin,
                           std::string_view why) {
     out.push_back({{"quantize_fp8", in, fp8,

@@ -9,14 +9,15 @@
 namespace kiln {
 
 /// Parameters: rows (runtime; 0 is a no-op), cols (baked), granularity (baked: tensorwise,
-/// rowwise, block1x128, block128x128), transpose (0/1, baked, default 0), scaling (baked:
+/// rowwise, block1x128, block128x128, mx), transpose (0/1, baked, default 0), scaling (baked:
 /// current, the default, or delayed, tensorwise only), history_len (runtime, 1..1024, default
 /// 1024) and margin (runtime, default 0), both used by delayed scaling only.
 /// KernelSpec: dtype = the input (bf16/fp16/fp32), out_dtype = the fp8 format.
 /// Tensors: x [rows, cols], amax_history [history_len] (fp32, delayed) -> q [rows, cols] (fp8),
-///   scale (fp32, shape as fp8_scale_shape), qt [cols, rows] (fp8, with transpose=1: x^T quantized
-///   with the same scales; tensorwise and block128x128 only, where a scale is shared by the rows
-///   and columns of the transpose), amax_history_out (delayed: written over amax_history).
+///   scale (fp32, shape as fp8_scale_shape; mx: [rows, ceil(cols/32)] e8m0, row-major, byte
+///   r * ceil(cols/32) + c / 32 the scale of x[r][c]), qt [cols, rows] (fp8, with transpose=1: x^T
+///   quantized with the same scales; tensorwise and block128x128 only, where a scale is shared by
+///   the rows and columns of the transpose; mx's groups lie along rows, so x^T takes its own call), amax_history_out (delayed: written over amax_history).
 /// Delayed scaling (TransformerEngine's DelayedScaling recipe, amax_compute_algo "max";
 /// docs/gemm-fp8.md): the scale comes from the max of earlier calls' amax instead of x's own, so
 /// x is read once: amax_h = max(0, amax_history) (NaN entries ignored);
@@ -30,10 +31,18 @@ namespace kiln {
 ///           128x128 tile; tails in rows and columns make smaller groups);
 ///   scale = amax / FP8_MAX (IEEE division; FP8_MAX = fp8_max(out_dtype)), or 1 when amax == 0;
 ///   inv   = 1 / scale (IEEE division);
+///   mx (OCP Microscaling MXFP8, OCP MX spec v1.0, section 6.3): groups of 32 consecutive elements
+///           of a row (the last group of a row may be shorter), scale = 2^X with the shared
+///           exponent X = floor(log2(amax)) - emax (emax: the exponent of FP8_MAX, e4m3 8, e5m2
+///           15, e4m3fnuz 7, e5m2fnuz 15), stored as e8m0 (X + 127, clamped to [0, 254]; 127 where
+///           amax == 0, 0xFF where amax is NaN or infinite); inv = 2^-X exactly. The values of a
+///           group above FP8_MAX * scale (amax / scale lies in [2^emax, 2^(emax+1))) saturate, as
+///           the spec's conversion does;
 ///   q     = fp8(x * inv): one fp32 multiply, then round to nearest even, saturating to +-FP8_MAX
 ///           (satfinite); a value rounding to zero keeps its sign in the OCP formats (FNUZ has no
 ///           -0). The consumer dequantizes with x ~ float(q) * scale.
-/// Kernels: tensorwise plans two launches (kiln_fp8_amax writes per-block amax partials into the
+/// Kernels: mx runs the tile kernel below, its 32-column groups reduced over 4 lanes.
+/// tensorwise plans two launches (kiln_fp8_amax writes per-block amax partials into the
 /// workspace, then kiln_quantize_fp8_tiles, whose blocks each reduce the partials; block 0 writes
 /// scale). rowwise: one block per row (kiln_quantize_fp8_rows). block1x128, block128x128 and
 /// tensorwise: one block of 512 threads per 128x128 tile, each thread 4 rows x 8 columns; 1x128
@@ -45,7 +54,7 @@ class QuantizeFp8Op final : public OpTemplate {
  public:
   std::string_view name() const override { return "quantize_fp8"; }
   std::string_view summary() const override {
-    return "x -> fp8 q and fp32 scales (tensorwise, rowwise, block1x128, block128x128), optional transposed qt";
+    return "x -> fp8 q and scales (fp32: tensorwise, rowwise, block1x128, block128x128; e8m0: mx), optional transposed qt";
   }
   std::span<const ParamInfo> params() const override;
   std::span<const DType> dtypes() const override;

@@ -48,6 +48,30 @@ TEST(GemmFp8, SignatureFollowsTheGranularityAndTheFormats) {
   t = op().tensors(spec(7, 130, 300, kGemmTensorwise, DType::e4m3, 0, DType::f16));
   EXPECT_EQ(t[2].shape, (std::vector<int64_t>{1}));
   EXPECT_EQ(t[3].shape, (std::vector<int64_t>{1}));
+  EXPECT_EQ(t[2].dtype, DType::f32);
+  // mx: e8m0 scales per 32 along K, [M, ceil(K/32)] and [N, ceil(K/32)].
+  t = op().tensors(spec(7, 130, 300, kGemmMx, DType::e5m2, 0, DType::bf16));
+  EXPECT_EQ(t[2].shape, (std::vector<int64_t>{7, 10}));
+  EXPECT_EQ(t[3].shape, (std::vector<int64_t>{130, 10}));
+  EXPECT_EQ(t[2].dtype, DType::e8m0);
+  EXPECT_EQ(t[3].dtype, DType::e8m0);
+}
+
+// mx needs gfx950's scaled MFMA: gfx942 and sm_90a refuse it, naming the target and what serves
+// there; gfx950 takes it, with the scaled 32x32x64 MFMA.
+TEST(GemmFp8, MxIsServedOnGfx950AndRefusedElsewhere) {
+  EXPECT_TRUE(op().validate(spec(96, 72, 80, kGemmMx, DType::e5m2, 0, DType::f32), target("gfx950")).ok());
+  const TileConfig c = op().choose_config(spec(96, 72, 80, kGemmMx, DType::e5m2, 0, DType::f32), target("gfx950"));
+  EXPECT_EQ(c.at("MFMA_K"), 64);
+  for (const char* name : {"gfx942", "sm_90a"}) {
+    const DType e4 = fp8_for_target(DType::e4m3, target(name));
+    auto r = op().validate(spec(64, 64, 96, kGemmMx, e4, 0, DType::bf16), target(name));
+    ASSERT_FALSE(r.ok()) << name;
+    EXPECT_EQ(r.error().code, Errc::unsupported);
+    EXPECT_NE(r.error().message.find(std::string("which ") + name), std::string::npos) << r.error().message;
+    EXPECT_NE(r.error().message.find("gfx950's scaled MFMA"), std::string::npos) << r.error().message;
+    EXPECT_NE(r.error().message.find("use blockwise"), std::string::npos) << r.error().message;
+  }
 }
 
 TEST(GemmFp8, ValidationNamesTheParameterAndTheFix) {
@@ -87,6 +111,22 @@ TEST(GemmFp8, ReferenceByHand) {
   ASSERT_EQ(out[0].values.size(), 129u);
   EXPECT_DOUBLE_EQ(out[0].values[0], 0.25 + 128 * 2 * 1 * 0.5 * 1 + 2 * 2 * 3 * 0.5 * 10);
   EXPECT_DOUBLE_EQ(out[0].values[128], 0.25 + 128 * 2 * 1 * 0.5 * 100 + 2 * 3 * 1000 * (0.5 + 4.0));
+}
+
+// mx by hand: K = 40, two 32-k groups (the second 8 long); C[0][n] = sum_g 2^(ea_g + eb_g - 254)
+// sum_{k in g} A[k] B[n][k].
+TEST(GemmFp8, MxReferenceByHand) {
+  const KernelSpec s = spec(1, 2, 40, kGemmMx, DType::e4m3, 0, DType::f32);
+  std::vector<std::vector<float>> in(4);
+  in[0].assign(40, 1.0f);
+  in[1].assign(2 * 40, 2.0f);
+  in[2] = {0.5f, 4.0f};                // sa [1, 2]: e8m0 values
+  in[3] = {1.0f, 0.25f, 8.0f, 2.0f};  // sb [2, 2]
+  std::vector<RefOutput> out;
+  op().reference(s, {}, in, {}, out);
+  ASSERT_EQ(out[0].values.size(), 2u);
+  EXPECT_DOUBLE_EQ(out[0].values[0], 32 * 2 * 0.5 * 1.0 + 8 * 2 * 4.0 * 0.25);
+  EXPECT_DOUBLE_EQ(out[0].values[1], 32 * 2 * 0.5 * 8.0 + 8 * 2 * 4.0 * 2.0);
 }
 
 // The recipe against the unquantized product: x [M, K] and W [N, K] in bf16 (Gaussian, rows and
@@ -133,7 +173,7 @@ double recipe_snr(DType fa, DType fb, int64_t g, uint64_t seed) {
 TEST(GemmFp8, RecipeMeetsTheFp8GatesAgainstTheBf16Product) {
   for (Fp8Encoding enc : {Fp8Encoding::ocp, Fp8Encoding::fnuz}) {
     const DType e4 = fp8_in_encoding(DType::e4m3, enc), e5 = fp8_in_encoding(DType::e5m2, enc);
-    for (int64_t g : {kGemmTensorwise, kGemmRowwise, kGemmBlockwise, kGemmBlock1x128}) {
+    for (int64_t g : {kGemmTensorwise, kGemmRowwise, kGemmBlockwise, kGemmBlock1x128, kGemmMx}) {
       const double fwd = recipe_snr(e4, e4, g, 1), dgrad = recipe_snr(e5, e4, g, 2), other = recipe_snr(e4, e5, g, 3);
       const std::string what = fmt::format("{} {}: e4m3 x e4m3 {:.1f} dB, e5m2 x e4m3 {:.1f} dB, e4m3 x e5m2 {:.1f} dB",
                                            fp8_encoding_name(enc), fp8_gemm_scaling_names()[g], fwd, dgrad, other);

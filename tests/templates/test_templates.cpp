@@ -357,7 +357,7 @@ TEST(DTypes, ConversionsRoundToNearestEven) {
   EXPECT_TRUE(std::isnan(bf16_bits_to_float(0xffff)));
   auto bad = parse_dtype("bf17");
   ASSERT_FALSE(bad.ok());
-  EXPECT_EQ(bad.error().message, "unknown dtype 'bf17'; use one of: fp32, fp16, bf16, fp8_e4m3, fp8_e5m2, fp8_e4m3fnuz, fp8_e5m2fnuz, int32, int64");
+  EXPECT_EQ(bad.error().message, "unknown dtype 'bf17'; use one of: fp32, fp16, bf16, fp8_e4m3, fp8_e5m2, fp8_e4m3fnuz, fp8_e5m2fnuz, int32, int64, e8m0");
 }
 
 
@@ -432,6 +432,66 @@ TEST(Templates, QuantizeFp8ReferenceByHand) {
   deq.push_back(8);
   deq.push_back(8);
   EXPECT_EQ(refs[0].values, deq);
+}
+
+// mx (OCP MXFP8, MX spec v1.0 section 6.3): per 32 elements of a row the e8m0 scale
+// 2^(floor(log2 amax) - emax), elements x / scale with saturation; the e8m0 type itself.
+TEST(Templates, QuantizeFp8MxReferenceByHand) {
+  const OpTemplate* quant = *find_op("quantize_fp8");
+  auto spec = [](DType fp8, int64_t rows, int64_t cols, int64_t t = 0) {
+    return KernelSpec{"quantize_fp8", DType::f32, fp8, {{"rows", rows}, {"cols", cols}, {"granularity", kMx}, {"transpose", t}}};
+  };
+  // e4m3 (emax 8), two rows of 40: groups of 32 and 8. Row 0: amax 1000 (floor log2 = 9): scale
+  // 2^1 (code 128), 1000 / 2 = 500 saturates at 448, 3 / 2 = 1.5; amax 0.75 (floor log2 = -1):
+  // scale 2^-9 (code 118), 0.75 * 512 = 384, -0.1 * 512 = -51.2 -> -52 (spacing 4 in [32, 64)).
+  // Row 1: zeros, scale 1 (code 127).
+  std::vector<float> x(80, 0.0f);
+  x[0] = 1000;
+  x[1] = 3;
+  x[32] = 0.75f;
+  x[33] = -0.1f;
+  std::vector<std::vector<float>> in = {x};
+  std::vector<RefOutput> refs;
+  quant->reference(spec(DType::e4m3, 2, 40), {}, in, {}, refs);
+  ASSERT_EQ(refs.size(), 2u);
+  std::vector<double> q(80, 0.0);
+  q[0] = 448;
+  q[1] = 1.5;
+  q[32] = 384;
+  q[33] = -52;
+  EXPECT_EQ(refs[0].values, q);
+  EXPECT_EQ(refs[1].values, (std::vector<double>{2, std::ldexp(1.0, -9), 1, 1}));
+  const auto t = quant->tensors(spec(DType::e4m3, 2, 40));
+  EXPECT_EQ(t[2].name, "scale");
+  EXPECT_EQ(t[2].dtype, DType::e8m0);
+  EXPECT_EQ(t[2].shape, (std::vector<int64_t>{2, 2}));
+  // The shared exponent per format (emax: e4m3 8, e5m2 15, e4m3fnuz 7, e5m2fnuz 15): amax 1.
+  EXPECT_EQ(fp8_mx_scale_bits(1.0f, DType::e4m3), 127 - 8);
+  EXPECT_EQ(fp8_mx_scale_bits(1.0f, DType::e5m2), 127 - 15);
+  EXPECT_EQ(fp8_mx_scale_bits(1.0f, DType::e4m3fnuz), 127 - 7);
+  EXPECT_EQ(fp8_mx_scale_bits(1.0f, DType::e5m2fnuz), 127 - 15);
+  EXPECT_EQ(fp8_mx_scale_bits(0.0f, DType::e4m3), 127);                   // scale 1
+  EXPECT_EQ(fp8_mx_scale_bits(1e-40f, DType::e4m3), 0);                   // clamped at 2^-127
+  EXPECT_EQ(fp8_mx_scale_bits(3e38f, DType::e4m3), 127 + 127 - 8);        // floor log2 = 127
+  EXPECT_EQ(fp8_mx_scale_bits(INFINITY, DType::e4m3), 0xFF);              // NaN
+  // e4m3fnuz: amax 240 (floor log2 = 7 = emax): scale 1, q = x.
+  in = {{240, -3, 1}};
+  quant->reference(spec(DType::e4m3fnuz, 1, 3), {}, in, {}, refs);
+  EXPECT_EQ(refs[0].values, (std::vector<double>{240, -3, 1}));
+  EXPECT_EQ(refs[1].values, (std::vector<double>{1}));
+  // e8m0 itself: 2^(b - 127), 0xFF NaN; the nearest power of two (1.5 x 2^k rounds up).
+  EXPECT_EQ(e8m0_bits_to_float(127), 1.0f);
+  EXPECT_EQ(e8m0_bits_to_float(0), std::ldexp(1.0f, -127));
+  EXPECT_TRUE(std::isnan(e8m0_bits_to_float(0xFF)));
+  EXPECT_EQ(float_to_e8m0_bits(0.75f), 127);
+  EXPECT_EQ(float_to_e8m0_bits(0.7f), 126);
+  EXPECT_EQ(float_to_e8m0_bits(0.0f), 0xFF);
+  EXPECT_EQ(round_to_dtype(3.0f, DType::e8m0), 4.0f);
+  EXPECT_EQ(*parse_dtype("float8_e8m0fnu"), DType::e8m0);
+  // mx groups lie along rows: no transposed output.
+  auto r = quant->validate(spec(DType::e4m3, 2, 40, 1), **find_target("gfx950"));
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("with mx the scales"), std::string::npos) << r.error().message;
 }
 
 // Delayed tensorwise scaling (TransformerEngine's recipe): the scale of the history's max, values
@@ -532,7 +592,7 @@ TEST(Templates, FusedFp8OutputsAreQuantizeFp8OfTheStoredOutput) {
 
 TEST(Templates, QuantizeFp8RefusesTransposeWithPerRowScales) {
   const OpTemplate* quant = *find_op("quantize_fp8");
-  for (int64_t g : {kRowwise, kBlock1x128}) {
+  for (int64_t g : {kRowwise, kBlock1x128, kMx}) {
     KernelSpec s{"quantize_fp8", DType::bf16, DType::e4m3, {{"rows", 4}, {"cols", 256}, {"granularity", g}, {"transpose", 1}}};
     auto r = quant->validate(s, target("sm_90a"));
     ASSERT_FALSE(r.ok());
@@ -541,10 +601,10 @@ TEST(Templates, QuantizeFp8RefusesTransposeWithPerRowScales) {
     EXPECT_TRUE(quant->validate(s, target("sm_90a")).ok());
   }
   // Named choices in the range error; OCP refused on gfx942.
-  KernelSpec s{"quantize_fp8", DType::bf16, DType::e4m3, {{"rows", 4}, {"cols", 256}, {"granularity", 4}}};
+  KernelSpec s{"quantize_fp8", DType::bf16, DType::e4m3, {{"rows", 4}, {"cols", 256}, {"granularity", 5}}};
   auto r = quant->validate(s, target("sm_90a"));
   ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.error().message.find("block128x128 (3)"), std::string::npos) << r.error().message;
+  EXPECT_NE(r.error().message.find("block128x128 (3), mx (4)"), std::string::npos) << r.error().message;
   s.params["granularity"] = kRowwise;
   EXPECT_FALSE(quant->validate(s, target("gfx942")).ok());
   s.out_dtype = DType::e4m3fnuz;
