@@ -486,13 +486,18 @@ TEST(Templates, QuantizeFp8DelayedScalingReferenceByHand) {
 TEST(Templates, FusedFp8OutputsAreQuantizeFp8OfTheStoredOutput) {
   const OpTemplate* quant = *find_op("quantize_fp8");
   std::mt19937_64 rng(5);
-  for (const char* op_name : {"rmsnorm", "swiglu"}) {
+  // The forward ops quantize y, the backward ops dx (swiglu_bwd's dx has 2 I columns).
+  for (const char* op_name : {"rmsnorm", "swiglu", "rmsnorm_bwd", "swiglu_bwd"}) {
     const OpTemplate* op = *find_op(op_name);
+    const std::string name = op_name;
+    const bool norm = name.rfind("rmsnorm", 0) == 0;
+    // The plain op's inputs: x, gamma | x | dy, x, gamma, rstd | dy, x.
+    const size_t plain_inputs = name == "rmsnorm" ? 2 : name == "swiglu" ? 1 : name == "rmsnorm_bwd" ? 4 : 2;
     for (DType fp8 : {DType::e4m3, DType::e5m2fnuz})
       for (int64_t g : {kTensorwise, kRowwise, kBlock1x128}) {
-        const bool norm = std::string(op_name) == "rmsnorm";
         const int64_t rows = 3, cols = 300;
-        KernelSpec plain{op_name, DType::bf16, DType::bf16, {{"rows", rows}, {norm ? "hidden" : "intermediate", cols}}};
+        KernelSpec plain{op_name, DType::bf16, DType::bf16,
+                         {{"rows", rows}, {norm ? "hidden" : "intermediate", name == "swiglu_bwd" ? cols / 2 : cols}}};
         KernelSpec spec = plain;
         spec.params["fp8_out"] = fp8_out_value(fp8);
         spec.params["fp8_granularity"] = g;
@@ -506,7 +511,7 @@ TEST(Templates, FusedFp8OutputsAreQuantizeFp8OfTheStoredOutput) {
         op->init_inputs(spec, inputs, values, rng);
         std::vector<RefOutput> fused, base;
         op->reference(spec, {}, values, {}, fused);
-        op->reference(plain, {}, std::span<const std::vector<float>>(values).first(norm ? 2 : 1), {}, base);
+        op->reference(plain, {}, std::span<const std::vector<float>>(values).first(plain_inputs), {}, base);
         ASSERT_EQ(fused.size(), base.size() + (g == kTensorwise ? 3 : 2));
         for (size_t i = 0; i < base.size(); ++i) EXPECT_EQ(fused[i].values, base[i].values);
         // quantize_fp8 of y rounded to bf16, as the kernel stores it.
