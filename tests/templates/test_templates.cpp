@@ -535,6 +535,42 @@ TEST(Templates, FusedFp8OutputsAreQuantizeFp8OfTheStoredOutput) {
   }
 }
 
+// only_qt of x is, by definition, the block1x128 quantization of x^T (1x128 blocks along the rows
+// of x): the same codes and scales as a plain call on the transposed tensor.
+TEST(Templates, QuantizeFp8OnlyQtIsBlock1x128OfTheTranspose) {
+  const OpTemplate* quant = *find_op("quantize_fp8");
+  std::mt19937_64 rng(9);
+  for (DType fp8 : {DType::e4m3, DType::e5m2fnuz}) {
+    const int64_t rows = 300, cols = 5;  // 128 + 128 + 44 rows: a short last block
+    KernelSpec t{"quantize_fp8", DType::bf16, fp8,
+                 {{"rows", rows}, {"cols", cols}, {"granularity", kBlock1x128}, {"transpose", 1}, {"only_qt", 1}}};
+    SCOPED_TRACE(to_string(t));
+    ASSERT_TRUE(quant->validate(t, *find_target(fp8 == DType::e4m3 ? "gfx950" : "gfx942").value()).ok());
+    std::vector<TensorInfo> inputs = {quant->tensors(t)[0]};
+    std::vector<std::vector<float>> x;
+    quant->init_inputs(t, inputs, x, rng);
+    std::vector<std::vector<float>> xt(1, std::vector<float>(x[0].size()));
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) xt[0][static_cast<size_t>(c * rows + r)] = x[0][static_cast<size_t>(r * cols + c)];
+    const KernelSpec plain{"quantize_fp8", DType::bf16, fp8, {{"rows", cols}, {"cols", rows}, {"granularity", kBlock1x128}}};
+    std::vector<RefOutput> got, want;
+    quant->reference(t, {}, x, {}, got);
+    quant->reference(plain, {}, xt, {}, want);
+    ASSERT_EQ(got.size(), 2u);
+    EXPECT_EQ(got[0].values, want[0].values);  // qt = q of x^T
+    EXPECT_EQ(got[1].values, want[1].values);  // qt_scale [cols, ceil(rows/128)] = its scales
+    EXPECT_EQ(got[1].values.size(), static_cast<size_t>(cols * 3));
+  }
+  // only_qt needs block1x128 with transpose=1.
+  for (auto [g, tr] : {std::pair{kBlock1x128, 0}, {kBlock128x128, 1}, {kTensorwise, 1}}) {
+    KernelSpec bad{"quantize_fp8", DType::bf16, DType::e4m3,
+                   {{"rows", 4}, {"cols", 8}, {"granularity", g}, {"transpose", tr}, {"only_qt", 1}}};
+    auto r = quant->validate(bad, *find_target("gfx950").value());
+    ASSERT_FALSE(r.ok()) << to_string(bad);
+    EXPECT_NE(r.error().message.find("only_qt"), std::string::npos) << r.error().message;
+  }
+}
+
 TEST(Templates, QuantizeFp8RefusesTransposeWithPerRowScales) {
   const OpTemplate* quant = *find_op("quantize_fp8");
   for (int64_t g : {kRowwise, kBlock1x128}) {
