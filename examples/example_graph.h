@@ -220,13 +220,13 @@ inline Snr snr_db(const std::vector<float>& out, const std::vector<float>& ref) 
   return s;
 }
 
-/// One check line, "check: NAME SNR x dB (gate 30) PASS|FAIL" (NAME padded to `width`), of an
-/// output against its reference; true when it passes (no non-finite value, SNR above 30 dB).
+/// One check line, "check: NAME SNR x dB (gate G) PASS|FAIL" (NAME padded to `width`), of an
+/// output against its reference; true when it passes (no non-finite value, SNR above `gate` dB).
 inline bool report_snr(const std::string& name, const std::vector<float>& out, const std::vector<float>& ref,
-                       int width) {
+                       int width, double gate = 30) {
   const Snr s = snr_db(out, ref);
-  const bool ok = s.nonfinite == 0 && s.db > 30;
-  std::printf("check: %-*s SNR %6.1f dB (gate 30)%s %s\n", width, name.c_str(), s.db,
+  const bool ok = s.nonfinite == 0 && s.db > gate;
+  std::printf("check: %-*s SNR %6.1f dB (gate %g)%s %s\n", width, name.c_str(), s.db, gate,
               s.nonfinite ? fmt::format(", {} non-finite", s.nonfinite).c_str() : "", ok ? "PASS" : "FAIL");
   return ok;
 }

@@ -24,11 +24,24 @@
 //                             gradient (SNR > 30 dB)
 //   --dump DIR                write weights, ids, targets, loss and gradients for scripts/llama_step_torch.py
 //   --require-prewarmed       fail if the step compiles any kernel (after kiln manifest + kiln prewarm)
+//   --fp8 RECIPE              also run the step with every layer GEMM (forward, dgrad, wgrad) in fp8
+//                             through gemm_fp8 (tensorwise, block or block1x128, as `kiln manifest
+//                             --fp8` names them), in the same process on the same weights and batch,
+//                             and report its time and its loss difference from the bf16 step (below)
 // Exit status: 0 done (and checks passed), 1 an error or a failed check, 77 --backend emulator
 // without the emulator (its Python or its folder missing: docs/emulator.md).
 //
 // Model dimensions come from models/models.json (`--model llama3.1-8b`), the layer count is an
 // option (default 2), sequence length and micro-batch too. Errors name the input and the fix.
+//
+// The fp8 step (docs/gemm-fp8.md, "The GEMMs of a training step"): x and W in e4m3, the gradients
+// in e5m2; the lm_head stays bf16. A GEMM's input that a kernel of the step writes comes from that
+// kernel's fused fp8 output (block and block1x128): rmsnorm's y (qkv, gate_up), swiglu's y (down),
+// rmsnorm_bwd's dx (the dy of attn_out and down), swiglu_bwd's dx (the dy of gate_up). quantize_fp8
+// writes the rest: the weights (at the start of the step, as an optimizer step would), the
+// attention output, dqkv, and the transposed copies the wgrad (x^T, dy^T) and dgrad (W^T) GEMMs read,
+// in 1x128 blocks along the tensor's rows (only_qt). Tensorwise uses quantize_fp8 with current
+// scaling and transpose=1 for every operand (one pass writes q and qt).
 #include <kiln/kiln.h>
 
 #include <CLI/CLI.hpp>
@@ -45,6 +58,7 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -103,10 +117,38 @@ Result<Dims> load_dims(const std::string& path, const std::string& model) {
 }
 
 // ---- the model -----------------------------------------------------------------------------
+// ---- fp8 recipes ----------------------------------------------------------------------------
+// Parameter values of the ops (`kiln ops`): quantize_fp8's and the fused outputs' granularity
+// (tensorwise 0, block1x128 2, block128x128 3), gemm_fp8's (tensorwise 0, blockwise 2, block1x128 3),
+// the fused outputs' fp8_out (fp8_e4m3 1, fp8_e5m2 2, fp8_e4m3fnuz 3, fp8_e5m2fnuz 4).
+struct Fp8Recipe {
+  std::string name;
+  int64_t x_gran, w_gran;          // quantize_fp8 granularity of activations and gradients, of weights
+  int64_t fwd, dgrad, wgrad;       // gemm_fp8 granularity of each GEMM
+  bool fused;                      // x and dy from the producing kernels' fused fp8 outputs
+};
+Result<Fp8Recipe> fp8_recipe(const std::string& name) {
+  if (name == "tensorwise") return Fp8Recipe{name, 0, 0, 0, 0, 0, false};
+  if (name == "block") return Fp8Recipe{name, 2, 3, 2, 3, 3, true};  // DeepSeek-V3: x 1x128, W 128x128
+  if (name == "block1x128") return Fp8Recipe{name, 2, 2, 3, 3, 3, true};
+  return kiln::make_error(kiln::Errc::invalid_argument,
+                          fmt::format("--fp8 '{}': the step runs tensorwise, block (1x128 activations and gradients, "
+                                      "128x128 weights) or block1x128; rowwise and block128x128 would need a "
+                                      "column-wise quantization of x, dy and W that Kiln does not have yet",
+                                      name));
+}
+
+// An fp8 copy of a tensor [R, C]: q [R, C] with scales s, and its transpose qt [C, R] with scales st
+// (tensorwise: st is s; otherwise 1x128 blocks along R).
+struct Q8 {
+  Buf *q = nullptr, *s = nullptr, *qt = nullptr, *st = nullptr;
+};
+
 struct Layer {
   Buf *g_attn, *wqkv, *wo, *g_mlp, *wgu, *wd;                    // weights
   Buf *xn, *r, *rstd1, *qkv, *o, *lse, *a, *hn, *h, *rstd2, *gu, *s, *d;  // saved activations
   Buf *dg_attn, *dwqkv, *dwo, *dg_mlp, *dwgu, *dwd;              // gradients
+  Q8 xn8, o8, hn8, s8, wqkv8, wo8, wgu8, wd8;                    // fp8 copies (the fp8 step)
 };
 
 struct Model {
@@ -117,6 +159,12 @@ struct Model {
   Buf *dwemb, *dg_final, *dwlm;
   Buf *g, *gh, *dfn, *ds, *dgu, *dhn, *do_, *dqkv, *dxn;  // backward scratch
   std::vector<Layer> layers;
+  // The fp8 step: the recipe while it runs (nullptr: the bf16 step), the target's e4m3 and e5m2,
+  // the fp8 copies of the backward's gradients (scratch).
+  std::optional<Fp8Recipe> recipe;
+  const Fp8Recipe* f8 = nullptr;
+  DType e4 = DType::e4m3, e5 = DType::e5m2;
+  Q8 g8, gh8, dgu8, dqkv8;
 };
 
 KernelSpec gemm(const Model& m, int64_t M, int64_t N, int64_t K, bool ta, bool tb, DType out) {
@@ -177,10 +225,32 @@ View v_of(const Model& m, Buf& qkv) {
   return columns(qkv, (m.dims.heads + m.dims.kv_heads) * m.dims.head_dim, m.dims.kv_heads * m.dims.head_dim);
 }
 
-Result<Model> build(Graph& g, const Dims& d, DType dt, uint64_t seed) {
+// The buffers of an fp8 copy of a [R, C] tensor quantized with granularity `gran` (quantize_fp8's).
+Result<Q8> make_q8(Graph& g, const std::string& name, DType fmt, int64_t R, int64_t C, int64_t gran) {
+  auto cdiv = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
+  Q8 c;
+  KILN_ASSIGN_OR_RETURN(c.q, g.make(name + ".fp8", fmt, R, C));
+  const int64_t sr = gran == 0 ? 1 : gran == 3 ? cdiv(R, 128) : R, sc = gran == 0 ? 1 : cdiv(C, 128);
+  KILN_ASSIGN_OR_RETURN(c.s, g.make(name + ".scale", DType::f32, sr, sc));
+  KILN_ASSIGN_OR_RETURN(c.qt, g.make(name + ".T.fp8", fmt, C, R));
+  if (gran == 0) {
+    c.st = c.s;
+  } else {
+    KILN_ASSIGN_OR_RETURN(c.st, g.make(name + ".T.scale", DType::f32, C, cdiv(R, 128)));
+  }
+  return c;
+}
+
+Result<Model> build(Graph& g, const Dims& d, DType dt, uint64_t seed, const std::optional<Fp8Recipe>& recipe = {},
+                    const kiln::TargetInfo* target = nullptr) {
   Model m;
   m.dims = d;
   m.dt = dt;
+  m.recipe = recipe;
+  if (target) {
+    m.e4 = kiln::fp8_for_target(DType::e4m3, *target);
+    m.e5 = kiln::fp8_for_target(DType::e5m2, *target);
+  }
   const int64_t T = d.tokens(), H = d.hidden, I = d.intermediate, V = d.vocab, Q = d.qkv_cols(),
                 HD = d.heads * d.head_dim;
   std::mt19937_64 rng(seed);
@@ -272,41 +342,145 @@ Result<Model> build(Graph& g, const Dims& d, DType dt, uint64_t seed) {
   KILN_ASSIGN_OR_RETURN(m.do_, act("do", dt, T, HD));
   KILN_ASSIGN_OR_RETURN(m.dqkv, act("dqkv", dt, T, Q));
   KILN_ASSIGN_OR_RETURN(m.dxn, act("dxn", dt, T, H));
+  if (recipe) {
+    const int64_t xg = recipe->x_gran, wg = recipe->w_gran;
+    for (size_t l = 0; l < m.layers.size(); ++l) {
+      Layer& L = m.layers[l];
+      const std::string p = fmt::format("layers.{}.", l);
+      KILN_ASSIGN_OR_RETURN(L.xn8, make_q8(g, p + "xn", m.e4, T, H, xg));
+      KILN_ASSIGN_OR_RETURN(L.o8, make_q8(g, p + "o", m.e4, T, HD, xg));
+      KILN_ASSIGN_OR_RETURN(L.hn8, make_q8(g, p + "hn", m.e4, T, H, xg));
+      KILN_ASSIGN_OR_RETURN(L.s8, make_q8(g, p + "s", m.e4, T, I, xg));
+      KILN_ASSIGN_OR_RETURN(L.wqkv8, make_q8(g, p + "qkv.weight", m.e4, Q, H, wg));
+      KILN_ASSIGN_OR_RETURN(L.wo8, make_q8(g, p + "o.weight", m.e4, H, HD, wg));
+      KILN_ASSIGN_OR_RETURN(L.wgu8, make_q8(g, p + "gate_up.weight", m.e4, 2 * I, H, wg));
+      KILN_ASSIGN_OR_RETURN(L.wd8, make_q8(g, p + "down.weight", m.e4, H, I, wg));
+    }
+    KILN_ASSIGN_OR_RETURN(m.g8, make_q8(g, "g", m.e5, T, H, xg));
+    KILN_ASSIGN_OR_RETURN(m.gh8, make_q8(g, "gh", m.e5, T, H, xg));
+    KILN_ASSIGN_OR_RETURN(m.dgu8, make_q8(g, "dgu", m.e5, T, 2 * I, xg));
+    KILN_ASSIGN_OR_RETURN(m.dqkv8, make_q8(g, "dqkv", m.e5, T, Q, xg));
+  }
   return m;
+}
+
+// ---- the fp8 step's calls ------------------------------------------------------------------------
+// swiglu_bwd's fused fp8 output holds a row of dx (2 I) in registers: up to 65536 columns.
+bool swiglu_bwd_fused(const Model& m) { return m.f8->fused && 2 * m.dims.intermediate <= 65536; }
+
+// A fused fp8 output on a producing op's spec (rmsnorm, swiglu and their backward).
+KernelSpec with_fp8_out(KernelSpec s, DType fmt, int64_t gran) {
+  const bool fnuz = fmt == DType::e4m3fnuz || fmt == DType::e5m2fnuz;
+  const bool e5 = fmt == DType::e5m2 || fmt == DType::e5m2fnuz;
+  s.params["fp8_out"] = (fnuz ? 3 : 1) + (e5 ? 1 : 0);
+  s.params["fp8_granularity"] = gran;
+  return s;
+}
+
+// The quantize_fp8 calls of a [R, C] tensor x into its copy c: tensorwise, q and qt in one call;
+// otherwise q (unless a fused output wrote it: need_q false) and qt in 1x128 blocks along R.
+Result<void> quantize(Graph& g, const Model& m, View x, Q8& c, DType fmt, int64_t gran, bool need_q) {
+  KernelSpec s{"quantize_fp8", m.dt, fmt, {{"rows", x.rows}, {"cols", x.cols}, {"granularity", gran}}};
+  if (gran == 0) {
+    s.params["transpose"] = 1;
+    return g.run("quantize_fp8", s, {x}, {whole(*c.q), whole(*c.s), whole(*c.qt)});
+  }
+  if (need_q) {
+    s.params["transpose"] = 0;
+    KILN_TRY(g.run("quantize_fp8", s, {x}, {whole(*c.q), whole(*c.s)}));
+  }
+  s.params["granularity"] = 2;  // block1x128
+  s.params["transpose"] = 1;
+  s.params["only_qt"] = 1;
+  return g.run("quantize_fp8 (transpose)", s, {x}, {whole(*c.qt), whole(*c.st)});
+}
+
+// C [M, N] = (A * sa) @ (B * sb)^T, A [M, K] and B [N, K] fp8 (B e4m3).
+Result<void> gemm8(Graph& g, const std::string& label, int64_t gran, Buf& A, Buf& sa, Buf& B, Buf& sb, Buf& C) {
+  const KernelSpec s{"gemm_fp8", A.dt, C.dt, {{"M", A.rows}, {"N", B.rows}, {"K", A.cols}, {"granularity", gran}}};
+  return g.run(label, s, {whole(A), whole(B), whole(sa), whole(sb)}, {whole(C)});
+}
+
+// The three GEMMs of a linear layer y = x W^T, in bf16 (m.f8 null) or through gemm_fp8.
+Result<void> linear_fwd(Graph& g, Model& m, const std::string& name, Buf& x, Q8& x8, Buf& w, Q8& w8, Buf& y) {
+  if (!m.f8)
+    return g.run("gemm " + name, gemm(m, x.rows, w.rows, x.cols, false, true, m.dt), {whole(x), whole(w)}, {whole(y)});
+  return gemm8(g, "gemm_fp8 " + name, m.f8->fwd, *x8.q, *x8.s, *w8.q, *w8.s, y);
+}
+Result<void> linear_dgrad(Graph& g, Model& m, const std::string& name, Buf& dy, Q8& dy8, Buf& w, Q8& w8, Buf& dx) {
+  if (!m.f8)
+    return g.run("gemm " + name + " dgrad", gemm(m, dy.rows, w.cols, dy.cols, false, false, m.dt), {whole(dy), whole(w)},
+                 {whole(dx)});
+  // W^T [K, N]: tensorwise, W's scale; 1x128 blocks along N otherwise.
+  return gemm8(g, "gemm_fp8 " + name + " dgrad", m.f8->dgrad, *dy8.q, *dy8.s, *w8.qt, *w8.st, dx);
+}
+Result<void> linear_wgrad(Graph& g, Model& m, const std::string& name, Buf& dy, Q8& dy8, Buf& x, Q8& x8, Buf& dw) {
+  if (!m.f8)
+    return g.run("gemm " + name + " wgrad", gemm(m, dy.cols, x.cols, dy.rows, true, false, DType::f32),
+                 {whole(dy), whole(x)}, {whole(dw)});
+  return gemm8(g, "gemm_fp8 " + name + " wgrad", m.f8->wgrad, *dy8.qt, *dy8.st, *x8.qt, *x8.st, dw);
 }
 
 const std::map<std::string, float> kEps = {{"eps", 1e-5f}};
 
+// The step, in bf16 (m.f8 null) or with every layer GEMM in fp8 (m.f8: the recipe).
 Result<void> forward(Graph& g, Model& m) {
   const Dims& d = m.dims;
-  const int64_t T = d.tokens(), H = d.hidden, I = d.intermediate, Q = d.qkv_cols(), HD = d.heads * d.head_dim;
+  const int64_t T = d.tokens(), I = d.intermediate;
+  const Fp8Recipe* f8 = m.f8;
+  const bool fused = f8 && f8->fused;
+  const int64_t xg = f8 ? f8->x_gran : 0;
+  if (f8)  // the weights' fp8 copies, once per step (an optimizer step changes them)
+    for (Layer& L : m.layers)
+      for (auto [w, w8] : {std::pair{L.wqkv, &L.wqkv8}, {L.wo, &L.wo8}, {L.wgu, &L.wgu8}, {L.wd, &L.wd8}})
+        KILN_TRY(quantize(g, m, whole(*w), *w8, m.e4, f8->w_gran, true));
+  // A norm (or swiglu) whose y feeds a layer GEMM: with a fused recipe y_fp8 and y_scale too.
+  auto fp8_outs = [&](std::vector<View> outs, Q8& c) {
+    if (fused) {
+      outs.push_back(whole(*c.q));
+      outs.push_back(whole(*c.s));
+    }
+    return outs;
+  };
+  auto with_fp8 = [&](KernelSpec s, DType fmt) { return fused ? with_fp8_out(std::move(s), fmt, xg) : s; };
+  auto quant = [&](Buf& x, Q8& c, bool produced_fused) -> Result<void> {
+    if (!f8) return kiln::ok();
+    return quantize(g, m, whole(x), c, m.e4, xg, !(produced_fused && fused));
+  };
   KILN_TRY(g.run("embedding", embedding(m, false), {whole(*m.ids), whole(*m.wemb)}, {whole(*m.r0)}));
   for (size_t l = 0; l < m.layers.size(); ++l) {
     Layer& L = m.layers[l];
     if (l == 0) {
-      KILN_TRY(g.run("rmsnorm", rmsnorm(m, false), {whole(*m.r0), whole(*L.g_attn)}, {whole(*L.xn), whole(*L.rstd1)}, kEps));
+      KILN_TRY(g.run("rmsnorm", with_fp8(rmsnorm(m, false), m.e4), {whole(*m.r0), whole(*L.g_attn)},
+                     fp8_outs({whole(*L.xn), whole(*L.rstd1)}, L.xn8), kEps));
     } else {  // r_l = h_{l-1} + d_{l-1}, fused
       const Layer& P = m.layers[l - 1];
-      KILN_TRY(g.run("rmsnorm+residual", rmsnorm(m, true), {whole(*P.h), whole(*P.d), whole(*L.g_attn)},
-                     {whole(*L.xn), whole(*L.r), whole(*L.rstd1)}, kEps));
+      KILN_TRY(g.run("rmsnorm+residual", with_fp8(rmsnorm(m, true), m.e4), {whole(*P.h), whole(*P.d), whole(*L.g_attn)},
+                     fp8_outs({whole(*L.xn), whole(*L.r), whole(*L.rstd1)}, L.xn8), kEps));
     }
-    KILN_TRY(g.run("gemm qkv", gemm(m, T, Q, H, false, true, m.dt), {whole(*L.xn), whole(*L.wqkv)}, {whole(*L.qkv)}));
+    KILN_TRY(quant(*L.xn, L.xn8, true));
+    KILN_TRY(linear_fwd(g, m, "qkv", *L.xn, L.xn8, *L.wqkv, L.wqkv8, *L.qkv));
     const View q = q_of(m, *L.qkv), k = k_of(m, *L.qkv), v = v_of(m, *L.qkv);
     KILN_TRY(g.run("rope", rope(m, false), {q, k, whole(*m.cu_seqlens)}, {q, k}));
     KILN_TRY(g.run("attention", attention(m, false), {q, k, v, whole(*m.cu_seqlens), whole(*m.cu_seqlens)},
                    {whole(*L.o), whole(*L.lse)}));
-    KILN_TRY(g.run("gemm attn_out", gemm(m, T, H, HD, false, true, m.dt), {whole(*L.o), whole(*L.wo)}, {whole(*L.a)}));
+    KILN_TRY(quant(*L.o, L.o8, false));
+    KILN_TRY(linear_fwd(g, m, "attn_out", *L.o, L.o8, *L.wo, L.wo8, *L.a));
     const Buf& resid = l == 0 ? *m.r0 : *L.r;
-    KILN_TRY(g.run("rmsnorm+residual", rmsnorm(m, true), {whole(const_cast<Buf&>(resid)), whole(*L.a), whole(*L.g_mlp)},
-                   {whole(*L.hn), whole(*L.h), whole(*L.rstd2)}, kEps));
-    KILN_TRY(g.run("gemm gate_up", gemm(m, T, 2 * I, H, false, true, m.dt), {whole(*L.hn), whole(*L.wgu)}, {whole(*L.gu)}));
-    KILN_TRY(g.run("swiglu", {"swiglu", m.dt, m.dt, {{"rows", T}, {"intermediate", I}}}, {whole(*L.gu)}, {whole(*L.s)}));
-    KILN_TRY(g.run("gemm down", gemm(m, T, H, I, false, true, m.dt), {whole(*L.s), whole(*L.wd)}, {whole(*L.d)}));
+    KILN_TRY(g.run("rmsnorm+residual", with_fp8(rmsnorm(m, true), m.e4),
+                   {whole(const_cast<Buf&>(resid)), whole(*L.a), whole(*L.g_mlp)},
+                   fp8_outs({whole(*L.hn), whole(*L.h), whole(*L.rstd2)}, L.hn8), kEps));
+    KILN_TRY(quant(*L.hn, L.hn8, true));
+    KILN_TRY(linear_fwd(g, m, "gate_up", *L.hn, L.hn8, *L.wgu, L.wgu8, *L.gu));
+    KILN_TRY(g.run("swiglu", with_fp8({"swiglu", m.dt, m.dt, {{"rows", T}, {"intermediate", I}}}, m.e4), {whole(*L.gu)},
+                   fp8_outs({whole(*L.s)}, L.s8)));
+    KILN_TRY(quant(*L.s, L.s8, true));
+    KILN_TRY(linear_fwd(g, m, "down", *L.s, L.s8, *L.wd, L.wd8, *L.d));
   }
   const Layer& last = m.layers.back();
   KILN_TRY(g.run("rmsnorm+residual", rmsnorm(m, true), {whole(*last.h), whole(*last.d), whole(*m.g_final)},
                  {whole(*m.fn), whole(*m.r_final), whole(*m.rstd_f)}, kEps));
-  KILN_TRY(g.run("gemm lm_head", gemm(m, T, d.vocab, H, false, true, m.dt), {whole(*m.fn), whole(*m.wlm)},
+  KILN_TRY(g.run("gemm lm_head", gemm(m, T, d.vocab, d.hidden, false, true, m.dt), {whole(*m.fn), whole(*m.wlm)},
                  {whole(*m.logits)}));
   KILN_TRY(g.run("cross_entropy", cross_entropy(m, false), {whole(*m.logits), whole(*m.targets)},
                  {whole(*m.loss), whole(*m.lse_ce)}));
@@ -315,51 +489,70 @@ Result<void> forward(Graph& g, Model& m) {
 
 Result<void> backward(Graph& g, Model& m) {
   const Dims& d = m.dims;
-  const int64_t T = d.tokens(), H = d.hidden, I = d.intermediate, Q = d.qkv_cols(), HD = d.heads * d.head_dim;
+  const int64_t T = d.tokens(), H = d.hidden, I = d.intermediate;
   const DType f32 = DType::f32;
-  // dlogits over the logits (in place), then the lm_head's gradients.
+  const Fp8Recipe* f8 = m.f8;
+  const bool fused = f8 && f8->fused;
+  const int64_t xg = f8 ? f8->x_gran : 0;
+  auto fp8_outs = [&](std::vector<View> outs, Q8& c, bool on) {
+    if (on) {
+      outs.push_back(whole(*c.q));
+      outs.push_back(whole(*c.s));
+    }
+    return outs;
+  };
+  auto with_fp8 = [&](KernelSpec s, bool on) { return on ? with_fp8_out(std::move(s), m.e5, xg) : s; };
+  auto quant = [&](Buf& dy, Q8& c, bool produced_fused) -> Result<void> {
+    if (!f8) return kiln::ok();
+    return quantize(g, m, whole(dy), c, m.e5, xg, !produced_fused);
+  };
+  // dlogits over the logits (in place), then the lm_head's gradients (bf16 in both steps).
   KILN_TRY(g.run("cross_entropy_bwd", cross_entropy(m, true),
                  {whole(*m.dloss), whole(*m.logits), whole(*m.targets), whole(*m.lse_ce)}, {whole(*m.logits)}));
   KILN_TRY(g.run("gemm lm_head wgrad", gemm(m, d.vocab, H, T, true, false, f32), {whole(*m.logits), whole(*m.fn)},
                  {whole(*m.dwlm)}));
   KILN_TRY(g.run("gemm lm_head dgrad", gemm(m, T, H, d.vocab, false, false, m.dt), {whole(*m.logits), whole(*m.wlm)},
                  {whole(*m.dfn)}));
-  // g = dL/d(h_{L-1} + d_{L-1}).
-  KILN_TRY(g.run("rmsnorm_bwd", rmsnorm_bwd(m, false), {whole(*m.dfn), whole(*m.r_final), whole(*m.g_final), whole(*m.rstd_f)},
-                 {whole(*m.g), whole(*m.dg_final)}));
+  // g = dL/d(h_{L-1} + d_{L-1}): the last layer's down dy.
+  KILN_TRY(g.run("rmsnorm_bwd", with_fp8(rmsnorm_bwd(m, false), fused),
+                 {whole(*m.dfn), whole(*m.r_final), whole(*m.g_final), whole(*m.rstd_f)},
+                 fp8_outs({whole(*m.g), whole(*m.dg_final)}, m.g8, fused)));
   for (size_t li = m.layers.size(); li-- > 0;) {
     Layer& L = m.layers[li];
     // MLP: d = s Wd^T, s = swiglu(gu), gu = hn Wgu^T.
-    KILN_TRY(g.run("gemm down wgrad", gemm(m, H, I, T, true, false, f32), {whole(*m.g), whole(*L.s)}, {whole(*L.dwd)}));
-    KILN_TRY(g.run("gemm down dgrad", gemm(m, T, I, H, false, false, m.dt), {whole(*m.g), whole(*L.wd)}, {whole(*m.ds)}));
-    KILN_TRY(g.run("swiglu_bwd", {"swiglu_bwd", m.dt, m.dt, {{"rows", T}, {"intermediate", I}}},
-                   {whole(*m.ds), whole(*L.gu)}, {whole(*m.dgu)}));
-    KILN_TRY(g.run("gemm gate_up wgrad", gemm(m, 2 * I, H, T, true, false, f32), {whole(*m.dgu), whole(*L.hn)},
-                   {whole(*L.dwgu)}));
-    KILN_TRY(g.run("gemm gate_up dgrad", gemm(m, T, H, 2 * I, false, false, m.dt), {whole(*m.dgu), whole(*L.wgu)},
-                   {whole(*m.dhn)}));
+    KILN_TRY(quant(*m.g, m.g8, fused));
+    KILN_TRY(linear_wgrad(g, m, "down", *m.g, m.g8, *L.s, L.s8, *L.dwd));
+    KILN_TRY(linear_dgrad(g, m, "down", *m.g, m.g8, *L.wd, L.wd8, *m.ds));
+    const bool dgu_fused = f8 && swiglu_bwd_fused(m);
+    KILN_TRY(g.run("swiglu_bwd", with_fp8({"swiglu_bwd", m.dt, m.dt, {{"rows", T}, {"intermediate", I}}}, dgu_fused),
+                   {whole(*m.ds), whole(*L.gu)}, fp8_outs({whole(*m.dgu)}, m.dgu8, dgu_fused)));
+    KILN_TRY(quant(*m.dgu, m.dgu8, dgu_fused));
+    KILN_TRY(linear_wgrad(g, m, "gate_up", *m.dgu, m.dgu8, *L.hn, L.hn8, *L.dwgu));
+    KILN_TRY(linear_dgrad(g, m, "gate_up", *m.dgu, m.dgu8, *L.wgu, L.wgu8, *m.dhn));
     // gh = dL/dh = g + rmsnorm_bwd(dhn): the residual gradient added in the norm's pass.
-    KILN_TRY(g.run("rmsnorm_bwd+dres", rmsnorm_bwd(m, true),
+    KILN_TRY(g.run("rmsnorm_bwd+dres", with_fp8(rmsnorm_bwd(m, true), fused),
                    {whole(*m.dhn), whole(*L.h), whole(*L.g_mlp), whole(*L.rstd2), whole(*m.g)},
-                   {whole(*m.gh), whole(*L.dg_mlp)}));
+                   fp8_outs({whole(*m.gh), whole(*L.dg_mlp)}, m.gh8, fused)));
     // Attention output projection: a = o Wo^T, dL/da = gh.
-    KILN_TRY(g.run("gemm attn_out wgrad", gemm(m, H, HD, T, true, false, f32), {whole(*m.gh), whole(*L.o)}, {whole(*L.dwo)}));
-    KILN_TRY(g.run("gemm attn_out dgrad", gemm(m, T, HD, H, false, false, m.dt), {whole(*m.gh), whole(*L.wo)},
-                   {whole(*m.do_)}));
+    KILN_TRY(quant(*m.gh, m.gh8, fused));
+    KILN_TRY(linear_wgrad(g, m, "attn_out", *m.gh, m.gh8, *L.o, L.o8, *L.dwo));
+    KILN_TRY(linear_dgrad(g, m, "attn_out", *m.gh, m.gh8, *L.wo, L.wo8, *m.do_));
     const View q = q_of(m, *L.qkv), k = k_of(m, *L.qkv), v = v_of(m, *L.qkv);
     const View dq = q_of(m, *m.dqkv), dk = k_of(m, *m.dqkv), dv = v_of(m, *m.dqkv);
     KILN_TRY(g.run("attention_bwd", attention(m, true),
                    {whole(*m.do_), q, k, v, whole(*L.o), whole(*L.lse), whole(*m.cu_seqlens), whole(*m.cu_seqlens)},
                    {dq, dk, dv}));
     KILN_TRY(g.run("rope_bwd", rope(m, true), {dq, dk, whole(*m.cu_seqlens)}, {dq, dk}));
-    KILN_TRY(g.run("gemm qkv wgrad", gemm(m, Q, H, T, true, false, f32), {whole(*m.dqkv), whole(*L.xn)}, {whole(*L.dwqkv)}));
-    KILN_TRY(g.run("gemm qkv dgrad", gemm(m, T, H, Q, false, false, m.dt), {whole(*m.dqkv), whole(*L.wqkv)},
-                   {whole(*m.dxn)}));
-    // g = dL/dr_l = gh + rmsnorm_bwd(dxn) (r_0 is the embedding output).
+    KILN_TRY(quant(*m.dqkv, m.dqkv8, false));
+    KILN_TRY(linear_wgrad(g, m, "qkv", *m.dqkv, m.dqkv8, *L.xn, L.xn8, *L.dwqkv));
+    KILN_TRY(linear_dgrad(g, m, "qkv", *m.dqkv, m.dqkv8, *L.wqkv, L.wqkv8, *m.dxn));
+    // g = dL/dr_l = gh + rmsnorm_bwd(dxn) (r_0 is the embedding output): the previous layer's down
+    // dy, in fp8 too where there is one (the first layer's goes to the embedding alone).
     Buf& x = li == 0 ? *m.r0 : *L.r;
-    KILN_TRY(g.run("rmsnorm_bwd+dres", rmsnorm_bwd(m, true),
+    const bool g_fused = fused && li > 0;
+    KILN_TRY(g.run("rmsnorm_bwd+dres", with_fp8(rmsnorm_bwd(m, true), g_fused),
                    {whole(*m.dxn), whole(x), whole(*L.g_attn), whole(*L.rstd1), whole(*m.gh)},
-                   {whole(*m.g), whole(*L.dg_attn)}));
+                   fp8_outs({whole(*m.g), whole(*L.dg_attn)}, m.g8, g_fused)));
   }
   KILN_TRY(g.run("embedding_bwd", embedding(m, true), {whole(*m.ids), whole(*m.g)}, {whole(*m.dwemb)}));
   return kiln::ok();
@@ -418,7 +611,7 @@ int fail(const kiln::Error& e) {
 int main(int argc, char** argv) {
   CLI::App app{"One training step (forward and backward) of a Llama model through Kiln's C++ API alone"};
   std::string model = "llama3.1-8b", models_path = KILN_MODELS_JSON, backend = "auto", arch, cache_dir, dump_dir,
-              record;
+              record, fp8_name;
   int64_t layers = 2, micro_batch = 1, seq = 0, time_steps = 5;
   uint64_t seed = 1234;
   bool check = false, require_prewarmed = false, breakdown = true;
@@ -437,6 +630,9 @@ int main(int argc, char** argv) {
   app.add_flag("--require-prewarmed", require_prewarmed, "fail if the step compiles a kernel");
   app.add_option("--record", record, "append every kernel spec the step requests to this manifest (JSON lines)");
   app.add_option("--seed", seed, "seed of the weights and the batch");
+  app.add_option("--fp8", fp8_name,
+                 "also run the step with the layer GEMMs in fp8: tensorwise, block (1x128 activations and gradients, "
+                 "128x128 weights) or block1x128; reports its time and loss difference from the bf16 step");
   CLI11_PARSE(app, argc, argv);
 
   auto dims = load_dims(models_path, model);
@@ -445,6 +641,12 @@ int main(int argc, char** argv) {
   dims->micro_batch = micro_batch;
   if (seq > 0) dims->seq = seq;
   const Dims& d = *dims;
+  std::optional<Fp8Recipe> recipe;
+  if (!fp8_name.empty()) {
+    auto r = fp8_recipe(fp8_name);
+    if (!r) return fail(r.error());
+    recipe = *r;
+  }
   // Limits checked before anything is allocated: int32 offsets and the device's memory.
   if (d.tokens() * std::max(d.vocab, d.qkv_cols()) >= (int64_t{1} << 31))
     return fail({kiln::Errc::invalid_argument,
@@ -471,8 +673,9 @@ int main(int argc, char** argv) {
   kiln::Runtime& runtime = **rt;
   kiln::Device& dev = *runtime.device();
   const bool emulated = backend == "emulator";
-  std::printf("llama_step: %s, %ld layers, seq %ld x micro-batch %ld = %ld tokens, bf16; device %s (%s)\n",
-              d.name.c_str(), long(d.layers), long(d.seq), long(d.micro_batch), long(d.tokens()), dev.name().c_str(),
+  std::printf("llama_step: %s, %ld layers, seq %ld x micro-batch %ld = %ld tokens, bf16%s; device %s (%s)\n",
+              d.name.c_str(), long(d.layers), long(d.seq), long(d.micro_batch), long(d.tokens()),
+              recipe ? fmt::format(" and fp8 {}", recipe->name).c_str() : "", dev.name().c_str(),
               std::string(dev.target().name).c_str());
   {  // memory estimate, before allocation
     const double T = static_cast<double>(d.tokens()), H = static_cast<double>(d.hidden),
@@ -480,14 +683,23 @@ int main(int argc, char** argv) {
                  Q = static_cast<double>(d.qkv_cols()), L = static_cast<double>(d.layers);
     const double per_layer = 2 * (Q * H + H * d.heads * d.head_dim + 3 * I * H) * 3 +   // weights + fp32 grads
                              2 * T * (6 * H + Q + d.heads * d.head_dim + 3 * I);          // saved activations
-    const double total = L * per_layer + 2 * V * H * 3 * 2 + 2 * T * V + 2 * T * (8 * H + 3 * I + Q);
+    double total = L * per_layer + 2 * V * H * 3 * 2 + 2 * T * V + 2 * T * (8 * H + 3 * I + Q);
+    if (recipe)  // fp8 copies: q and qt of x, W per layer, and of the gradients
+      total += L * 2 * (T * (2 * H + d.heads * d.head_dim + I) + Q * H + H * d.heads * d.head_dim + 3 * I * H) +
+               2 * T * (2 * H + 2 * I + Q);
     std::printf("llama_step: about %.1f GiB of device memory\n", total / (1 << 30));
   }
   const auto stats0 = runtime.stats();
   Graph g(&runtime, true, false);
-  auto m = build(g, d, DType::bf16, seed);
+  auto m = build(g, d, DType::bf16, seed, recipe, &dev.target());
   if (!m) return fail(m.error());
   auto step = [&]() -> Result<void> {
+    m->f8 = nullptr;
+    KILN_TRY(forward(g, *m));
+    return backward(g, *m);
+  };
+  auto step8 = [&]() -> Result<void> {  // the same weights and batch, the layer GEMMs in fp8
+    m->f8 = &*m->recipe;
     KILN_TRY(forward(g, *m));
     return backward(g, *m);
   };
@@ -509,13 +721,15 @@ int main(int argc, char** argv) {
   if (!dump_dir.empty())
     if (auto r = dump(g, *m, *loss, dump_dir); !r) return fail(r.error());
 
+  Graph host(&runtime, false, false);
+  Result<Model> hm = kiln::make_error(kiln::Errc::invalid_argument, "no CPU reference graph");
+  Result<double> hloss = 0.0;
   if (check) {
-    Graph host(&runtime, false, false);
-    auto hm = build(host, d, DType::bf16, seed);
+    hm = build(host, d, DType::bf16, seed);
     if (!hm) return fail(hm.error());
     if (auto r = forward(host, *hm); !r) return fail(r.error());
     if (auto r = backward(host, *hm); !r) return fail(r.error());
-    auto hloss = mean_loss(host, *hm);
+    hloss = mean_loss(host, *hm);
     if (!hloss) return fail(hloss.error());
     const double rel = std::fabs(*loss - *hloss) / std::max(std::fabs(*hloss), 1e-12);
     bool pass = rel < 1e-3;
@@ -532,20 +746,76 @@ int main(int argc, char** argv) {
     if (!pass) rc = 1;
   }
 
+  // The fp8 step, after the bf16 one (its gradients are overwritten): its compiles, loss and checks.
+  double loss8 = 0;
+  if (recipe) {
+    const auto s0 = runtime.stats();
+    if (auto r = step8(); !r) return fail(r.error());
+    if (auto r = dev.synchronize(); !r) return fail(r.error());
+    const auto s1 = runtime.stats();
+    std::printf("llama_step: first fp8 step: %lu kernels compiled, %lu disk hits, %lu memory hits\n",
+                (unsigned long)(s1.compiles - s0.compiles), (unsigned long)(s1.disk_hits - s0.disk_hits),
+                (unsigned long)(s1.memory_hits - s0.memory_hits));
+    if (require_prewarmed && s1.compiles > s0.compiles) {
+      std::printf("llama_step: FAIL: the fp8 step compiled %lu kernels (run kiln manifest --fp8 %s + kiln prewarm first)\n",
+                  (unsigned long)(s1.compiles - s0.compiles), recipe->name.c_str());
+      rc = 1;
+    }
+    auto l8 = mean_loss(g, *m);
+    if (!l8) return fail(l8.error());
+    loss8 = *l8;
+    std::printf("llama_step: fp8 %s loss %.6f, bf16 loss %.6f: difference %+.6f (relative %.2e)\n",
+                recipe->name.c_str(), loss8, *loss, loss8 - *loss, std::fabs(loss8 - *loss) / std::fabs(*loss));
+    if (check) {
+      // Gates (docs/gemm-fp8.md, "The fp8 training step"), against the bf16 graph on the CPU
+      // references: the loss within 2e-3 and every gradient above 12 dB. BENCHMARKS.md gates one
+      // hybrid e5m2 x e4m3 GEMM at 20 dB; a weight's gradient goes through the e5m2 rounding of its
+      // dy and, through the dgrad GEMMs, of every later layer's (kiln-tiny, emulator: 16-27 dB, the
+      // loss within 6e-4).
+      // A wrong scale or layout anywhere gives about 0 dB. (The same fp8 graph on the CPU
+      // references is no closer: a block's scale follows its amax, which differs by a bf16 unit
+      // where the inputs do, and then every code of the block may round the other way.)
+      const double rel16 = std::fabs(loss8 - *hloss) / std::max(std::fabs(*hloss), 1e-12);
+      bool pass = rel16 < 2e-3;
+      std::printf("check: fp8 loss %.6f vs CPU references in bf16 %.6f: relative difference %.2e (gate 2e-3) %s\n",
+                  loss8, *hloss, rel16, rel16 < 2e-3 ? "PASS" : "FAIL");
+      const auto dg = gradients(*m), hg = gradients(*hm);
+      for (size_t i = 0; i < dg.size(); ++i) {
+        auto a = g.download(*dg[i]);
+        auto b = host.download(*hg[i]);
+        if (!a || !b) return fail(a ? b.error() : a.error());
+        pass = kiln_example::report_snr("fp8 " + dg[i]->name, *a, *b, 32, 12) && pass;
+      }
+      std::printf("check: fp8 %s\n", pass ? "PASS" : "FAIL");
+      if (!pass) rc = 1;
+    }
+  }
+
   if (!emulated && time_steps > 0) {
     auto times = kiln_example::sorted_times(dev, step, time_steps);
     if (!times) return fail(times.error());
     const std::vector<float>& ms = *times;
     std::printf("llama_step: step time %.3f ms (median of %ld; min %.3f, max %.3f)\n", ms[ms.size() / 2],
                 long(ms.size()), ms.front(), ms.back());
+    if (recipe) {
+      auto times8 = kiln_example::sorted_times(dev, step8, time_steps);
+      if (!times8) return fail(times8.error());
+      const std::vector<float>& ms8 = *times8;
+      std::printf("llama_step: fp8 %s step time %.3f ms (median of %ld; min %.3f, max %.3f): %.3fx the bf16 step; "
+                  "loss difference %+.6f\n",
+                  recipe->name.c_str(), ms8[ms8.size() / 2], long(ms8.size()), ms8.front(), ms8.back(),
+                  ms[ms.size() / 2] / ms8[ms8.size() / 2], loss8 - *loss);
+    }
+    // The breakdown of the step the user asked about: the fp8 one with --fp8.
     if (breakdown) {
       g.set_breakdown(true);
-      if (auto r = step(); !r) return fail(r.error());
+      if (auto r = recipe ? step8() : step(); !r) return fail(r.error());
       std::vector<std::pair<std::string, std::pair<double, int>>> rows(g.times().begin(), g.times().end());
       std::sort(rows.begin(), rows.end(), [](auto& a, auto& b) { return a.second.first > b.second.first; });
       double total = 0;
       for (auto& r : rows) total += r.second.first;
-      std::printf("breakdown (one step, each launch timed alone with device events; sum %.3f ms):\n", total);
+      std::printf("breakdown (one %s step, each launch timed alone with device events; sum %.3f ms):\n",
+                  recipe ? ("fp8 " + recipe->name).c_str() : "bf16", total);
       std::printf("  %-24s %10s %7s %6s\n", "op", "ms", "share", "calls");
       for (auto& [name, t] : rows)
         std::printf("  %-24s %10.3f %6.1f%% %6d\n", name.c_str(), t.first, 100 * t.first / total, t.second);

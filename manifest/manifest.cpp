@@ -14,6 +14,7 @@
 #include <set>
 
 #include "support/fs.h"
+#include "templates/lib/fp8_scaling.h"
 #include "templates/registry.h"
 #include "support/json_read.h"
 
@@ -344,6 +345,10 @@ KernelSpec manifest_spec_for_target(const KernelSpec& spec, const TargetInfo& ta
   KernelSpec out = spec;
   out.dtype = fp8_for_target(spec.dtype, target);
   out.out_dtype = fp8_for_target(spec.out_dtype, target);
+  // A fused fp8 output (rmsnorm, swiglu and their backward ops) names its format by value.
+  if (auto it = out.params.find("fp8_out"); it != out.params.end() && it->second > 0 &&
+                                            it->second < static_cast<int64_t>(fp8_out_names().size()))
+    it->second = fp8_out_value(fp8_for_target(fp8_out_dtype(out), target));
   return out;
 }
 

@@ -11,6 +11,10 @@
 #        scripts/llama_step_torch.py compares them with PyTorch in fp32 (loss 1e-3, gradients 30 dB);
 # time:  the step at the model's sequence length (micro-batch $MB, default 1) with its per-op
 #        breakdown, then PyTorch eager and torch.compile of the same model in the same job.
+#        FP8=RECIPE (tensorwise, block or block1x128) also times the step with its layer GEMMs in
+#        fp8 in the same process (llama_step --fp8; the breakdown is then the fp8 step's) and prints
+#        Kiln bf16, Kiln fp8 and torch.compile bf16 with the fp8 step's loss difference:
+#          FP8=block scripts/gpu_step.sh build check time
 # moe:   examples/moe_block ($MOE_MODEL, default deepseek-v3) dumps a block at $MOE_CHECK_ARGS (2048
 #        tokens, 8 experts on this rank: a dump of about 3 GB) and scripts/moe_block_torch.py check
 #        compares y and every gradient with PyTorch fp32 (30 dB) and PyTorch's own routing; then the
@@ -43,14 +47,19 @@ for step in "$@"; do
       python3 scripts/llama_step_torch.py check /tmp/step-dump > "$OUT/step_check_torch.log" 2>&1
       cat "$OUT/step_check_torch.log" | tail -20 ;;
     time)
-      $B/examples/llama_step --model "$MODEL" --micro-batch "$MB" --time 5 > "$OUT/step_time_kiln_mb$MB.log" 2>&1 || true
-      cat "$OUT/step_time_kiln_mb$MB.log" | tail -40
-      ms=$(grep -o 'step time [0-9.]*' "$OUT/step_time_kiln_mb$MB.log" | awk '{print $3}')
+      log=$OUT/step_time_kiln_mb$MB${FP8:+_fp8_$FP8}.log
+      $B/examples/llama_step --model "$MODEL" --micro-batch "$MB" --time 5 ${FP8:+--fp8 "$FP8"} > "$log" 2>&1 || true
+      tail -48 "$log"
+      ms=$(grep -o '^llama_step: step time [0-9.]*' "$log" | awk '{print $4}')
+      ms8=$(grep -o '^llama_step: fp8 [a-z0-9]* step time [0-9.]*' "$log" | awk '{print $6}')
+      dloss=$(grep -o 'loss difference [-+0-9.e]*' "$log" | awk '{print $3}')
       seq=$(python3 -c "import json;print(json.load(open('models/models.json'))['dense']['$MODEL']['seq'])")
       # the model's dimensions from the check step's dump (same model)
       python3 scripts/llama_step_torch.py time --model-dims /tmp/step-dump/index.json --seq "$seq" \
-        --micro-batch "$MB" --kiln-ms "${ms:-0}" > "$OUT/step_time_torch_mb$MB.log" 2>&1
-      tail -6 "$OUT/step_time_torch_mb$MB.log" ;;
+        --micro-batch "$MB" --kiln-ms "${ms:-0}" \
+        ${FP8:+--fp8 "$FP8" --kiln-fp8-ms "${ms8:-0}" --fp8-loss-diff "${dloss:-nan}"} \
+        > "$OUT/step_time_torch_mb$MB${FP8:+_fp8_$FP8}.log" 2>&1
+      tail -7 "$OUT/step_time_torch_mb$MB${FP8:+_fp8_$FP8}.log" ;;
     moe)  # one MoE block through Kiln alone: checked against PyTorch fp32, then timed against PyTorch
       rm -rf /tmp/moe-dump
       # shellcheck disable=SC2086 # MOE_CHECK_ARGS is a list of options

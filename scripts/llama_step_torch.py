@@ -9,7 +9,12 @@
          ratio to Kiln's step time (--kiln-ms, from the same run).
 
   python3 scripts/llama_step_torch.py check DIR
-  python3 scripts/llama_step_torch.py time --model-dims DIR/index.json --seq 8192 --micro-batch 1 --kiln-ms 80.1
+  python3 scripts/llama_step_torch.py time --model-dims DIR/index.json --seq 8192 --micro-batch 1 --kiln-ms 80.1 \
+      [--fp8 block --kiln-fp8-ms 70.2 --fp8-loss-diff 0.0012]
+
+With --kiln-fp8-ms (llama_step --fp8 RECIPE, the same run) the table also has Kiln's step with its
+layer GEMMs in fp8, against Kiln bf16 and torch.compile bf16, and the fp8 step's loss difference
+from Kiln's bf16 step on the same weights and batch.
 
 The model is the one of examples/llama_step.cpp: embedding -> L x [rmsnorm -> fused qkv linear ->
 RoPE (rotate-half, Llama-3.1 frequency scaling, positions restarting per sequence) -> causal GQA
@@ -174,8 +179,13 @@ def time_step(args):
     print(f"  PyTorch eager     {eager:9.3f} ms")
     print(f"  torch.compile     {compiled:9.3f} ms")
     if args.kiln_ms:
-        print(f"  Kiln              {args.kiln_ms:9.3f} ms   speed-up vs eager {eager / args.kiln_ms:.3f}x, "
+        print(f"  Kiln bf16         {args.kiln_ms:9.3f} ms   speed-up vs eager {eager / args.kiln_ms:.3f}x, "
               f"vs torch.compile {compiled / args.kiln_ms:.3f}x (target >= 1.1x)")
+    if args.kiln_fp8_ms:
+        vs_bf16 = f"vs Kiln bf16 {args.kiln_ms / args.kiln_fp8_ms:.3f}x, " if args.kiln_ms else ""
+        print(f"  Kiln fp8 {args.fp8 or '?':9s}{args.kiln_fp8_ms:9.3f} ms   speed-up {vs_bf16}"
+              f"vs torch.compile bf16 {compiled / args.kiln_fp8_ms:.3f}x; loss difference from Kiln bf16 "
+              f"{args.fp8_loss_diff:+.6f}")
     return 0
 
 
@@ -189,6 +199,9 @@ def main():
     t.add_argument("--seq", type=int, required=True)
     t.add_argument("--micro-batch", type=int, default=1)
     t.add_argument("--kiln-ms", type=float, default=0)
+    t.add_argument("--kiln-fp8-ms", type=float, default=0, help="Kiln's fp8 step (llama_step --fp8), same run")
+    t.add_argument("--fp8", default="", help="the fp8 recipe of --kiln-fp8-ms")
+    t.add_argument("--fp8-loss-diff", type=float, default=float("nan"), help="fp8 loss - bf16 loss (Kiln)")
     args = ap.parse_args()
     return check(args) if args.cmd == "check" else time_step(args)
 

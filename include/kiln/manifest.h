@@ -78,7 +78,8 @@ Result<Manifest> parse_manifest(std::string_view text, std::string_view source_n
 Result<Manifest> read_manifest(const std::string& path);
 
 /// The spec that manifest kernel `spec` compiles to for `target`: its fp8 dtypes (dtype,
-/// out_dtype) in the target's encoding (fp8_for_target, dtype.h); everything else unchanged.
+/// out_dtype, and a fused fp8 output's fp8_out parameter) in the target's encoding (fp8_for_target,
+/// dtype.h); everything else unchanged.
 /// The identity for a spec without fp8 dtypes.
 KernelSpec manifest_spec_for_target(const KernelSpec& spec, const TargetInfo& target);
 

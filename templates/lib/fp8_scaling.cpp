@@ -75,19 +75,29 @@ void fp8_fused_reference(const KernelSpec& spec, std::span<const int64_t> rows, 
   if (g == kTensorwise) outputs.push_back({{}, fp8_history_pushed(history, amax_all)});
 }
 
+namespace {
+bool ends_with(std::string_view s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
+}
+// The fused outputs of a row op are named after the tensor they quantize: y_fp8 and y_scale
+// (rmsnorm, swiglu), dx_fp8 and dx_scale (rmsnorm_bwd, swiglu_bwd).
+bool is_fused_scale(std::string_view name) { return ends_with(name, "_scale"); }
+}  // namespace
+
 bool fp8_fused_gate(const KernelSpec& spec, std::string_view output, DType y_dtype, Gate& gate) {
-  if (output == "y_fp8") {
+  if (!fp8_fused(spec)) return false;
+  if (ends_with(output, "_fp8")) {
     gate = Gate::for_dtype(fp8_out_dtype(spec));
     gate.max_code_diff = 1;
     return true;
   }
-  if (output == "y_scale" && fp8_fused_delayed(spec)) {  // bitwise
+  if (is_fused_scale(output) && fp8_fused_delayed(spec)) {  // bitwise
     gate = Gate{};
     gate.atol = gate.rtol = 0;
     gate.max_rel_fro = -1;
     return true;
   }
-  if (output == "y_scale" || output == "amax_history_out") {
+  if (is_fused_scale(output) || output == "amax_history_out") {
     gate = Gate::for_dtype(y_dtype);
     return true;
   }
@@ -197,7 +207,7 @@ std::string fp8_fused_defines(const KernelSpec& spec, const TileConfig& config) 
 void fp8_fused_alignment(const TileConfig& config, std::span<const TensorInfo> tensors, std::vector<uint32_t>& out) {
   if (!config.count("FP8")) return;
   for (size_t i = 0; i < tensors.size(); ++i)
-    if (tensors[i].name == "y_scale" || tensors[i].name == "amax_history" || tensors[i].name == "amax_history_out")
+    if (is_fused_scale(tensors[i].name) || tensors[i].name == "amax_history" || tensors[i].name == "amax_history_out")
       out[i] = 1;
 }
 

@@ -78,7 +78,8 @@ void fp8_init_history(float amax, std::vector<float>& history, std::mt19937_64& 
 /// the partials into the history.
 Launch fp8_history_launch(int64_t n_partials, uint32_t history_tensor, uint32_t scale_tensor, int64_t history_len,
                           int64_t margin);
-// ---- fp8 outputs fused into the op that produces the values (rmsnorm, swiglu) -----------------
+// ---- fp8 outputs fused into the op that produces the values (rmsnorm, swiglu, and their backward
+// ops for the gradient they write) --------------------------------------------------------------
 /// Values of their baked `fp8_out` parameter: "none" (the default: no fp8 output, the op's code
 /// unchanged), then the fp8 dtype of y_fp8 by its name: fp8_e4m3, fp8_e5m2 (OCP: sm_90a, gfx950),
 /// fp8_e4m3fnuz, fp8_e5m2fnuz (gfx942).
@@ -104,13 +105,15 @@ TileConfig fp8_row_config(int64_t columns, int64_t vec, const TargetInfo& target
 /// must then hold them all), quantized as quantize_fp8 defines it.
 void fp8_fused_reference(const KernelSpec& spec, std::span<const int64_t> rows, int64_t cols, const std::vector<double>& y,
                          std::span<const float> history, std::vector<RefOutput>& outputs);
-/// The fused fp8 output of a row op (rmsnorm, swiglu), shared by both ops: the baked constants
+/// The fused fp8 output of a row op (rmsnorm, swiglu, rmsnorm_bwd, swiglu_bwd), shared by them: the
+/// outputs are named after the tensor they quantize (y_fp8, y_scale; dx_fp8, dx_scale). The baked constants
 /// of a configuration with "FP8" (FP8_GRAN and fp8_t; "" without it) ...
 std::string fp8_fused_defines(const KernelSpec& spec_with_defaults, const TileConfig& config);
-/// ... and the base alignment of its tensors: the fp32 y_scale and amax history are accessed one
+/// ... and the base alignment of its tensors: the fp32 scales (*_scale) and amax history are accessed one
 /// element at a time (1), whatever the vector variant asks of the others.
 void fp8_fused_alignment(const TileConfig& config, std::span<const TensorInfo> tensors, std::vector<uint32_t>& out);
-/// Gates of the fused outputs: y_fp8 within one code (y's own rounding may differ from the
+/// Gates of the fused outputs (*_fp8, *_scale, amax_history_out; false for any other output or
+/// without fp8_out): the codes within one code (y's own rounding may differ from the
 /// reference's by one unit, and the code with it); y_scale and the history's new entry within
 /// y's dtype gate, the delayed scale bitwise (it depends on the history alone).
 bool fp8_fused_gate(const KernelSpec& spec, std::string_view output, DType y_dtype, Gate& gate);

@@ -16,8 +16,9 @@ const ParamInfo kParams[] = {
      "what one scale covers: the tensor, a row, 1x128 or 128x128 elements (fp32 scales), or mx: 1x32 elements (OCP "
      "MXFP8, e8m0 scales)",
      true, false, 0, 4, fp8_granularity_names_with_mx()},
-    {"transpose", "also write qt = quantized x^T [cols, rows] (tensorwise and block128x128; default 0)", true, true, 0, 1,
-     {}, 0},
+    {"transpose", "also write qt = quantized x^T [cols, rows] (tensorwise and block128x128; block1x128 with only_qt; "
+                  "default 0)",
+     true, true, 0, 1, {}, 0},
     {"scaling", "tensorwise: current (the exact amax of x, two passes over x; default) or delayed (TransformerEngine's "
                 "recipe: the scale from amax_history, one pass)",
      true, false, 0, 1, fp8_scaling_names(), 0, true},
@@ -25,6 +26,10 @@ const ParamInfo kParams[] = {
      false, 1, kFp8MaxHistory, {}, 1024},
     {"margin", "delayed scaling: the scale keeps amax_h at 2^-margin of the format's largest value (default 0)", false,
      false, 0, 64, {}, 0},
+    {"only_qt",
+     "write qt alone, x^T in 1x128 blocks of its own rows (along the rows of x) with qt_scale, and not q: the wgrad "
+     "copy of a tensor whose q a fused fp8 output already wrote (block1x128 with transpose=1; default 0)",
+     true, true, 0, 1, {}, 0, true},
 };
 const DType kDTypes[] = {DType::bf16, DType::f16, DType::f32};
 constexpr int64_t kTileThreads = 512;  // one 128x128 tile: 16 lanes x 8 columns, 32 x 4 rows
@@ -37,19 +42,24 @@ std::vector<int64_t> cols_rows(const KernelSpec& s) { return {s.param("cols"), s
 bool with_transpose(const KernelSpec& s) { return s.param("transpose") != 0; }
 bool delayed(const KernelSpec& s) { return s.param("scaling") == kDelayedScaling; }
 DType scale_dtype(const KernelSpec& s) { return s.param("granularity") == kMx ? DType::e8m0 : DType::f32; }
+bool only_qt(const KernelSpec& s) { return s.param("only_qt") != 0; }
+bool writes_q(const KernelSpec& s) { return !only_qt(s); }
+std::vector<int64_t> qt_scale_shape(const KernelSpec& s) { return {s.param("cols"), ceil_div(s.param("rows"), 128)}; }
 const TensorDecl kSignature[] = {
     {"x", Role::input, DTypeRule::in, DType::f32, "[rows, cols]", rows_cols},
     {"amax_history", Role::input, DTypeRule::fixed, DType::f32, "[history_len]", fp8_history_shape, delayed,
      "delayed scaling: max |x| of earlier calls, [0] the latest"},
-    {"q", Role::output, DTypeRule::out, DType::f32, "[rows, cols]", rows_cols, nullptr, "fp8(x / scale)"},
+    {"q", Role::output, DTypeRule::out, DType::f32, "[rows, cols]", rows_cols, writes_q, "fp8(x / scale)"},
     {"scale", Role::output, DTypeRule::derived, DType::f32,
      "[1] | [rows] | [rows, ceil(cols/128)] | [ceil(rows/128), ceil(cols/128)] | [rows, ceil(cols/32)] (tensorwise | "
      "rowwise | block1x128 | block128x128 | mx)",
-     fp8_scale_shape, nullptr,
+     fp8_scale_shape, writes_q,
      "amax / FP8_MAX per group (1 where amax = 0); mx: 2^(floor(log2 amax) - emax); x ~ float(q) * scale", {}, nullptr,
      scale_dtype, "fp32; e8m0 with granularity mx"},
     {"qt", Role::output, DTypeRule::out, DType::f32, "[cols, rows]", cols_rows, with_transpose,
-     "x^T quantized with the same scales (with transpose=1)"},
+     "x^T quantized with the same scales (with transpose=1), or with qt_scale (only_qt)"},
+    {"qt_scale", Role::output, DTypeRule::fixed, DType::f32, "[cols, ceil(rows/128)]", qt_scale_shape, only_qt,
+     "only_qt: qt's 1x128 block scales (128 rows of a column of x); x^T ~ float(qt) * qt_scale"},
     {"amax_history_out", Role::output, DTypeRule::fixed, DType::f32, "[history_len]", fp8_history_shape, delayed,
      "the history with this call's max |x| pushed at [0] (written over amax_history)", "amax_history"},
 };
@@ -66,11 +76,15 @@ std::span<const ParamInfo> QuantizeFp8Op::params() const { return kParams; }
 std::span<const DType> QuantizeFp8Op::dtypes() const { return kDTypes; }
 bool QuantizeFp8Op::supports_out_dtype(DType in, DType out) const { return is_float16_or_32(in) && is_fp8(out); }
 std::span<const TensorDecl> QuantizeFp8Op::signature() const { return kSignature; }
-std::string_view QuantizeFp8Op::device_template(const TileConfig&) const {
-  return embedded_file("templates/quantize_fp8/quantize_fp8.kernel");
+std::string_view QuantizeFp8Op::device_template(const TileConfig& c) const {
+  // only_qt has its own template: quantize_fp8.kernel, and every other kernel's cache key, stay as
+  // they were.
+  return embedded_file(c.count("QT") ? "templates/quantize_fp8/quantize_fp8_qt.kernel"
+                                     : "templates/quantize_fp8/quantize_fp8.kernel");
 }
 std::string_view QuantizeFp8Op::kernel_name(const TileConfig& c) const {
   // An empty configuration (`kiln ops`) names the kernel of most granularities.
+  if (c.count("QT")) return "kiln_quantize_fp8_qt";
   const auto tiled = c.find("TILED");
   return tiled != c.end() && tiled->second == 0 ? "kiln_quantize_fp8_rows" : "kiln_quantize_fp8_tiles";
 }
@@ -84,11 +98,16 @@ Result<void> QuantizeFp8Op::check(const KernelSpec& spec, const TargetInfo&) con
                                   "history); granularity {} computes its scales from x in the same pass already: use "
                                   "scaling=current",
                                   fp8_granularity_names_with_mx()[static_cast<size_t>(g)]));
-  if (s.param("transpose") && (g == kRowwise || g == kBlock1x128 || g == kMx))
+  if (only_qt(s) && (g != kBlock1x128 || !s.param("transpose")))
+    return make_error(Errc::invalid_argument,
+                      "quantize_fp8: only_qt writes x^T in 1x128 blocks along the rows of x: it needs granularity "
+                      "block1x128 and transpose=1 (tensorwise and block128x128 write q and qt in one call)");
+  if (s.param("transpose") && !only_qt(s) && (g == kRowwise || g == kBlock1x128 || g == kMx))
     return make_error(Errc::invalid_argument,
                       fmt::format("quantize_fp8: transpose=1 needs a scale shared by the rows and the columns of x "
                                   "(granularity tensorwise or block128x128); with {} the scales of x^T would differ "
-                                  "from those of x: quantize x^T with its own call instead",
+                                  "from those of x: quantize x^T with its own call instead, or for block1x128 pass "
+                                  "only_qt=1 (x^T in 1x128 blocks of its own rows, without q)",
                                   fp8_granularity_names_with_mx()[static_cast<size_t>(g)]));
   if (g == kRowwise && s.param("cols") > kRowwiseMaxCols)
     return make_error(Errc::invalid_argument,
@@ -111,6 +130,8 @@ std::vector<TileConfig> QuantizeFp8Op::variants(const KernelSpec& spec, const Ta
       const int64_t threads =
           std::clamp<int64_t>(round_up(ceil_div(chunks, 4), target.wave_size), target.wave_size, 1024);
       out.push_back({{"TILED", 0}, {"THREADS", threads}, {"VEC", v}, {"ITEMS", ceil_div(chunks, threads)}});
+    } else if (only_qt(s)) {
+      out.push_back({{"QT", 1}, {"TILED", 1}, {"THREADS", kTileThreads}, {"VEC", v}, {"ITEMS", 1}});
     } else {
       out.push_back({{"TILED", 1}, {"THREADS", kTileThreads}, {"VEC", v}, {"ITEMS", 1}});
     }
@@ -143,6 +164,16 @@ Plan QuantizeFp8Op::plan(const KernelSpec& call, const TileConfig& c) const {
   // one tile block that reduces no partials.
   if (rows == 0 && g != kTensorwise) return p;
   const bool transpose = call.param("transpose") != 0;
+  if (c.count("QT")) {  // x -> qt, qt_scale
+    Launch l;
+    l.kernel = "kiln_quantize_fp8_qt";
+    l.geometry.grid.x = static_cast<uint32_t>(ceil_div(rows, 128));
+    l.geometry.grid.y = static_cast<uint32_t>(ceil_div(cols, 128));
+    l.geometry.block.x = static_cast<uint32_t>(kTileThreads);
+    l.args = {KernelArg::tensor(0), KernelArg::tensor(1), KernelArg::tensor(2), KernelArg::i32(rows)};
+    p.launches.push_back(l);
+    return p;
+  }
   if (!c.at("TILED")) {
     Launch rowwise;
     rowwise.kernel = "kiln_quantize_fp8_rows";
@@ -225,6 +256,22 @@ void QuantizeFp8Op::reference(const KernelSpec& spec, const Scalars&, std::span<
   const DType fp8 = s.out_dtype;
   const float fp8_max_f = static_cast<float>(fp8_max(fp8));
   const std::vector<float>& x = inputs[0];
+  if (only_qt(s)) {  // qt [cols, rows] in 1x128 blocks along the rows of x, qt_scale [cols, ceil(rows/128)]
+    outputs.assign(2, {});
+    const int64_t nb = ceil_div(rows, 128);
+    for (int64_t c = 0; c < cols; ++c)
+      for (int64_t b = 0; b < nb; ++b) {
+        float amax = 0.0f;
+        const int64_t end = std::min(rows, (b + 1) * 128);
+        for (int64_t r = b * 128; r < end; ++r) amax = std::fmax(amax, std::fabs(x[static_cast<size_t>(r * cols + c)]));
+        const float sc = amax == 0.0f ? 1.0f : amax / fp8_max_f, inv = 1.0f / sc;
+        outputs[1].values.push_back(sc);
+        for (int64_t r = b * 128; r < end; ++r)
+          outputs[0].values.push_back(
+              fp8_bits_to_float(float_to_fp8_bits(x[static_cast<size_t>(r * cols + c)] * inv, fp8), fp8));
+      }
+    return;
+  }
   int64_t groups = 1;
   for (int64_t d : fp8_scale_shape(s)) groups *= d;
   // fp32, as the kernels compute it: amax, scale = amax / FP8_MAX (1 for amax 0), inv = 1 / scale.
@@ -273,7 +320,8 @@ void QuantizeFp8Op::reference(const KernelSpec& spec, const Scalars&, std::span<
 }
 
 Gate QuantizeFp8Op::gate(const KernelSpec& /*spec*/, const TensorInfo& output) const {
-  if (output.name != "scale" && output.name != "amax_history_out") return Gate::for_dtype(output.dtype);
+  if (output.name != "scale" && output.name != "qt_scale" && output.name != "amax_history_out")
+    return Gate::for_dtype(output.dtype);
   // The scales are defined in fp32 with IEEE divisions, the history holds maxima: bitwise equal.
   Gate g;
   g.atol = g.rtol = 0;
@@ -312,6 +360,17 @@ std::vector<TestSpec> QuantizeFp8Op::test_specs(const TargetInfo& target) const 
   add(f16, e4, 2, 80, kMx, 0, "mx fp16, cols 80 (a group of 16)");
   add(f32, e5, 3, 7, kMx, 0, "mx fp32, 3x7 (scalar variant, one short group)");
   add(bf16, e4, 0, 64, kMx, 0, "mx, 0 rows: a no-op");
+  // only_qt: x^T in 1x128 blocks along the rows of x (the wgrad GEMM's operand), without q.
+  auto qt_only = [&](DType in, DType fp8, int64_t rows, int64_t cols, std::string_view why) {
+    out.push_back({{"quantize_fp8", in, fp8,
+                    {{"rows", rows}, {"cols", cols}, {"granularity", kBlock1x128}, {"transpose", 1}, {"only_qt", 1}}},
+                   why});
+  };
+  qt_only(bf16, e5, 264, 256, "only_qt, rows 264 (8-byte qt stores, tail row block)");
+  qt_only(bf16, e4, 130, 300, "only_qt, tails in rows and cols (scalar qt stores)");
+  qt_only(f16, e5, 3, 7, "only_qt fp16, 3x7 (scalar variant)");
+  qt_only(f32, e4, 129, 136, "only_qt fp32, rows 129");
+  qt_only(bf16, e5, 0, 128, "only_qt, 0 rows: a no-op");
   auto delayed_spec = [&](DType in, DType fp8, int64_t rows, int64_t cols, int64_t t, int64_t len, int64_t margin,
                           std::string_view why) {
     out.push_back({{"quantize_fp8", in, fp8,

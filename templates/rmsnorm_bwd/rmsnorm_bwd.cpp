@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "support/embedded.h"
+#include "templates/lib/fp8_scaling.h"
 
 namespace kiln {
 namespace {
@@ -15,6 +16,15 @@ const ParamInfo kParams[] = {
     {"recompute_rstd", "recompute rstd from x and eps instead of reading it (default 0)", true, true, 0, 1, {}, 0},
     {"residual_grad", "add dres, the residual stream's gradient, to dx in the same pass (default 0)", true, true, 0, 1,
      {}, 0},
+    {"fp8_out",
+     "also write dx_fp8 = dx quantized to this fp8 dtype (e5m2 for the dgrad GEMM), with its scales, in the same pass "
+     "(default none)",
+     true, false, 0, 4, fp8_out_names(), 0, true},
+    {"fp8_granularity", "dx_fp8's scales: tensorwise (delayed scaling, from amax_history), rowwise (default), block1x128",
+     true, false, 0, 2, fp8_fused_granularity_names(), kRowwise, true},
+    {"history_len", "delayed scaling: entries of amax_history (default 1024)", false, false, 1, kFp8MaxHistory, {}, 1024},
+    {"margin", "delayed scaling: the scale keeps amax_h at 2^-margin of the format's largest value (default 0)", false,
+     false, 0, 64, {}, 0},
 };
 const ScalarInfo kScalars[] = {{"eps", 1e-5f, "with recompute_rstd: added to mean(x^2)"}};
 const DType kDTypes[] = {DType::bf16, DType::f16, DType::f32};
@@ -24,6 +34,10 @@ std::vector<int64_t> hidden(const KernelSpec& s) { return {s.param("hidden")}; }
 std::vector<int64_t> rows(const KernelSpec& s) { return {s.param("rows")}; }
 bool reads_rstd(const KernelSpec& s) { return s.param("recompute_rstd") == 0; }
 bool adds_dres(const KernelSpec& s) { return s.param("residual_grad") != 0; }
+DType dx_fp8_dtype(const KernelSpec& s) { return fp8_out_dtype(s); }
+std::vector<int64_t> dx_scale_shape(const KernelSpec& s) {
+  return fp8_scale_shape(s.param("fp8_granularity"), s.param("rows"), s.param("hidden"));
+}
 
 const TensorDecl kSignature[] = {
     {"dy", Role::input, DTypeRule::in, DType::f32, "[rows, hidden]", rows_hidden},
@@ -32,9 +46,20 @@ const TensorDecl kSignature[] = {
     {"rstd", Role::input, DTypeRule::fixed, DType::f32, "[rows]", rows, reads_rstd, "saved by rmsnorm save_rstd"},
     {"dres", Role::input, DTypeRule::in, DType::f32, "[rows, hidden]", rows_hidden, adds_dres,
      "with residual_grad: the gradient along the residual connection, added to dx"},
+    {"amax_history", Role::input, DTypeRule::fixed, DType::f32, "[history_len]", fp8_history_shape, fp8_fused_delayed,
+     "delayed scaling: max |dx| of earlier calls, [0] the latest"},
     {"dx", Role::output, DTypeRule::out, DType::f32, "[rows, hidden]", rows_hidden},
     {"dgamma", Role::output, DTypeRule::out, DType::f32, "[hidden]", hidden},
+    {"dx_fp8", Role::output, DTypeRule::derived, DType::f32, "[rows, hidden]", rows_hidden, fp8_fused,
+     "dx (as stored) quantized as quantize_fp8 defines it", {}, nullptr, dx_fp8_dtype, "fp8_out"},
+    {"dx_scale", Role::output, DTypeRule::fixed, DType::f32, "[1] | [rows] | [rows, ceil(hidden/128)]", dx_scale_shape,
+     fp8_fused, "dx ~ float(dx_fp8) * dx_scale, per fp8_granularity (tensorwise | rowwise | block1x128)"},
+    {"amax_history_out", Role::output, DTypeRule::fixed, DType::f32, "[history_len]", fp8_history_shape,
+     fp8_fused_delayed, "the history with this call's max |dx| pushed at [0] (written over amax_history)",
+     "amax_history"},
 };
+// The fp8 kernel's row blocks per compute unit (persistent; each writes a row of dgamma partials).
+constexpr int64_t kFp8BlocksPerCu = 4;
 
 // The second launch: one block of kReduceCols x kReduceLanes threads per kReduceCols columns
 // (256 threads: 1024-thread blocks crashed the AMD emulator at hidden 4100-4132, grid 129-130).
@@ -55,8 +80,21 @@ std::span<const ParamInfo> RmsNormBwdOp::params() const { return kParams; }
 std::span<const ScalarInfo> RmsNormBwdOp::scalars() const { return kScalars; }
 std::span<const DType> RmsNormBwdOp::dtypes() const { return kDTypes; }
 std::span<const TensorDecl> RmsNormBwdOp::signature() const { return kSignature; }
-std::string_view RmsNormBwdOp::device_template(const TileConfig&) const {
-  return embedded_file("templates/rmsnorm_bwd/rmsnorm_bwd.kernel");
+std::string_view RmsNormBwdOp::device_template(const TileConfig& c) const {
+  // With an fp8 output, its own template: the one without stays byte for byte what it was, and so
+  // do the cache keys of every rmsnorm_bwd kernel without fp8_out.
+  return embedded_file(c.count("FP8") ? "templates/rmsnorm_bwd/rmsnorm_bwd_fp8.kernel"
+                                      : "templates/rmsnorm_bwd/rmsnorm_bwd.kernel");
+}
+std::string_view RmsNormBwdOp::kernel_name(const TileConfig& c) const {
+  return c.count("FP8") ? "kiln_rmsnorm_bwd_fp8" : "kiln_rmsnorm_bwd";
+}
+Result<void> RmsNormBwdOp::check(const KernelSpec& spec, const TargetInfo&) const {
+  const KernelSpec s = with_defaults(spec);
+  if (!fp8_fused(s) && s.param("fp8_granularity") != kRowwise)
+    return make_error(Errc::invalid_argument, "rmsnorm_bwd: fp8_granularity applies to the fp8 output: set fp8_out (an "
+                                              "fp8 dtype of the target) or leave fp8_granularity out");
+  return ok();
 }
 
 namespace {
@@ -156,17 +194,33 @@ int64_t vector_width(const KernelSpec& spec) {
 }
 }  // namespace
 
-std::vector<TileConfig> RmsNormBwdOp::variants(const KernelSpec& spec, const TargetInfo& target) const {
+// The fp8 kernel (rmsnorm_bwd_fp8.kernel): one row per block at a time, the row in registers.
+TileConfig fp8_config(const KernelSpec& spec, int64_t vec, const TargetInfo& target) {
+  TileConfig c = fp8_row_config(spec.param("hidden"), vec, target);
+  c["BLOCKS"] = kFp8BlocksPerCu * target.compute_units;
+  return c;
+}
+
+std::vector<TileConfig> RmsNormBwdOp::variants(const KernelSpec& given, const TargetInfo& target) const {
+  const KernelSpec spec = with_defaults(given);
+  if (fp8_fused(spec)) {
+    std::vector<TileConfig> out = {fp8_config(spec, vector_width(spec), target)};
+    if (out.front().at("VEC") > 1) out.push_back(fp8_config(spec, 1, target));
+    return out;
+  }
   std::vector<TileConfig> out = {choose_config(spec, target)};
   if (out.front().at("VEC") > 1)
     out.push_back(bwd_config(spec.param("hidden"), 1, spec.dtype, adds_dres(spec), target, kDefaultKnobs));
   return out;
 }
-TileConfig RmsNormBwdOp::choose_config(const KernelSpec& spec, const TargetInfo& target) const {
+TileConfig RmsNormBwdOp::choose_config(const KernelSpec& given, const TargetInfo& target) const {
+  const KernelSpec spec = with_defaults(given);
+  if (fp8_fused(spec)) return fp8_config(spec, vector_width(spec), target);
   return bwd_config(spec.param("hidden"), vector_width(spec), spec.dtype, adds_dres(spec), target, kDefaultKnobs);
 }
 std::vector<TileConfig> RmsNormBwdOp::tuning_candidates(const KernelSpec& spec, const TargetInfo& target) const {
   std::vector<TileConfig> out = {choose_config(spec, target)};
+  if (fp8_fused(with_defaults(spec))) return out;
   for (const BwdKnobs& k : kTuningKnobs) {
     TileConfig c = bwd_config(spec.param("hidden"), vector_width(spec), spec.dtype, adds_dres(spec), target, k);
     if (std::find(out.begin(), out.end(), c) == out.end()) out.push_back(std::move(c));
@@ -174,10 +228,22 @@ std::vector<TileConfig> RmsNormBwdOp::tuning_candidates(const KernelSpec& spec, 
   return out;
 }
 std::vector<uint32_t> RmsNormBwdOp::base_alignment(const KernelSpec& spec, const TileConfig& config) const {
-  return vector_variant_alignment(config, tensors(spec).size());
+  const std::vector<TensorInfo> ts = tensors(spec);
+  std::vector<uint32_t> out = vector_variant_alignment(config, ts.size());
+  fp8_fused_alignment(config, ts, out);
+  return out;
 }
 
-std::string RmsNormBwdOp::specialize(const KernelSpec& spec, const TileConfig& c) const {
+std::string RmsNormBwdOp::specialize(const KernelSpec& given, const TileConfig& c) const {
+  const KernelSpec spec = with_defaults(given);
+  if (c.count("FP8"))
+    return fp8_fused_defines(spec, c) +
+           fmt::format("constexpr int HIDDEN = {};\nconstexpr int THREADS = {}, VEC = {}, ITEMS = {};\n"
+                       "constexpr int REDUCE_COLS = {}, REDUCE_LANES = {};\n#define RECOMPUTE_RSTD {}\n"
+                       "#define RESIDUAL_GRAD {}\ntypedef {} in_t;\ntypedef {} out_t;\n",
+                       spec.param("hidden"), c.at("THREADS"), c.at("VEC"), c.at("ITEMS"), kReduceCols, kReduceLanes,
+                       spec.param("recompute_rstd"), spec.param("residual_grad"), device_type_name(spec.dtype),
+                       device_type_name(spec.out_dtype));
   return fmt::format("constexpr int HIDDEN = {};\nconstexpr int VEC = {}, ITEMS = {}, ROW_THREADS = {}, ROWS = {};\n"
                      "#define PREFETCH {}\n#define GAMMA_LDS {}\nconstexpr int REDUCE_COLS = {}, REDUCE_LANES = {};\n"
                      "#define RECOMPUTE_RSTD {}\n#define RESIDUAL_GRAD {}\ntypedef {} in_t;\ntypedef {} out_t;\n",
@@ -187,7 +253,57 @@ std::string RmsNormBwdOp::specialize(const KernelSpec& spec, const TileConfig& c
                      device_type_name(spec.dtype), device_type_name(spec.out_dtype));
 }
 
-Plan RmsNormBwdOp::plan(const KernelSpec& call, const TileConfig& c) const {
+namespace {
+// The fp8 kernel's plan. Tensors: dy, x, gamma, rstd?, dres?, amax_history? -> dx, dgamma, dx_fp8,
+// dx_scale, amax_history_out?. Workspace: with delayed scaling each row's max |dx| (offset 0, as
+// kiln_fp8_amax_history reads it), then the blocks' dgamma partials.
+Plan fp8_plan(const KernelSpec& call, const std::vector<TensorInfo>& ts, const TileConfig& c) {
+  Plan p;
+  const int64_t n_rows = call.param("rows"), H = call.param("hidden");
+  const int64_t blocks = std::min<int64_t>(n_rows, c.at("BLOCKS"));
+  const bool delayed = fp8_fused_delayed(call);
+  const uint64_t amax_bytes = delayed ? static_cast<uint64_t>(round_up(std::max<int64_t>(n_rows, 1) * 4, 256)) : 0;
+  p.workspace_bytes = amax_bytes + static_cast<uint64_t>(std::max<int64_t>(blocks, 1) * round_up(H, 4)) * 4;
+  auto index = [&](std::string_view name) {
+    for (uint32_t i = 0; i < ts.size(); ++i)
+      if (ts[i].name == name) return i;
+    return uint32_t{0};
+  };
+  Launch rows_pass;
+  rows_pass.kernel = "kiln_rmsnorm_bwd_fp8";
+  rows_pass.geometry.grid.x = static_cast<uint32_t>(blocks);
+  rows_pass.geometry.block.x = static_cast<uint32_t>(c.at("THREADS"));
+  for (uint32_t i = 0; i < ts.size(); ++i)  // dy, x, gamma, rstd?, dres?, dx, dx_fp8, dx_scale
+    if (ts[i].name != "amax_history" && ts[i].name != "amax_history_out" && ts[i].name != "dgamma")
+      rows_pass.args.push_back(KernelArg::tensor(i));
+  if (delayed)
+    rows_pass.args.insert(rows_pass.args.end(), {KernelArg::tensor(index("amax_history")), KernelArg::workspace(0),
+                                                 KernelArg::i32(call.param("history_len")),
+                                                 KernelArg::i32(call.param("margin"))});
+  rows_pass.args.insert(rows_pass.args.end(),
+                        {KernelArg::workspace(static_cast<int64_t>(amax_bytes)), KernelArg::i32(n_rows),
+                         KernelArg::i32(blocks), KernelArg::scalar(0)});
+  Launch reduce;
+  reduce.kernel = "kiln_rmsnorm_bwd_dgamma";
+  reduce.geometry.grid.x = static_cast<uint32_t>(ceil_div(H, kReduceCols));
+  reduce.geometry.block.x = static_cast<uint32_t>(kReduceCols * kReduceLanes);
+  reduce.args = {KernelArg::workspace(static_cast<int64_t>(amax_bytes)), KernelArg::tensor(index("dgamma")),
+                 KernelArg::i32(blocks)};
+  if (n_rows > 0) p.launches.push_back(std::move(rows_pass));
+  p.launches.push_back(std::move(reduce));  // 0 rows: dgamma is a sum over no rows, zeros
+  if (delayed)
+    p.launches.push_back(fp8_history_launch(n_rows, index("amax_history"), index("dx_scale"),
+                                            call.param("history_len"), call.param("margin")));
+  return p;
+}
+}  // namespace
+
+Plan RmsNormBwdOp::plan(const KernelSpec& given, const TileConfig& c) const {
+  if (c.count("FP8")) {
+    const KernelSpec call = with_defaults(given);
+    return fp8_plan(call, tensors(call), c);
+  }
+  const KernelSpec& call = given;
   Plan p;
   const int64_t n_rows = call.param("rows"), H = call.param("hidden");
   const int64_t blocks = row_blocks(n_rows, c);
@@ -219,6 +335,8 @@ Plan RmsNormBwdOp::plan(const KernelSpec& call, const TileConfig& c) const {
 void RmsNormBwdOp::init_inputs(const KernelSpec& spec, std::span<const TensorInfo> inputs,
                                std::vector<std::vector<float>>& values, std::mt19937_64& rng) const {
   OpTemplate::init_inputs(spec, inputs, values, rng);
+  // |dx| stays below about 3 for inputs in [-1, 1] (rstd about sqrt(3)).
+  if (fp8_fused_delayed(with_defaults(spec))) fp8_init_history(3.0f, values.back(), rng);
   if (spec.param("recompute_rstd")) return;
   // rstd as the forward saves it: from x, with the default eps, in fp32.
   const int64_t H = spec.param("hidden");
@@ -230,8 +348,11 @@ void RmsNormBwdOp::init_inputs(const KernelSpec& spec, std::span<const TensorInf
   }
 }
 
-void RmsNormBwdOp::reference(const KernelSpec& spec, const Scalars& scalars, std::span<const std::vector<float>> in,
-                             std::span<const int64_t> sample, std::vector<RefOutput>& outputs) const {
+void RmsNormBwdOp::reference(const KernelSpec& given, const Scalars& scalars, std::span<const std::vector<float>> in,
+                             std::span<const int64_t> sampled, std::vector<RefOutput>& outputs) const {
+  const KernelSpec spec = with_defaults(given);
+  // Delayed scaling pushes max |dx| over every row into the history: every row is computed.
+  const std::span<const int64_t> sample = fp8_fused_delayed(spec) ? std::span<const int64_t>{} : sampled;
   const int64_t n_rows = spec.param("rows"), H = spec.param("hidden");
   const bool recompute = spec.param("recompute_rstd") != 0;
   const double eps = scalar(scalars, "eps");
@@ -267,17 +388,27 @@ void RmsNormBwdOp::reference(const KernelSpec& spec, const Scalars& scalars, std
     }
   }
   outputs[1].values = std::move(dgamma);
+  if (!fp8_fused(spec)) return;
+  // dx as the kernel stores it, then quantized.
+  std::vector<double> stored(outputs[0].values.size());
+  for (size_t i = 0; i < stored.size(); ++i)
+    stored[i] = round_to_dtype(static_cast<float>(outputs[0].values[i]), spec.out_dtype);
+  const std::vector<int64_t> sampled_rows = outputs[0].rows;
+  fp8_fused_reference(spec, sampled_rows, H, stored,
+                      fp8_fused_delayed(spec) ? std::span<const float>(in.back()) : std::span<const float>{}, outputs);
 }
 
 Gate RmsNormBwdOp::gate(const KernelSpec& spec, const TensorInfo& output) const {
-  Gate g = Gate::for_dtype(output.dtype);
+  Gate g;
+  if (fp8_fused_gate(with_defaults(spec), output.name, spec.out_dtype, g)) return g;
+  g = Gate::for_dtype(output.dtype);
   // hidden = 1: dx = r gamma dy eps / (x^2 + eps) exactly, a cancellation to about 1e-5 of the
   // terms, where fp16 is subnormal: the per-element gate holds, the relative norm does not apply.
   if (output.name == "dx" && spec.param("hidden") == 1) g.max_rel_fro = -1;
   return g;
 }
 
-std::vector<TestSpec> RmsNormBwdOp::test_specs(const TargetInfo&) const {
+std::vector<TestSpec> RmsNormBwdOp::test_specs(const TargetInfo& target) const {
   std::vector<TestSpec> out;
   auto add = [&](DType t, int64_t rows, int64_t hidden, int recompute, std::string_view why, int dres = 0) {
     out.push_back({{"rmsnorm_bwd",
@@ -307,6 +438,25 @@ std::vector<TestSpec> RmsNormBwdOp::test_specs(const TargetInfo&) const {
   add(DType::bf16, 700, 5120, 0, "residual_grad, more rows than row blocks (the prefetch carries dres)", 1);
   add(DType::f16, 8191, 1000, 1, "residual_grad, 8191 rows, rstd recomputed: several slots per block", 1);
   add(DType::bf16, 8191, 1000, 1, "8191 rows: several row slots per block through the prefetch, the last one partial");
+  // The fp8 output of dx in the same pass (e5m2 is the gradient's format; e4m3 served too).
+  const auto [e4, e5] = fp8_test_formats(target);
+  auto fp8 = [&](DType t, int64_t rows, int64_t H, int recompute, int dres, DType f, int64_t g, int64_t len,
+                 std::string_view why) {
+    KernelSpec s{"rmsnorm_bwd", t, t,
+                 {{"rows", rows}, {"hidden", H}, {"recompute_rstd", recompute}, {"residual_grad", dres},
+                  {"fp8_out", fp8_out_value(f)}, {"fp8_granularity", g}}};
+    if (g == kTensorwise) s.params["history_len"] = len;
+    out.push_back({s, why});
+  };
+  fp8(DType::bf16, 3, 1024, 0, 0, e5, kRowwise, 0, "fp8 rowwise, hidden 1024");
+  fp8(DType::bf16, 5, 1000, 0, 1, e5, kBlock1x128, 0, "fp8 1x128, hidden 1000 (tail group), residual_grad");
+  fp8(DType::f16, 3, 7, 1, 0, e5, kRowwise, 0, "fp8 rowwise, hidden 7, rstd recomputed (scalar variant)");
+  fp8(DType::bf16, 3, 300, 0, 1, e4, kBlock1x128, 0,
+      "fp8 1x128, hidden 300 (scalar variant: groups across wavefronts), residual_grad");
+  fp8(DType::f32, 2, 200, 0, 0, e5, kBlock1x128, 0, "fp8 1x128 from fp32, hidden 200");
+  fp8(DType::bf16, 700, 512, 0, 1, e5, kRowwise, 0, "fp8 rowwise, more rows than row blocks");
+  fp8(DType::bf16, 6, 512, 0, 1, e5, kTensorwise, 16, "fp8 delayed tensorwise, history 16, residual_grad");
+  fp8(DType::bf16, 0, 64, 0, 0, e5, kTensorwise, 4, "fp8 delayed, 0 rows: zero dgamma, the history's scale");
   return out;
 }
 

@@ -21,6 +21,15 @@ namespace kiln {
 /// partial sums of dgamma into the workspace, then their reduction in a fixed order: dgamma is
 /// bitwise deterministic across runs. bf16/fp16/fp32 with fp32 math. Scalars: eps (with
 /// recompute_rstd). The configuration knobs are described in rmsnorm_bwd.cpp (BwdKnobs).
+/// An optional fp8 output of dx in the same pass, as rmsnorm's for y (docs/gemm-fp8.md): fp8_out
+/// (baked: none, the default, or dx_fp8's fp8 dtype; a training step takes e5m2, the gradient
+/// format, for the dgrad GEMM's A operand), fp8_granularity (baked: tensorwise with delayed
+/// scaling, rowwise (default), block1x128), history_len and margin (runtime, delayed scaling).
+/// Tensors then: ..., amax_history [history_len] (tensorwise) -> dx, dgamma, dx_fp8 [rows, hidden],
+/// dx_scale ([1] | [rows] | [rows, ceil(hidden/128)] fp32), amax_history_out (tensorwise, over
+/// amax_history): dx as stored, quantized exactly as quantize_fp8 defines it. Its kernel
+/// (rmsnorm_bwd_fp8.kernel) holds one row per block at a time (persistent, no prefetch), then the
+/// same dgamma reduction; tensorwise adds kiln_fp8_amax_history.
 class RmsNormBwdOp final : public OpTemplate {
  public:
   std::string_view name() const override { return "rmsnorm_bwd"; }
@@ -36,7 +45,7 @@ class RmsNormBwdOp final : public OpTemplate {
   std::vector<TileConfig> tuning_candidates(const KernelSpec& spec, const TargetInfo& target) const override;
   std::string_view device_template(const TileConfig& config) const override;
   std::string specialize(const KernelSpec& spec, const TileConfig& config) const override;
-  std::string_view kernel_name(const TileConfig&) const override { return "kiln_rmsnorm_bwd"; }
+  std::string_view kernel_name(const TileConfig& config) const override;
   Plan plan(const KernelSpec& call, const TileConfig& config) const override;
   std::vector<uint32_t> base_alignment(const KernelSpec& spec, const TileConfig& config) const override;
   void init_inputs(const KernelSpec& spec, std::span<const TensorInfo> inputs, std::vector<std::vector<float>>& values,
@@ -45,6 +54,9 @@ class RmsNormBwdOp final : public OpTemplate {
                  std::span<const int64_t> rows, std::vector<RefOutput>& outputs) const override;
   Gate gate(const KernelSpec& spec, const TensorInfo& output) const override;
   std::vector<TestSpec> test_specs(const TargetInfo& target) const override;
+
+ protected:
+  Result<void> check(const KernelSpec& spec, const TargetInfo& target) const override;
 };
 
 }  // namespace kiln

@@ -268,14 +268,18 @@ TEST(EmulatorFp8, FusedOutputsAreQuantizeFp8OfTheStoredOutput) {
     Device& device = *rt->device();
     const auto [e4, e5] = fp8_test_formats(device.target());
     const OpTemplate* quant = *find_op("quantize_fp8");
-    for (const char* op_name : {"rmsnorm", "swiglu"})
+    // The forward ops quantize y; their backward ops dx (swiglu_bwd: the 2 I columns dgate | dup).
+    for (const char* op_name : {"rmsnorm", "swiglu", "rmsnorm_bwd", "swiglu_bwd"})
       for (int64_t g : {kTensorwise, kRowwise, kBlock1x128}) {
         const OpTemplate* op = *find_op(op_name);
-        const bool norm = std::string(op_name) == "rmsnorm";
+        const std::string name = op_name;
+        const bool norm = name.rfind("rmsnorm", 0) == 0, bwd = name.find("_bwd") != std::string::npos;
+        const std::string y_name = bwd ? "dx" : "y";
         const int64_t rows = 5, cols = 384;
         KernelSpec spec{op_name, DType::bf16, DType::bf16,
-                        {{"rows", rows}, {norm ? "hidden" : "intermediate", cols},
+                        {{"rows", rows}, {norm ? "hidden" : "intermediate", name == "swiglu_bwd" ? cols / 2 : cols},
                          {"fp8_out", fp8_out_value(g == kRowwise ? e5 : e4)}, {"fp8_granularity", g}}};
+        if (name == "rmsnorm_bwd") spec.params["residual_grad"] = 1;
         if (g == kTensorwise) spec.params["history_len"] = 8;
         SCOPED_TRACE(to_string(spec) + " on " + target);
         std::mt19937_64 rng(11);
@@ -285,7 +289,7 @@ TEST(EmulatorFp8, FusedOutputsAreQuantizeFp8OfTheStoredOutput) {
         ASSERT_TRUE(kernel.ok()) << kernel.error().message;
         ASSERT_TRUE((*kernel)->launch(spec, d->pointers(), {}, nullptr).ok());
         ASSERT_TRUE(device.synchronize(nullptr).ok());
-        std::vector<std::vector<float>> y = {read_back(device, *d, "y")};
+        std::vector<std::vector<float>> y = {read_back(device, *d, y_name)};
         KernelSpec q{"quantize_fp8", DType::bf16, g == kRowwise ? e5 : e4,
                      {{"rows", rows}, {"cols", cols}, {"granularity", g}}};
         if (g == kTensorwise) {
@@ -295,8 +299,8 @@ TEST(EmulatorFp8, FusedOutputsAreQuantizeFp8OfTheStoredOutput) {
         }
         std::vector<RefOutput> want;
         quant->reference(q, {}, y, {}, want);
-        expect_same_bits(read_back(device, *d, "y_fp8"), want[0].values, "y_fp8");
-        expect_same_bits(read_back(device, *d, "y_scale"), want[1].values, "y_scale");
+        expect_same_bits(read_back(device, *d, y_name + "_fp8"), want[0].values, y_name + "_fp8");
+        expect_same_bits(read_back(device, *d, y_name + "_scale"), want[1].values, y_name + "_scale");
         if (g == kTensorwise) expect_same_bits(read_back(device, *d, "amax_history_out"), want[2].values, "history");
         ++checked;
       }

@@ -546,13 +546,18 @@ TEST(Templates, QuantizeFp8DelayedScalingReferenceByHand) {
 TEST(Templates, FusedFp8OutputsAreQuantizeFp8OfTheStoredOutput) {
   const OpTemplate* quant = *find_op("quantize_fp8");
   std::mt19937_64 rng(5);
-  for (const char* op_name : {"rmsnorm", "swiglu"}) {
+  // The forward ops quantize y, the backward ops dx (swiglu_bwd's dx has 2 I columns).
+  for (const char* op_name : {"rmsnorm", "swiglu", "rmsnorm_bwd", "swiglu_bwd"}) {
     const OpTemplate* op = *find_op(op_name);
+    const std::string name = op_name;
+    const bool norm = name.rfind("rmsnorm", 0) == 0;
+    // The plain op's inputs: x, gamma | x | dy, x, gamma, rstd | dy, x.
+    const size_t plain_inputs = name == "rmsnorm" ? 2 : name == "swiglu" ? 1 : name == "rmsnorm_bwd" ? 4 : 2;
     for (DType fp8 : {DType::e4m3, DType::e5m2fnuz})
       for (int64_t g : {kTensorwise, kRowwise, kBlock1x128}) {
-        const bool norm = std::string(op_name) == "rmsnorm";
         const int64_t rows = 3, cols = 300;
-        KernelSpec plain{op_name, DType::bf16, DType::bf16, {{"rows", rows}, {norm ? "hidden" : "intermediate", cols}}};
+        KernelSpec plain{op_name, DType::bf16, DType::bf16,
+                         {{"rows", rows}, {norm ? "hidden" : "intermediate", name == "swiglu_bwd" ? cols / 2 : cols}}};
         KernelSpec spec = plain;
         spec.params["fp8_out"] = fp8_out_value(fp8);
         spec.params["fp8_granularity"] = g;
@@ -566,7 +571,7 @@ TEST(Templates, FusedFp8OutputsAreQuantizeFp8OfTheStoredOutput) {
         op->init_inputs(spec, inputs, values, rng);
         std::vector<RefOutput> fused, base;
         op->reference(spec, {}, values, {}, fused);
-        op->reference(plain, {}, std::span<const std::vector<float>>(values).first(norm ? 2 : 1), {}, base);
+        op->reference(plain, {}, std::span<const std::vector<float>>(values).first(plain_inputs), {}, base);
         ASSERT_EQ(fused.size(), base.size() + (g == kTensorwise ? 3 : 2));
         for (size_t i = 0; i < base.size(); ++i) EXPECT_EQ(fused[i].values, base[i].values);
         // quantize_fp8 of y rounded to bf16, as the kernel stores it.
@@ -587,6 +592,42 @@ TEST(Templates, FusedFp8OutputsAreQuantizeFp8OfTheStoredOutput) {
           EXPECT_EQ(fused[f + 2].values, want[2].values);
         }
       }
+  }
+}
+
+// only_qt of x is, by definition, the block1x128 quantization of x^T (1x128 blocks along the rows
+// of x): the same codes and scales as a plain call on the transposed tensor.
+TEST(Templates, QuantizeFp8OnlyQtIsBlock1x128OfTheTranspose) {
+  const OpTemplate* quant = *find_op("quantize_fp8");
+  std::mt19937_64 rng(9);
+  for (DType fp8 : {DType::e4m3, DType::e5m2fnuz}) {
+    const int64_t rows = 300, cols = 5;  // 128 + 128 + 44 rows: a short last block
+    KernelSpec t{"quantize_fp8", DType::bf16, fp8,
+                 {{"rows", rows}, {"cols", cols}, {"granularity", kBlock1x128}, {"transpose", 1}, {"only_qt", 1}}};
+    SCOPED_TRACE(to_string(t));
+    ASSERT_TRUE(quant->validate(t, *find_target(fp8 == DType::e4m3 ? "gfx950" : "gfx942").value()).ok());
+    std::vector<TensorInfo> inputs = {quant->tensors(t)[0]};
+    std::vector<std::vector<float>> x;
+    quant->init_inputs(t, inputs, x, rng);
+    std::vector<std::vector<float>> xt(1, std::vector<float>(x[0].size()));
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) xt[0][static_cast<size_t>(c * rows + r)] = x[0][static_cast<size_t>(r * cols + c)];
+    const KernelSpec plain{"quantize_fp8", DType::bf16, fp8, {{"rows", cols}, {"cols", rows}, {"granularity", kBlock1x128}}};
+    std::vector<RefOutput> got, want;
+    quant->reference(t, {}, x, {}, got);
+    quant->reference(plain, {}, xt, {}, want);
+    ASSERT_EQ(got.size(), 2u);
+    EXPECT_EQ(got[0].values, want[0].values);  // qt = q of x^T
+    EXPECT_EQ(got[1].values, want[1].values);  // qt_scale [cols, ceil(rows/128)] = its scales
+    EXPECT_EQ(got[1].values.size(), static_cast<size_t>(cols * 3));
+  }
+  // only_qt needs block1x128 with transpose=1.
+  for (auto [g, tr] : {std::pair{kBlock1x128, 0}, {kBlock128x128, 1}, {kTensorwise, 1}}) {
+    KernelSpec bad{"quantize_fp8", DType::bf16, DType::e4m3,
+                   {{"rows", 4}, {"cols", 8}, {"granularity", g}, {"transpose", tr}, {"only_qt", 1}}};
+    auto r = quant->validate(bad, *find_target("gfx950").value());
+    ASSERT_FALSE(r.ok()) << to_string(bad);
+    EXPECT_NE(r.error().message.find("only_qt"), std::string::npos) << r.error().message;
   }
 }
 

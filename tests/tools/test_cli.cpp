@@ -398,7 +398,7 @@ TEST_F(CliTest, ManifestFp8ListsTheQuantizeKernelsWithTheirTransposes) {
   ASSERT_EQ(kiln({"manifest", "llama3.1-8b", "-o", plain_file}).code, 0);
   const Output o = kiln({"manifest", "llama3.1-8b", "--fp8", "block", "-o", block_file});
   ASSERT_EQ(o.code, 0) << o.err;
-  EXPECT_NE(o.out.find("14 quantize_fp8"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("15 quantize_fp8"), std::string::npos) << o.out;
   EXPECT_NE(o.out.find("fp8 block"), std::string::npos) << o.out;
   auto plain = kiln::read_manifest(plain_file);
   auto block = kiln::read_manifest(block_file);
@@ -406,29 +406,43 @@ TEST_F(CliTest, ManifestFp8ListsTheQuantizeKernelsWithTheirTransposes) {
   ASSERT_TRUE(block.ok()) << block.error().message;
   // Enumerated parameters are written by name.
   EXPECT_NE(slurp(block_file).find(R"("granularity": "block1x128")"), std::string::npos);
-  // Every kernel of the bf16 step is still there, unchanged, but the layer GEMMs: a gemm_fp8 of the
-  // same label takes each one's place (lm_head stays a bf16 gemm).
+  EXPECT_NE(slurp(block_file).find(R"("fp8_out": "fp8_e5m2")"), std::string::npos);
+  // Every kernel of the bf16 step is still there under its label: the layer GEMMs as gemm_fp8 (lm_head
+  // stays a bf16 gemm); the norms, swiglu and their backward ops with a fused fp8 output of the GEMM
+  // input they write (x e4m3, dy e5m2, 1x128 groups); everything else unchanged.
   size_t layer_gemms = 0;
   for (const auto& e : plain->kernels) {
     const bool layer_gemm = e.spec.op == "gemm" && e.label.find("lm_head") == std::string::npos;
+    const bool producer = e.spec.op == "rmsnorm" || e.spec.op == "swiglu" || e.spec.op == "rmsnorm_bwd" ||
+                          e.spec.op == "swiglu_bwd";
+    std::map<std::string, int64_t> want = e.spec.params;
+    if (producer) {
+      want["fp8_out"] = e.spec.op.find("_bwd") != std::string::npos ? 2 : 1;  // fp8_e5m2, fp8_e4m3
+      want["fp8_granularity"] = 2;                                            // block1x128
+    }
     layer_gemms += layer_gemm;
     bool found = false;
     for (const auto& f : block->kernels)
       found |= layer_gemm ? f.spec.op == "gemm_fp8" && f.label == e.label
                           : f.spec.op == e.spec.op && f.spec.dtype == e.spec.dtype &&
-                                f.spec.out_dtype == e.spec.out_dtype && f.spec.params == e.spec.params &&
-                                f.label == e.label;
+                                f.spec.out_dtype == e.spec.out_dtype && f.spec.params == want && f.label == e.label;
     EXPECT_TRUE(found) << e.label;
   }
+  // Two norms keep no fp8 output: the final one (its y feeds the lm_head) and the first layer's
+  // input-norm backward (its dx feeds the embedding).
+  std::vector<std::string> plain_norms;
+  for (const auto& f : block->kernels)
+    if (f.spec.op.rfind("rmsnorm", 0) == 0 && !f.spec.params.count("fp8_out")) plain_norms.push_back(f.label);
+  EXPECT_EQ(plain_norms, (std::vector<std::string>{"rmsnorm.fwd_final", "rmsnorm.bwd_residual_first"}));
   std::vector<const kiln::ManifestEntry*> quant, gemm8;
   for (const auto& e : block->kernels) {
     if (e.spec.op == "quantize_fp8") quant.push_back(&e);
     if (e.spec.op == "gemm_fp8") gemm8.push_back(&e);
   }
   EXPECT_EQ(gemm8.size(), layer_gemms);
-  EXPECT_EQ(quant.size() + plain->kernels.size(), block->kernels.size());
-  // qkv's three GEMMs: forward e4m3 x e4m3 blockwise (x 1x128, W 128x128), dgrad e5m2 dy x W^T
-  // blockwise, wgrad e5m2 dy^T x x^T with both 1x128 (block1x128), into fp32.
+  EXPECT_EQ(quant.size() + plain->kernels.size() + plain_norms.size(), block->kernels.size());
+  // qkv's three GEMMs: forward e4m3 x e4m3 blockwise (x 1x128, W 128x128), dgrad e5m2 dy x W^T and
+  // wgrad e5m2 dy^T x x^T, both with 1x128 blocks along their reduction (block1x128), wgrad into fp32.
   auto find8 = [&](int64_t M, int64_t N, int64_t K) -> const kiln::ManifestEntry* {
     for (const auto* e : gemm8)
       if (e->spec.params.at("M") == M && e->spec.params.at("N") == N && e->spec.params.at("K") == K) return e;
@@ -441,36 +455,50 @@ TEST_F(CliTest, ManifestFp8ListsTheQuantizeKernelsWithTheirTransposes) {
   EXPECT_EQ(dgrad8->spec.dtype, kiln::DType::e5m2);
   EXPECT_EQ(wgrad8->spec.out_dtype, kiln::DType::f32);
   EXPECT_EQ(fwd8->spec.params.at("granularity"), 2);
-  EXPECT_EQ(dgrad8->spec.params.at("granularity"), 2);
+  EXPECT_EQ(dgrad8->spec.params.at("granularity"), 3);
   EXPECT_EQ(wgrad8->spec.params.at("granularity"), 3);
   auto find = [&](int64_t rows, int64_t cols, int64_t gran, int64_t transpose) -> const kiln::ManifestEntry* {
+    std::map<std::string, int64_t> want{{"rows", rows}, {"cols", cols}, {"granularity", gran}, {"transpose", transpose}};
+    if (transpose) want["only_qt"] = 1;
     for (const auto* e : quant)
-      if (e->spec.params == std::map<std::string, int64_t>{{"rows", rows}, {"cols", cols}, {"granularity", gran},
-                                                           {"transpose", transpose}})
-        return e;
+      if (e->spec.params == want) return e;
     return nullptr;
   };
-  // qkv of Llama-3.1-8B (M 8192, K 4096, N 6144): x 1x128 and, for the wgrad, x^T; W 128x128 with
-  // its transpose (qt) for the dgrad; dy and dy^T 1x128 in e5m2.
+  // Llama-3.1-8B (M 8192, hidden 4096, qkv N 6144): rmsnorm writes the x of qkv and gate_up, so only
+  // attn_out's x (the attention output) is quantized; x^T (wgrad) 1x128 along the tokens; W 128x128
+  // and W^T (dgrad) 1x128 along N; qkv's dy (dqkv, from attention_bwd) 1x128 and dy^T, in e5m2.
   const auto* x = find(8192, 4096, 2, 0);
-  const auto* xt = find(4096, 8192, 2, 0);
-  const auto* w = find(6144, 4096, 3, 1);
+  const auto* xt = find(8192, 4096, 2, 1);
+  const auto* w = find(6144, 4096, 3, 0);
+  const auto* wt = find(6144, 4096, 2, 1);
   const auto* dy = find(8192, 6144, 2, 0);
-  const auto* dyt = find(6144, 8192, 2, 0);
-  for (const auto* e : {x, xt, w, dy, dyt}) ASSERT_NE(e, nullptr);
-  EXPECT_EQ(x->label, "qkv.fp8_x+attn_out.fp8_x+gate_up.fp8_x");
+  const auto* dyt = find(8192, 6144, 2, 1);
+  for (const auto* e : {x, xt, w, wt, dy, dyt}) ASSERT_NE(e, nullptr);
+  EXPECT_EQ(x->label, "attn_out.fp8_x");
   EXPECT_EQ(xt->label, "qkv.fp8_xT+attn_out.fp8_xT+gate_up.fp8_xT");
   EXPECT_EQ(w->label, "qkv.fp8_w");
+  EXPECT_EQ(wt->label, "qkv.fp8_wT");
+  EXPECT_EQ(dy->label, "qkv.fp8_dy");
   EXPECT_EQ(dyt->label, "qkv.fp8_dyT");
-  for (const auto* e : {x, xt, w}) EXPECT_EQ(e->spec.out_dtype, kiln::DType::e4m3) << e->label;
+  for (const auto* e : {x, xt, w, wt}) EXPECT_EQ(e->spec.out_dtype, kiln::DType::e4m3) << e->label;
   for (const auto* e : {dy, dyt}) EXPECT_EQ(e->spec.out_dtype, kiln::DType::e5m2) << e->label;
   for (const auto* e : quant) {
     EXPECT_EQ(e->spec.dtype, kiln::DType::bf16) << e->label;
     EXPECT_EQ(e->label.find("lm_head"), std::string::npos) << e->label;  // lm_head stays bf16
-    // Weights are 128x128 with qt; activations and gradients 1x128 without.
-    EXPECT_EQ(e->spec.params.at("transpose"), e->spec.params.at("granularity") == 3) << e->label;
+    // Weights are 128x128 without qt; every transposed copy is only_qt in 1x128 blocks.
+    EXPECT_EQ(e->spec.params.at("transpose"), e->spec.params.count("only_qt")) << e->label;
+    if (e->spec.params.at("transpose")) {
+      EXPECT_EQ(e->spec.params.at("granularity"), 2) << e->label;
+    }
   }
-
+  // The fused outputs name their format by value, and each target compiles its own encoding.
+  const kiln::ManifestEntry* bwd = nullptr;
+  for (const auto& e : block->kernels)
+    if (e.label == "swiglu.bwd") bwd = &e;
+  ASSERT_NE(bwd, nullptr);
+  const kiln::TargetInfo* gfx942 = kiln::find_target("gfx942").value();
+  EXPECT_EQ(kiln::manifest_spec_for_target(bwd->spec, *gfx942).params.at("fp8_out"), 4);  // fp8_e5m2fnuz
+  EXPECT_EQ(kiln::manifest_spec_for_target(bwd->spec, *kiln::find_target("sm_90a").value()).params.at("fp8_out"), 2);
   // tensorwise: every quantization writes qt itself, no separate transposed call.
   const Output t = kiln({"manifest", "llama3.1-8b", "--fp8", "tensorwise"});
   ASSERT_EQ(t.code, 0) << t.err;

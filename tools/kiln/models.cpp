@@ -20,6 +20,11 @@ struct Gemm {
   const char* name;
   int64_t n, k;
   bool fp8;  ///< Quantized in an fp8 step (lm_head is not: it stays in the step's dtype).
+  /// The kernel that writes the GEMM's input x (forward A) and the gradient of its output dy
+  /// (dgrad A) can write them in fp8 too (a fused output): rmsnorm's y for qkv and gate_up,
+  /// swiglu's y for down; rmsnorm_bwd's dx for attn_out and down, swiglu_bwd's dx for gate_up.
+  /// attention's output (attn_out's x) and attention_bwd + rope_bwd's dqkv (qkv's dy) have none.
+  bool x_fused = false, dy_fused = false;
 };
 
 constexpr std::string_view kFp8Recipes[] = {"tensorwise", "rowwise", "block", "block1x128", "block128x128"};
@@ -30,14 +35,24 @@ bool transposes_in_place(int64_t granularity) {
   return granularity == kTensorwise || granularity == kBlock128x128;
 }
 
+/// A fused fp8 output serves a granularity whose scales one row gives (rowwise, 1x128). Tensorwise
+/// is left to quantize_fp8 (current scaling, transpose=1): the wgrad's transposed copy needs that
+/// pass anyway and it writes q in it, and the fused outputs' delayed scaling needs an amax history
+/// of earlier steps.
+bool fusable(int64_t granularity) { return granularity == kRowwise || granularity == kBlock1x128; }
+
 // gemm_fp8's granularity for a recipe's layer GEMMs (0 tensorwise, 1 rowwise, 2 blockwise: A 1x128
 // and B 128x128, 3 block1x128: both 1x128), or -1 where gemm_fp8 cannot read the operands (128x128
-// activation blocks). The wgrad's B is x^T, an activation: blockwise becomes block1x128 there.
-int64_t fp8_gemm_granularity(const Fp8Recipe& r, bool wgrad) {
+// activation blocks). The wgrad's B is x^T, an activation: blockwise becomes block1x128 there. The
+// dgrad's B is W^T: with 128x128 weight blocks it is quantized in 1x128 blocks along N (only_qt), as
+// quantize_fp8's qt of a 128x128 call shares W's scales in W's block order, not in W^T's that
+// gemm_fp8 reads: blockwise becomes block1x128 there too.
+enum class Pass { forward, dgrad, wgrad };
+int64_t fp8_gemm_granularity(const Fp8Recipe& r, Pass pass = Pass::forward) {
   if (r.activations == kBlock128x128 || r.gradients == kBlock128x128) return -1;
   if (r.activations == kTensorwise) return 0;
   if (r.activations == kRowwise) return 1;
-  if (r.weights == kBlock128x128 && !wgrad) return 2;
+  if (r.weights == kBlock128x128 && pass == Pass::forward) return 2;
   return 3;
 }
 
@@ -149,15 +164,27 @@ Manifest training_manifest(const Model& m, const std::vector<int64_t>& micro_bat
       fp8 ? fmt::format(
                 " fp8 ({}: x {}, W {}, dy {}): the quantize_fp8 kernels of the GEMM inputs of every layer, x and W "
                 "to e4m3, dy to e5m2 (fp8_e4m3/fp8_e5m2 name the format; each target compiles its own encoding, "
-                "FNUZ on gfx942), with the transposed forms the dgrad and wgrad GEMMs read (qt where the granularity "
-                "allows it, else a call on the transposed tensor, label suffix T); {}; lm_head stays in {}.",
+                "FNUZ on gfx942), with the transposed forms the dgrad and wgrad GEMMs read (label suffix T: qt of the same "
+                "call for tensorwise; for 1x128 and 128x128 granularities quantize_fp8 only_qt, the tensor's transpose "
+                "in 1x128 blocks along its rows, the tokens of x and dy or the N of W; for rowwise a call on the "
+                "transposed tensor); {}; lm_head stays in {}.{}",
                 fp8->name, gran[fp8->activations], gran[fp8->weights], gran[fp8->gradients],
-                fp8_gemm_granularity(*fp8, false) < 0
+                fp8_gemm_granularity(*fp8) < 0
                     ? fmt::format("no fp8 GEMM reads 128x128 activation blocks, so the layer GEMMs stay {} GEMMs",
                                   dtype_name(dtype))
                     : "every layer GEMM is a gemm_fp8 (forward e4m3 x e4m3, dgrad and wgrad e5m2 x e4m3; wgrad into "
-                      "fp32)",
-                dtype_name(dtype))
+                      "fp32; with 128x128 weight blocks the forward is blockwise, the dgrad and wgrad block1x128)",
+                dtype_name(dtype),
+                fp8_gemm_granularity(*fp8) >= 0 && !m.moe && !m.mla &&
+                        (fusable(fp8->activations) || fusable(fp8->gradients))
+                    ? " No separate pass quantizes what a kernel of the step writes and can write in fp8 too: "
+                      "rmsnorm's y (the qkv and gate_up inputs) and swiglu's y (the down input) come as fused fp8 "
+                      "outputs, and so do rmsnorm_bwd's dx (the dy of attn_out and down) and swiglu_bwd's dx (the dy "
+                      "of gate_up; up to intermediate 32768); quantize_fp8 remains for the weights, the attention "
+                      "output (attn_out's x), dqkv (qkv's dy, from attention_bwd and rope_bwd) and every transposed "
+                      "copy the dgrad and wgrad GEMMs read; the final norm (its y feeds the lm_head) and the first "
+                      "layer's input-norm backward (its dx feeds the embedding) write no fp8."
+                    : "")
           : "";
   std::string moe_about, mla_about;
   if (m.moe)
@@ -201,14 +228,15 @@ Manifest training_manifest(const Model& m, const std::vector<int64_t>& micro_bat
   // GEMMs (below) and their router a plain GEMM.
   std::vector<Gemm> gemms;
   if (!m.mla) {
-    gemms.push_back({"qkv", (m.heads + 2 * m.kv_heads) * m.head_dim, m.hidden, true});
-    gemms.push_back({"attn_out", m.hidden, m.heads * m.head_dim, true});
+    gemms.push_back({"qkv", (m.heads + 2 * m.kv_heads) * m.head_dim, m.hidden, true, true, false});
+    gemms.push_back({"attn_out", m.hidden, m.heads * m.head_dim, true, false, true});
   }
   if (m.moe) {
     gemms.push_back({"router", m.experts, m.hidden, false});
   } else {
-    gemms.push_back({"gate_up", 2 * m.intermediate, m.hidden, true});
-    gemms.push_back({"down", m.hidden, m.intermediate, true});
+    // swiglu_bwd's fp8 kernel holds a row of dx (2 I) in registers: up to 65536 columns.
+    gemms.push_back({"gate_up", 2 * m.intermediate, m.hidden, true, true, 2 * m.intermediate <= 65536});
+    gemms.push_back({"down", m.hidden, m.intermediate, true, true, true});
   }
   gemms.push_back({"lm_head", m.vocab, m.hidden, false});
   auto add = [&](KernelSpec spec, std::string label) {
@@ -228,16 +256,16 @@ Manifest training_manifest(const Model& m, const std::vector<int64_t>& micro_bat
     const int64_t M = seq * mb;
     const std::string suffix = micro_batches.size() > 1 ? fmt::format("[mb={}]", mb) : "";
     for (const Gemm& g : gemms) {
-      if (fp8 && g.fp8 && fp8_gemm_granularity(*fp8, false) >= 0) {
+      if (fp8 && g.fp8 && fp8_gemm_granularity(*fp8) >= 0) {
         // gemm_fp8 reads both operands K-major: forward x [M,K] . W [N,K]; dgrad dy [M,N] . W^T [K,N];
         // wgrad dy^T [N,M] . x^T [K,M] (the transposed copies quantize_fp8 writes below).
-        auto gemm8 = [&](int64_t M8, int64_t N8, int64_t K8, DType a_format, bool wgrad, DType out_dtype) {
+        auto gemm8 = [&](int64_t M8, int64_t N8, int64_t K8, DType a_format, Pass pass, DType out_dtype) {
           return KernelSpec{"gemm_fp8", a_format, out_dtype,
-                            {{"M", M8}, {"N", N8}, {"K", K8}, {"granularity", fp8_gemm_granularity(*fp8, wgrad)}}};
+                            {{"M", M8}, {"N", N8}, {"K", K8}, {"granularity", fp8_gemm_granularity(*fp8, pass)}}};
         };
-        add(gemm8(M, g.n, g.k, DType::e4m3, false, dtype), fmt::format("{}.fwd{}", g.name, suffix));
-        add(gemm8(M, g.k, g.n, DType::e5m2, false, dtype), fmt::format("{}.dgrad{}", g.name, suffix));
-        add(gemm8(g.n, g.k, M, DType::e5m2, true, DType::f32), fmt::format("{}.wgrad{}", g.name, suffix));
+        add(gemm8(M, g.n, g.k, DType::e4m3, Pass::forward, dtype), fmt::format("{}.fwd{}", g.name, suffix));
+        add(gemm8(M, g.k, g.n, DType::e5m2, Pass::dgrad, dtype), fmt::format("{}.dgrad{}", g.name, suffix));
+        add(gemm8(g.n, g.k, M, DType::e5m2, Pass::wgrad, DType::f32), fmt::format("{}.wgrad{}", g.name, suffix));
       } else {
         add(gemm(M, g.n, g.k, false, true, dtype), fmt::format("{}.fwd{}", g.name, suffix));     // y = x @ W^T
         add(gemm(M, g.k, g.n, false, false, dtype), fmt::format("{}.dgrad{}", g.name, suffix));  // dx = dy @ W
@@ -246,26 +274,40 @@ Manifest training_manifest(const Model& m, const std::vector<int64_t>& micro_bat
       if (fp8 && g.fp8) {
         // The fp8 GEMM operands, K-major as fp8 tensor-core GEMMs read them: forward x[M,K] and
         // W[N,K]; dgrad dy[M,N] and W^T[K,N]; wgrad dy^T[N,M] and x^T[K,M].
+        // A fused output writes q where the producing kernel has one (Gemm::x_fused, dy_fused;
+        // listed with the norms and swiglu below); quantize_fp8 writes the rest and the transposes.
         struct Operand {
           const char* name;
           int64_t rows, cols, granularity;
           DType format;
+          bool fused;
         };
-        const Operand operands[] = {{"x", M, g.k, fp8->activations, DType::e4m3},
-                                    {"w", g.n, g.k, fp8->weights, DType::e4m3},
-                                    {"dy", M, g.n, fp8->gradients, DType::e5m2}};
+        const bool gemm8 = fp8_gemm_granularity(*fp8) >= 0;
+        const Operand operands[] = {
+            {"x", M, g.k, fp8->activations, DType::e4m3, gemm8 && g.x_fused && fusable(fp8->activations)},
+            {"w", g.n, g.k, fp8->weights, DType::e4m3, false},
+            {"dy", M, g.n, fp8->gradients, DType::e5m2, gemm8 && g.dy_fused && fusable(fp8->gradients)}};
         auto quantize = [&](int64_t rows, int64_t cols, int64_t granularity, bool transpose, DType format) {
           return KernelSpec{"quantize_fp8", dtype, format,
                             {{"rows", rows}, {"cols", cols}, {"granularity", granularity}, {"transpose", transpose}}};
         };
         for (const Operand& o : operands) {
           const std::string label = fmt::format("{}.fp8_{}{}", g.name, o.name, suffix);
-          if (transposes_in_place(o.granularity)) {  // q and qt in one call
+          const std::string label_t = fmt::format("{}.fp8_{}T{}", g.name, o.name, suffix);
+          // q and qt in one call where they share the scales gemm_fp8 reads (tensorwise; 128x128
+          // blocks only without gemm_fp8: the dgrad would read W^T's scales in W^T's block order).
+          if (o.granularity == kTensorwise || (transposes_in_place(o.granularity) && !gemm8)) {
             add(quantize(o.rows, o.cols, o.granularity, true, o.format), label);
-          } else {  // q, then the transposed tensor on its own
-            add(quantize(o.rows, o.cols, o.granularity, false, o.format), label);
-            add(quantize(o.cols, o.rows, o.granularity, false, o.format),
-                fmt::format("{}.fp8_{}T{}", g.name, o.name, suffix));
+            continue;
+          }
+          if (!o.fused) add(quantize(o.rows, o.cols, o.granularity, false, o.format), label);
+          if (o.granularity == kBlock1x128 || o.granularity == kBlock128x128) {
+            // x^T (W^T) in 1x128 blocks of its own rows, from x itself
+            KernelSpec t = quantize(o.rows, o.cols, kBlock1x128, true, o.format);
+            t.params["only_qt"] = 1;
+            add(std::move(t), label_t);
+          } else {  // rowwise: the transposed tensor on its own
+            add(quantize(o.cols, o.rows, o.granularity, false, o.format), label_t);
           }
         }
       }
@@ -273,13 +315,39 @@ Manifest training_manifest(const Model& m, const std::vector<int64_t>& micro_bat
     // The norms: the block's first rmsnorm normalizes the layer input; the second adds the
     // attention output to the residual stream first (residual=1 writes h); both save rstd for
     // their backward, which reads it.
-    add(KernelSpec{"rmsnorm", dtype, dtype, {{"rows", M}, {"hidden", m.hidden}, {"save_rstd", 1}}},
-        "rmsnorm.fwd" + suffix);
-    add(KernelSpec{"rmsnorm", dtype, dtype, {{"rows", M}, {"hidden", m.hidden}, {"residual", 1}, {"save_rstd", 1}}},
-        "rmsnorm.fwd_residual" + suffix);
-    add(KernelSpec{"rmsnorm_bwd", dtype, dtype, {{"rows", M}, {"hidden", m.hidden}}}, "rmsnorm.bwd" + suffix);
-    add(KernelSpec{"rmsnorm_bwd", dtype, dtype, {{"rows", M}, {"hidden", m.hidden}, {"residual_grad", 1}}},
-        "rmsnorm.bwd_residual" + suffix);
+    // With a fused fp8 recipe (fused_x, fused_dy) the norms that feed a layer GEMM write its input in
+    // fp8 too: the forward norms' y (xn, hn) in e4m3; rmsnorm_bwd's dx in e5m2, the dy of attn_out
+    // (gh) and of the previous layer's down (g). Two stay in the step's dtype: the final norm (its
+    // y feeds the lm_head) and the first layer's input-norm backward (its dx feeds the embedding).
+    const bool dense8 = fp8 && !m.moe && !m.mla && fp8_gemm_granularity(*fp8) >= 0;
+    const bool fused_x = dense8 && fusable(fp8->activations), fused_dy = dense8 && fusable(fp8->gradients);
+    auto fused = [&](KernelSpec s, bool on, DType format, int64_t granularity) {
+      if (on) {
+        s.params["fp8_out"] = fp8_out_value(format);
+        s.params["fp8_granularity"] = granularity;
+      }
+      return s;
+    };
+    const KernelSpec norm{"rmsnorm", dtype, dtype, {{"rows", M}, {"hidden", m.hidden}, {"save_rstd", 1}}};
+    KernelSpec norm_res = norm;
+    norm_res.params["residual"] = 1;
+    const KernelSpec norm_bwd{"rmsnorm_bwd", dtype, dtype, {{"rows", M}, {"hidden", m.hidden}}};
+    KernelSpec norm_bwd_res = norm_bwd;
+    norm_bwd_res.params["residual_grad"] = 1;
+    if (fused_x || fused_dy) {
+      const int64_t ga = fp8->activations, gg = fp8->gradients;
+      add(fused(norm, fused_x, DType::e4m3, ga), "rmsnorm.fwd" + suffix);
+      add(fused(norm_res, fused_x, DType::e4m3, ga), "rmsnorm.fwd_residual" + suffix);
+      add(norm_res, "rmsnorm.fwd_final" + suffix);
+      add(fused(norm_bwd, fused_dy, DType::e5m2, gg), "rmsnorm.bwd" + suffix);
+      add(fused(norm_bwd_res, fused_dy, DType::e5m2, gg), "rmsnorm.bwd_residual" + suffix);
+      add(norm_bwd_res, "rmsnorm.bwd_residual_first" + suffix);
+    } else {
+      add(norm, "rmsnorm.fwd" + suffix);
+      add(norm_res, "rmsnorm.fwd_residual" + suffix);
+      add(norm_bwd, "rmsnorm.bwd" + suffix);
+      add(norm_bwd_res, "rmsnorm.bwd_residual" + suffix);
+    }
     // q, k and v are column views of the fused qkv output [M, (heads + 2 kv_heads) * head_dim]:
     // rope rotates q and k in place there, attention reads them with that row stride, and the
     // backward writes dq, dk, dv into the same views of dqkv.
@@ -316,8 +384,12 @@ Manifest training_manifest(const Model& m, const std::vector<int64_t>& micro_bat
       add(std::move(ce), (bwd ? "cross_entropy.bwd" : "cross_entropy.fwd") + suffix);
     }
     if (!m.moe) {
-      add(KernelSpec{"swiglu", dtype, dtype, {{"rows", M}, {"intermediate", m.intermediate}}}, "swiglu.fwd" + suffix);
-      add(KernelSpec{"swiglu_bwd", dtype, dtype, {{"rows", M}, {"intermediate", m.intermediate}}},
+      add(fused(KernelSpec{"swiglu", dtype, dtype, {{"rows", M}, {"intermediate", m.intermediate}}}, fused_x,
+                DType::e4m3, fused_x ? fp8->activations : 0),
+          "swiglu.fwd" + suffix);
+      const bool swiglu_bwd8 = fused_dy && 2 * m.intermediate <= 65536;
+      add(fused(KernelSpec{"swiglu_bwd", dtype, dtype, {{"rows", M}, {"intermediate", m.intermediate}}}, swiglu_bwd8,
+                DType::e5m2, swiglu_bwd8 ? fp8->gradients : 0),
           "swiglu.bwd" + suffix);
       continue;
     }
