@@ -21,10 +21,15 @@ const ParamInfo kParams[] = {
     {"K", "the reduction dimension (nt, nn); columns of each c[g] (tn)", true, false, 1, kInt32Max},
     {"tokens", "rows of the grouped operands, offsets[G]; a runtime argument (0 is a no-op)", false, false, 0,
      kInt32Max},
+    {"accumulate", "tn only: c[g] += a_g^T b_g, c_in read and c written over it (fp32 c; default 0)", true, true, 0, 1,
+     {}, 0},
 };
 const DType kDTypes[] = {DType::bf16, DType::f16};
 
 bool tn(const KernelSpec& s) { return s.param("mode") == kTn; }
+bool accumulate(const KernelSpec& s) { return s.param("accumulate", 0) != 0; }
+// The index of c among the tensors: after a, b, offsets, [c_in].
+uint32_t c_index(const KernelSpec& s) { return 3 + (accumulate(s) ? 1 : 0); }
 std::vector<int64_t> a_shape(const KernelSpec& s) { return {s.param("tokens"), tn(s) ? s.param("N") : s.param("K")}; }
 std::vector<int64_t> b_shape(const KernelSpec& s) {
   if (tn(s)) return {s.param("tokens"), s.param("K")};
@@ -42,13 +47,31 @@ const TensorDecl kSignature[] = {
     {"offsets", Role::input, DTypeRule::fixed, DType::i32, "[G + 1]", offsets_shape, nullptr,
      "group g is rows offsets[g] .. offsets[g + 1] - 1 of the grouped operands (0 = offsets[0] <= ... <= offsets[G] "
      "= tokens)"},
-    {"c", Role::output, DTypeRule::out, DType::f32, "[tokens, N] (nt, nn); [G, N, K] (tn)", c_shape},
+    {"c_in", Role::input, DTypeRule::out, DType::f32, "[G, N, K]", c_shape, accumulate,
+     "the fp32 c accumulated into (tn, accumulate=1); c is written over it"},
+    {"c", Role::output, DTypeRule::out, DType::f32, "[tokens, N] (nt, nn); [G, N, K] (tn)", c_shape, nullptr,
+     "(c_in +) the grouped product", "c_in"},
 };
 }  // namespace
 
 std::span<const ParamInfo> GroupedGemmOp::params() const { return kParams; }
 std::span<const DType> GroupedGemmOp::dtypes() const { return kDTypes; }
 std::span<const TensorDecl> GroupedGemmOp::signature() const { return kSignature; }
+
+Result<void> GroupedGemmOp::check(const KernelSpec& spec, const TargetInfo&) const {
+  const KernelSpec s = with_defaults(spec);
+  if (accumulate(s) && !tn(s))
+    return make_error(Errc::invalid_argument,
+                      fmt::format("grouped_gemm: accumulate=1 adds into the k-grouped (tn, wgrad) c[g], but mode is "
+                                  "{}: set mode tn, or accumulate=0",
+                                  kModes[static_cast<size_t>(s.param("mode"))]));
+  if (accumulate(s) && s.out_dtype != DType::f32)
+    return make_error(Errc::invalid_argument,
+                      fmt::format("grouped_gemm: accumulate=1 adds into an fp32 c (wgrad accumulation), but out_dtype "
+                                  "is {}: set out_dtype fp32, or accumulate=0",
+                                  dtype_name(s.out_dtype)));
+  return ok();
+}
 
 // Three kernels:
 //  - AMD MFMA (grouped_gemm_mfma.kernel, gfx942 and gfx950): 128 x 128 tiles, four wavefronts of
@@ -107,10 +130,11 @@ std::vector<TileConfig> GroupedGemmOp::variants(const KernelSpec& spec, const Ta
 }
 
 std::vector<uint32_t> GroupedGemmOp::base_alignment(const KernelSpec& spec, const TileConfig& c) const {
-  std::vector<uint32_t> out(tensors(spec).size(), 1);
+  std::vector<uint32_t> out = {1, 1, 1, 1};
   if (wgmma(c)) out = {16, 16, 1, 16};  // a, b, offsets, c: 16-byte rows through cp.async
   if (tma(c)) out = {16, 16, 1, 4};     // a, b: TMA; c: stores of two neighbouring outputs
   if (mfma(c)) out = {16, 16, 1, 1};    // a, b: 16-byte loads
+  if (accumulate(with_defaults(spec))) out.insert(out.begin() + 3, out[3]);  // c_in: c's buffer
   return out;
 }
 
@@ -132,27 +156,30 @@ std::string_view GroupedGemmOp::device_template(const TileConfig& c) const {
 }
 
 std::string GroupedGemmOp::specialize(const KernelSpec& spec, const TileConfig& c) const {
+  const char* acc = accumulate(with_defaults(spec)) ? "true" : "false";
   if (wgmma(c))
     return fmt::format(
         "constexpr int MODE = {}, GROUPS = {};\nconstexpr long long N = {}, K = {};\n"
-        "constexpr int BM = {}, BN = {}, BK = {}, STAGES = {}, THREADS = {};\nconstexpr bool IN_BF16 = {};\n"
-        "typedef {} in_t;\ntypedef {} out_t;\n",
+        "constexpr int BM = {}, BN = {}, BK = {}, STAGES = {}, THREADS = {};\nconstexpr bool IN_BF16 = {}, "
+        "ACCUMULATE = {};\ntypedef {} in_t;\ntypedef {} out_t;\n",
         spec.param("mode"), spec.param("groups"), spec.param("N"), spec.param("K"), c.at("BM"), c.at("BN"),
-        c.at("BK"), c.at("STAGES"), c.at("THREADS"), spec.dtype == DType::bf16 ? "true" : "false",
+        c.at("BK"), c.at("STAGES"), c.at("THREADS"), spec.dtype == DType::bf16 ? "true" : "false", acc,
         device_type_name(spec.dtype), device_type_name(spec.out_dtype));
   if (mfma(c))
     return fmt::format(
         "constexpr int MODE = {}, GROUPS = {};\nconstexpr long long N = {}, K = {};\n"
         "constexpr int BM = {}, BN = {}, BK = {}, WAVES_M = {}, WAVES_N = {}, THREADS = {}, MFMA_K = {};\n"
-        "constexpr bool IN_BF16 = {};\ntypedef {} in_t;\ntypedef {} out_t;\n",
+        "constexpr bool IN_BF16 = {}, ACCUMULATE = {};\ntypedef {} in_t;\ntypedef {} out_t;\n",
         spec.param("mode"), spec.param("groups"), spec.param("N"), spec.param("K"), c.at("BM"), c.at("BN"),
         c.at("BK"), c.at("WAVES_M"), c.at("WAVES_N"), c.at("THREADS"), c.at("MFMA_K"),
-        spec.dtype == DType::bf16 ? "true" : "false", device_type_name(spec.dtype), device_type_name(spec.out_dtype));
+        spec.dtype == DType::bf16 ? "true" : "false", acc, device_type_name(spec.dtype),
+        device_type_name(spec.out_dtype));
   return fmt::format(
       "constexpr int MODE = {}, GROUPS = {};\nconstexpr long long N = {}, K = {};\n"
-      "constexpr int BM = {}, BN = {}, BK = {}, TM = {}, TN = {}, THREADS = {};\ntypedef {} in_t;\ntypedef {} out_t;\n",
+      "constexpr int BM = {}, BN = {}, BK = {}, TM = {}, TN = {}, THREADS = {};\nconstexpr bool ACCUMULATE = {};\n"
+      "typedef {} in_t;\ntypedef {} out_t;\n",
       spec.param("mode"), spec.param("groups"), spec.param("N"), spec.param("K"), c.at("BM"), c.at("BN"), c.at("BK"),
-      c.at("TM"), c.at("TN"), c.at("THREADS"), device_type_name(spec.dtype), device_type_name(spec.out_dtype));
+      c.at("TM"), c.at("TN"), c.at("THREADS"), acc, device_type_name(spec.dtype), device_type_name(spec.out_dtype));
 }
 
 // nt, nn: grid.x covers every group's row tiles (at most ceil(tokens / BM) + G - 1 of them: each
@@ -190,8 +217,12 @@ Plan GroupedGemmOp::plan(const KernelSpec& call, const TileConfig& c) const {
     p.launches.push_back(std::move(l));
     return p;
   }
-  Launch l = single_launch(call, c, g);
-  l.args.push_back(KernelArg::i32(tokens));
+  // a, b, offsets, c (with accumulate the buffer of c_in, read and written), tokens.
+  Launch l;
+  l.kernel = "kiln_grouped_gemm";
+  l.geometry = g;
+  l.args = {KernelArg::tensor(0), KernelArg::tensor(1), KernelArg::tensor(2),
+            KernelArg::tensor(c_index(with_defaults(call))), KernelArg::i32(tokens)};
   p.launches.push_back(std::move(l));
   return p;
 }
@@ -229,6 +260,7 @@ void GroupedGemmOp::reference(const KernelSpec& s, const Scalars&, std::span<con
   RefOutput& out = outputs[0];
   if (tn(s)) {
     out.values.assign(static_cast<size_t>(G * N * K), 0.0);
+    if (accumulate(s)) std::copy(in[3].begin(), in[3].end(), out.values.begin());
     for (int64_t g = 0; g < G; ++g)
       for (int64_t t = static_cast<int64_t>(off[g]); t < static_cast<int64_t>(off[g + 1]); ++t)
         for (int64_t n = 0; n < N; ++n) {
@@ -276,6 +308,14 @@ std::vector<TestSpec> GroupedGemmOp::test_specs(const TargetInfo&) const {
   add(DType::bf16, DType::f32, kTn, 3, 0, 16, 24, "tn with no tokens: every c[g] is zero");
   add(DType::bf16, DType::bf16, kNt, 16, 700, 256, 128, "GPU size: 16 experts");
   add(DType::bf16, DType::bf16, kNn, 5, 300, 136, 128, "nn dgrad, K a multiple of 64 (the TMA kernel on sm_90a)");
+  auto add_acc = [&](DType t, int64_t G, int64_t tokens, int64_t N, int64_t K, std::string_view why) {
+    out.push_back({{"grouped_gemm", t, DType::f32,
+                    {{"mode", kTn}, {"groups", G}, {"tokens", tokens}, {"N", N}, {"K", K}, {"accumulate", 1}}},
+                   why});
+  };
+  add_acc(DType::bf16, 5, 120, 40, 70, "tn wgrad accumulated into fp32 c, odd K, empty groups keep c_in");
+  add_acc(DType::f16, 3, 100, 48, 72, "tn wgrad accumulated, 16-byte rows (WGMMA on sm_90a), K tail of a tile");
+  add_acc(DType::bf16, 3, 0, 16, 24, "tn accumulate with no tokens: c = c_in");
   return out;
 }
 

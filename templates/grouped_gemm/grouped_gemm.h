@@ -13,10 +13,14 @@ namespace kiln {
 ///   nt (forward y = x W_g^T): a [tokens, K], b [G, N, K], offsets -> c [tokens, N];
 ///   nn (dgrad dx = dy W_g):   a [tokens, K], b [G, K, N], offsets -> c [tokens, N];
 ///   tn (wgrad dW_g = dy_g^T x_g): a [tokens, N], b [tokens, K], offsets -> c [G, N, K]
-///     (an empty group's c[g] is zero).
+///     (an empty group's c[g] is zero); with accumulate=1 (tn only, c fp32), a further input
+///     c_in [G, N, K] fp32 that c is written over: c[g] = c_in[g] + a_g^T b_g (the caller passes
+///     one buffer for both; an empty group's c[g] keeps c_in[g]): gradient accumulation over
+///     micro-batches, as gemm_fp8's accumulate.
 /// All row-major. Inputs bf16/fp16, c bf16, fp16 or fp32; fp32 accumulation. Empty groups and
 /// group sizes that are not multiples of a tile are legal; no host synchronisation.
-/// Errors: offsets that are not as above are the caller's to avoid (the kernel reads them as
+/// Errors: accumulate=1 with mode nt / nn or with out_dtype other than fp32 (invalid_argument,
+/// naming the fix). Offsets that are not as above are the caller's to avoid (the kernel reads them as
 /// given; rows outside [0, tokens) are never touched).
 class GroupedGemmOp final : public OpTemplate {
  public:
@@ -45,6 +49,9 @@ class GroupedGemmOp final : public OpTemplate {
                  std::span<const int64_t> rows, std::vector<RefOutput>& outputs) const override;
   double flops(const KernelSpec& spec) const override;
   std::vector<TestSpec> test_specs(const TargetInfo& target) const override;
+
+ protected:
+  Result<void> check(const KernelSpec& spec, const TargetInfo& target) const override;
 };
 
 }  // namespace kiln
