@@ -57,6 +57,13 @@ void fill_random(std::vector<float>& values, size_t n, std::mt19937_64& rng, Dra
   });
 }
 
+/// What an op's own comparison of a call's outputs (OpTestHooks::compare_outputs) accepted beyond
+/// the reference's values.
+struct AcceptedOutputs {
+  int64_t count = 0;  ///< How many it accepted (moe_router: tokens).
+  std::string what;   ///< Of what, in words ("near-tie tokens").
+};
+
 /// A spec a test runs, with the runtime sizes it wants.
 struct TestSpec {
   KernelSpec spec;
@@ -82,6 +89,21 @@ class OpTestHooks : public OpCodegen {
   /// non-empty) asks for a sample of the rows of row-shaped outputs; an op may compute more.
   virtual void reference(const KernelSpec& spec, const Scalars& scalars, std::span<const std::vector<float>> inputs,
                          std::span<const int64_t> rows, std::vector<RefOutput>& outputs) const = 0;
+  /// Whether the check path (check_on_device, check_outputs) calls compare_outputs: it then reads
+  /// every output back whole before comparing. Default: false.
+  virtual bool compares_outputs() const { return false; }
+  /// The op's own comparison of a call's outputs, before each output's gate: given the inputs,
+  /// the outputs (every output whole, decoded to double, in signature order) and the reference
+  /// values, it may replace reference values where the op's rule accepts the device's result as
+  /// an equally right answer (moe_router: a top-k order at a near-tie of fp32 selection values),
+  /// so that the gates then compare with what it accepted. Everything it does not accept stays
+  /// the reference's and is gated as before. Returns what it accepted. Default: nothing.
+  virtual AcceptedOutputs compare_outputs(const KernelSpec& /*spec*/, const Scalars& /*scalars*/,
+                                          std::span<const std::vector<float>> /*inputs*/,
+                                          std::span<const std::vector<double>> /*outputs*/,
+                                          std::vector<RefOutput>& /*refs*/) const {
+    return {};
+  }
   /// The accuracy gate of an output. Default: Gate::for_dtype.
   virtual Gate gate(const KernelSpec& /*spec*/, const TensorInfo& output) const { return Gate::for_dtype(output.dtype); }
   /// Floating-point operations of a call (GEMM: 2MNK); 0 for memory-bound ops.

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -67,6 +68,11 @@ struct CheckReport {
   double bytes = 0;            ///< Bytes moved by one launch (inputs read + outputs written).
   double flops = 0;            ///< Floating-point operations of one launch (GEMM: 2*M*N*K).
   std::string origin;          ///< "compiled", "disk" or "memory".
+  /// What the op's own comparison accepted beyond the reference's values (moe_router: tokens whose
+  /// top-k order differs from the fp64 reference's at a near-tie of fp32 selection values; their
+  /// weights are then compared per chosen expert): a count and its words. 0: none.
+  int64_t accepted = 0;
+  std::string accepted_what;
 };
 
 /// Allocates the op's tensors on the runtime's device, runs the kernel of `spec` and compares it.
@@ -77,6 +83,16 @@ struct CheckReport {
 /// Errors: driver_unavailable (no GPU), invalid_argument (does not fit: the message gives the
 /// bytes needed and the limit; or a host allocation failed), anything kernel() or launch() returns.
 Result<CheckReport> check_on_device(Runtime& runtime, const KernelSpec& spec, const CheckOptions& options = {});
+
+/// Compares outputs that an application computed with the op's CPU reference, under the gates
+/// and the op's own comparison that check_on_device applies: `inputs` in the op's tensor order
+/// (values as float), `outputs` every output tensor whole in signature order, as the bytes of its
+/// dtype. Fills the comparison fields of the report (not the timings).
+/// Errors: Errc::unknown (op), invalid_argument (spec, wrong input or output counts or sizes, a
+/// host allocation that failed).
+Result<CheckReport> check_outputs(const KernelSpec& spec, const std::map<std::string, float>& scalars,
+                                  std::span<const std::vector<float>> inputs,
+                                  std::span<const std::vector<uint8_t>> outputs);
 
 /// One output of the op's CPU reference.
 struct ReferenceOutput {

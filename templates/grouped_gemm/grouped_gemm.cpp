@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "support/embedded.h"
 
@@ -21,10 +22,23 @@ const ParamInfo kParams[] = {
     {"K", "the reduction dimension (nt, nn); columns of each c[g] (tn)", true, false, 1, kInt32Max},
     {"tokens", "rows of the grouped operands, offsets[G]; a runtime argument (0 is a no-op)", false, false, 0,
      kInt32Max},
+    {"accumulate", "tn only: c[g] += a_g^T b_g, c_in read and c written over it (fp32 c; default 0)", true, true, 0, 1,
+     {}, 0},
 };
-const DType kDTypes[] = {DType::bf16, DType::f16};
+// bf16 and fp16; fp8 e4m3 (OCP on gfx950 and sm_90a, FNUZ on gfx942): blockwise-scaled, m-grouped nt.
+const DType kDTypes[] = {DType::bf16, DType::f16, DType::e4m3, DType::e4m3fnuz};
+constexpr int64_t kScaleBlock = 128;  // fp8: 1 x 128 blocks of a, 128 x 128 blocks of b
 
 bool tn(const KernelSpec& s) { return s.param("mode") == kTn; }
+bool accumulate(const KernelSpec& s) { return s.param("accumulate", 0) != 0; }
+bool fp8(const KernelSpec& s) { return is_fp8(s.dtype); }
+// fp8 scales: sa [tokens, KB] (1 x 128 blocks of a's rows), sb [G, NB, KB] (128 x 128 blocks of b[g]).
+int64_t kb(const KernelSpec& s) { return ceil_div(s.param("K"), kScaleBlock); }
+int64_t nb(const KernelSpec& s) { return ceil_div(s.param("N"), kScaleBlock); }
+std::vector<int64_t> sa_shape(const KernelSpec& s) { return {s.param("tokens"), kb(s)}; }
+std::vector<int64_t> sb_shape(const KernelSpec& s) { return {s.param("groups"), nb(s), kb(s)}; }
+// The index of c among the tensors: after a, b, offsets, [sa, sb,] [c_in].
+uint32_t c_index(const KernelSpec& s) { return 3 + (fp8(s) ? 2 : 0) + (accumulate(s) ? 1 : 0); }
 std::vector<int64_t> a_shape(const KernelSpec& s) { return {s.param("tokens"), tn(s) ? s.param("N") : s.param("K")}; }
 std::vector<int64_t> b_shape(const KernelSpec& s) {
   if (tn(s)) return {s.param("tokens"), s.param("K")};
@@ -42,13 +56,45 @@ const TensorDecl kSignature[] = {
     {"offsets", Role::input, DTypeRule::fixed, DType::i32, "[G + 1]", offsets_shape, nullptr,
      "group g is rows offsets[g] .. offsets[g + 1] - 1 of the grouped operands (0 = offsets[0] <= ... <= offsets[G] "
      "= tokens)"},
-    {"c", Role::output, DTypeRule::out, DType::f32, "[tokens, N] (nt, nn); [G, N, K] (tn)", c_shape},
+    {"sa", Role::input, DTypeRule::fixed, DType::f32, "[tokens, ceil(K/128)]", sa_shape, fp8,
+     "fp8: a's scales per row and 128 k (1 x 128 blocks): a * sa is the operand"},
+    {"sb", Role::input, DTypeRule::fixed, DType::f32, "[G, ceil(N/128), ceil(K/128)]", sb_shape, fp8,
+     "fp8: b[g]'s scales per 128 x 128 block: b * sb is the operand"},
+    {"c_in", Role::input, DTypeRule::out, DType::f32, "[G, N, K]", c_shape, accumulate,
+     "the fp32 c accumulated into (tn, accumulate=1); c is written over it"},
+    {"c", Role::output, DTypeRule::out, DType::f32, "[tokens, N] (nt, nn); [G, N, K] (tn)", c_shape, nullptr,
+     "(c_in +) the grouped product", "c_in"},
 };
 }  // namespace
 
 std::span<const ParamInfo> GroupedGemmOp::params() const { return kParams; }
 std::span<const DType> GroupedGemmOp::dtypes() const { return kDTypes; }
 std::span<const TensorDecl> GroupedGemmOp::signature() const { return kSignature; }
+
+Result<void> GroupedGemmOp::check(const KernelSpec& spec, const TargetInfo& target) const {
+  const KernelSpec s = with_defaults(spec);
+  if (accumulate(s) && !tn(s))
+    return make_error(Errc::invalid_argument,
+                      fmt::format("grouped_gemm: accumulate=1 adds into the k-grouped (tn, wgrad) c[g], but mode is "
+                                  "{}: set mode tn, or accumulate=0",
+                                  kModes[static_cast<size_t>(s.param("mode"))]));
+  if (fp8(s) && s.param("mode") != kNt)
+    return make_error(Errc::invalid_argument,
+                      fmt::format("grouped_gemm: fp8 ({}) is the blockwise-scaled m-grouped forward (mode nt), but mode "
+                                  "is {}: set mode nt, or give bf16/fp16 operands",
+                                  dtype_name(s.dtype), kModes[static_cast<size_t>(s.param("mode"))]));
+  if (fp8(s) && target.vendor == Vendor::nvidia && s.param("K") % 16 != 0)
+    return make_error(Errc::invalid_argument,
+                      fmt::format("grouped_gemm: fp8 on {} copies 16-byte rows of a and b, but K = {} is not a multiple "
+                                  "of 16: pad K to a multiple of 16",
+                                  target.name, s.param("K")));
+  if (accumulate(s) && s.out_dtype != DType::f32)
+    return make_error(Errc::invalid_argument,
+                      fmt::format("grouped_gemm: accumulate=1 adds into an fp32 c (wgrad accumulation), but out_dtype "
+                                  "is {}: set out_dtype fp32, or accumulate=0",
+                                  dtype_name(s.out_dtype)));
+  return ok();
+}
 
 // Three kernels:
 //  - AMD MFMA (grouped_gemm_mfma.kernel, gfx942 and gfx950): 128 x 128 tiles, four wavefronts of
@@ -70,7 +116,7 @@ bool tma(const TileConfig& c) { return c.count("TMA") && c.at("TMA") != 0; }
 constexpr int64_t kTmaMaxGroups = 1024;  // the offsets and row-tile prefix live in shared memory
 bool mfma(const TileConfig& c) { return c.count("MFMA") && c.at("MFMA") != 0; }
 int64_t sm90_shared_bytes(const KernelSpec& s, const TileConfig& c) {
-  const int64_t stages = c.at("STAGES") * (c.at("BM") + c.at("BN")) * c.at("BK") * 2;
+  const int64_t stages = c.at("STAGES") * (c.at("BM") + c.at("BN")) * c.at("BK") * (fp8(s) ? 1 : 2);
   if (!tma(c)) return 1024 + stages;
   return 1024 + stages + 16 * c.at("STAGES") + 8 * (s.param("groups") + 1);  // + mbarriers, offsets, prefix
 }
@@ -78,16 +124,35 @@ int64_t sm90_shared_bytes(const KernelSpec& s, const TileConfig& c) {
 // TMA coordinates (rows of b as [G N, K] or [G K, N]).
 bool tma_applies(const KernelSpec& s, const TargetInfo& target) {
   const int64_t G = s.param("groups"), N = s.param("N"), K = s.param("K"), mode = s.param("mode");
-  return target.vendor == Vendor::nvidia && target.cpu == "sm_90a" && mode != kTn && N % 8 == 0 && K % 8 == 0 &&
+  return target.vendor == Vendor::nvidia && target.cpu == "sm_90a" && !fp8(s) && mode != kTn && N % 8 == 0 &&
+         K % 8 == 0 &&
          (mode == kNt || K % 64 == 0) && G <= kTmaMaxGroups && G * (mode == kNt ? N : K) <= kInt32Max;
 }
 TileConfig tma_config(int64_t bn) {
   return {{"WGMMA", 1}, {"TMA", 1}, {"BM", 128}, {"BN", bn}, {"BK", 64}, {"STAGES", bn == 256 ? 4 : 6}, {"THREADS", 384}};
 }
 const TileConfig kCpAsync = {{"WGMMA", 1}, {"BM", 128}, {"BN", 128}, {"BK", 64}, {"STAGES", 4}, {"THREADS", 256}};
+bool fp8_kernel(const TileConfig& c) { return c.count("FP8") && c.at("FP8") != 0; }
 }  // namespace
 
 std::vector<TileConfig> GroupedGemmOp::variants(const KernelSpec& spec, const TargetInfo& target) const {
+  // fp8 blockwise (nt): the cp.async WGMMA kernel on sm_90a (128-deep slices: one scale block
+  // each), the MFMA kernel on AMD (2 x 2 waves of the 32x32x16 fp8 MFMA, as gemm_fp8 chooses) on
+  // 64 x 64 tiles: at 128 x 128 (378 VGPRs) the CDNA emulator gave NaN rows for K a multiple of
+  // 64 above 128 (docs/grouped-gemm.md), which 64 x 64 (158 VGPRs) passes.
+  if (fp8(spec)) {
+    if (target.vendor == Vendor::nvidia)
+      return {{{"FP8", 1}, {"WGMMA", 1}, {"BM", 128}, {"BN", 128}, {"BK", 128}, {"STAGES", 4}, {"THREADS", 256}}};
+    return {{{"FP8", 1},
+             {"MFMA", 1},
+             {"BM", 64},
+             {"BN", 64},
+             {"BK", 64},
+             {"WAVES_M", 2},
+             {"WAVES_N", 2},
+             {"THREADS", 256},
+             {"MFMA_K", 16}}};
+  }
   TileConfig portable = {{"BM", 64}, {"BN", 64}, {"BK", 16}, {"TM", 4}, {"TN", 4}, {"THREADS", 256}};
   if (tma_applies(spec, target)) return {tma_config(spec.param("N") >= 256 ? 256 : 128), portable};
   if (target.vendor == Vendor::nvidia && target.cpu == "sm_90a" && spec.param("N") % 8 == 0 &&
@@ -107,10 +172,15 @@ std::vector<TileConfig> GroupedGemmOp::variants(const KernelSpec& spec, const Ta
 }
 
 std::vector<uint32_t> GroupedGemmOp::base_alignment(const KernelSpec& spec, const TileConfig& c) const {
-  std::vector<uint32_t> out(tensors(spec).size(), 1);
+  if (fp8_kernel(c)) {  // a, b, offsets, sa, sb, c: 16-byte rows of a and b (the MFMA kernel: where K % 16 == 0)
+    const uint32_t ab = wgmma(c) || spec.param("K") % 16 == 0 ? 16 : 1;
+    return {ab, ab, 1, 1, 1, 1};
+  }
+  std::vector<uint32_t> out = {1, 1, 1, 1};
   if (wgmma(c)) out = {16, 16, 1, 16};  // a, b, offsets, c: 16-byte rows through cp.async
   if (tma(c)) out = {16, 16, 1, 4};     // a, b: TMA; c: stores of two neighbouring outputs
   if (mfma(c)) out = {16, 16, 1, 1};    // a, b: 16-byte loads
+  if (accumulate(with_defaults(spec))) out.insert(out.begin() + 3, out[3]);  // c_in: c's buffer
   return out;
 }
 
@@ -125,6 +195,9 @@ std::vector<TileConfig> GroupedGemmOp::tuning_candidates(const KernelSpec& spec,
 }
 
 std::string_view GroupedGemmOp::device_template(const TileConfig& c) const {
+  if (fp8_kernel(c))
+    return embedded_file(wgmma(c) ? "templates/grouped_gemm/grouped_gemm_fp8_sm90.kernel"
+                                  : "templates/grouped_gemm/grouped_gemm_fp8_mfma.kernel");
   return embedded_file(tma(c)    ? "templates/grouped_gemm/grouped_gemm_sm90_tma.kernel"
                        : wgmma(c) ? "templates/grouped_gemm/grouped_gemm_sm90.kernel"
                        : mfma(c) ? "templates/grouped_gemm/grouped_gemm_mfma.kernel"
@@ -132,27 +205,46 @@ std::string_view GroupedGemmOp::device_template(const TileConfig& c) const {
 }
 
 std::string GroupedGemmOp::specialize(const KernelSpec& spec, const TileConfig& c) const {
+  const char* acc = accumulate(with_defaults(spec)) ? "true" : "false";
+  if (fp8_kernel(c)) {
+    const bool e5m2 = spec.dtype == DType::e5m2 || spec.dtype == DType::e5m2fnuz;
+    std::string out = fmt::format(
+        "constexpr int GROUPS = {};\nconstexpr long long N = {}, K = {}, KB = {}, NB = {};\n"
+        "typedef {} a_t;\ntypedef {} out_t;\n",
+        spec.param("groups"), spec.param("N"), spec.param("K"), kb(spec), nb(spec), device_type_name(spec.dtype),
+        device_type_name(spec.out_dtype));
+    if (wgmma(c))
+      return out + fmt::format("constexpr bool A_E5M2 = {0}, B_E5M2 = {0};\n"
+                               "constexpr int BM = {1}, BN = {2}, BK = {3}, STAGES = {4}, THREADS = {5};\n",
+                               e5m2, c.at("BM"), c.at("BN"), c.at("BK"), c.at("STAGES"), c.at("THREADS"));
+    return out + fmt::format("constexpr bool A_BF8 = {0}, B_BF8 = {0};\nconstexpr int BM = {1}, BN = {2}, BK = {3}, "
+                             "WAVES_M = {4}, WAVES_N = {5}, THREADS = {6}, MFMA_K = {7};\n",
+                             e5m2, c.at("BM"), c.at("BN"), c.at("BK"), c.at("WAVES_M"), c.at("WAVES_N"),
+                             c.at("THREADS"), c.at("MFMA_K"));
+  }
   if (wgmma(c))
     return fmt::format(
         "constexpr int MODE = {}, GROUPS = {};\nconstexpr long long N = {}, K = {};\n"
-        "constexpr int BM = {}, BN = {}, BK = {}, STAGES = {}, THREADS = {};\nconstexpr bool IN_BF16 = {};\n"
-        "typedef {} in_t;\ntypedef {} out_t;\n",
+        "constexpr int BM = {}, BN = {}, BK = {}, STAGES = {}, THREADS = {};\nconstexpr bool IN_BF16 = {}, "
+        "ACCUMULATE = {};\ntypedef {} in_t;\ntypedef {} out_t;\n",
         spec.param("mode"), spec.param("groups"), spec.param("N"), spec.param("K"), c.at("BM"), c.at("BN"),
-        c.at("BK"), c.at("STAGES"), c.at("THREADS"), spec.dtype == DType::bf16 ? "true" : "false",
+        c.at("BK"), c.at("STAGES"), c.at("THREADS"), spec.dtype == DType::bf16 ? "true" : "false", acc,
         device_type_name(spec.dtype), device_type_name(spec.out_dtype));
   if (mfma(c))
     return fmt::format(
         "constexpr int MODE = {}, GROUPS = {};\nconstexpr long long N = {}, K = {};\n"
         "constexpr int BM = {}, BN = {}, BK = {}, WAVES_M = {}, WAVES_N = {}, THREADS = {}, MFMA_K = {};\n"
-        "constexpr bool IN_BF16 = {};\ntypedef {} in_t;\ntypedef {} out_t;\n",
+        "constexpr bool IN_BF16 = {}, ACCUMULATE = {};\ntypedef {} in_t;\ntypedef {} out_t;\n",
         spec.param("mode"), spec.param("groups"), spec.param("N"), spec.param("K"), c.at("BM"), c.at("BN"),
         c.at("BK"), c.at("WAVES_M"), c.at("WAVES_N"), c.at("THREADS"), c.at("MFMA_K"),
-        spec.dtype == DType::bf16 ? "true" : "false", device_type_name(spec.dtype), device_type_name(spec.out_dtype));
+        spec.dtype == DType::bf16 ? "true" : "false", acc, device_type_name(spec.dtype),
+        device_type_name(spec.out_dtype));
   return fmt::format(
       "constexpr int MODE = {}, GROUPS = {};\nconstexpr long long N = {}, K = {};\n"
-      "constexpr int BM = {}, BN = {}, BK = {}, TM = {}, TN = {}, THREADS = {};\ntypedef {} in_t;\ntypedef {} out_t;\n",
+      "constexpr int BM = {}, BN = {}, BK = {}, TM = {}, TN = {}, THREADS = {};\nconstexpr bool ACCUMULATE = {};\n"
+      "typedef {} in_t;\ntypedef {} out_t;\n",
       spec.param("mode"), spec.param("groups"), spec.param("N"), spec.param("K"), c.at("BM"), c.at("BN"), c.at("BK"),
-      c.at("TM"), c.at("TN"), c.at("THREADS"), device_type_name(spec.dtype), device_type_name(spec.out_dtype));
+      c.at("TM"), c.at("TN"), c.at("THREADS"), acc, device_type_name(spec.dtype), device_type_name(spec.out_dtype));
 }
 
 // nt, nn: grid.x covers every group's row tiles (at most ceil(tokens / BM) + G - 1 of them: each
@@ -172,6 +264,15 @@ Plan GroupedGemmOp::plan(const KernelSpec& call, const TileConfig& c) const {
     g.grid.y = static_cast<uint32_t>(ceil_div(call.param("N"), c.at("BN")));
   }
   if (wgmma(c)) g.dynamic_shared_bytes = static_cast<uint32_t>(sm90_shared_bytes(call, c));
+  if (fp8_kernel(c)) {  // a, b, offsets, sa, sb, c, tokens
+    Launch l;
+    l.kernel = "kiln_grouped_gemm";
+    l.geometry = g;
+    l.args = {KernelArg::tensor(0), KernelArg::tensor(1), KernelArg::tensor(2), KernelArg::tensor(3),
+              KernelArg::tensor(4), KernelArg::tensor(5), KernelArg::i32(tokens)};
+    p.launches.push_back(std::move(l));
+    return p;
+  }
   if (tma(c)) {
     // Persistent: grid.x bounds the tiles of every group (the launch caps it at one block per
     // SM); a and b as TMA tensor maps (b as [G N, K] for nt, [G K, N] for nn).
@@ -190,8 +291,12 @@ Plan GroupedGemmOp::plan(const KernelSpec& call, const TileConfig& c) const {
     p.launches.push_back(std::move(l));
     return p;
   }
-  Launch l = single_launch(call, c, g);
-  l.args.push_back(KernelArg::i32(tokens));
+  // a, b, offsets, c (with accumulate the buffer of c_in, read and written), tokens.
+  Launch l;
+  l.kernel = "kiln_grouped_gemm";
+  l.geometry = g;
+  l.args = {KernelArg::tensor(0), KernelArg::tensor(1), KernelArg::tensor(2),
+            KernelArg::tensor(c_index(with_defaults(call))), KernelArg::i32(tokens)};
   p.launches.push_back(std::move(l));
   return p;
 }
@@ -202,6 +307,23 @@ void GroupedGemmOp::init_inputs(const KernelSpec& spec, std::span<const TensorIn
                                 std::vector<std::vector<float>>& values, std::mt19937_64& rng) const {
   OpTemplate::init_inputs(spec, inputs, values, rng);
   const int64_t G = spec.param("groups"), tokens = spec.param("tokens");
+  if (fp8(spec)) {
+    // fp8 codes over the whole range of the format (as quantize_fp8 writes them), and scales of
+    // about amax / fp8_max with amax in [2^-2, 2^2], a different binade per block; b's also by
+    // 1 / sqrt(K) so that c stays O(1). gemm_fp8's test inputs.
+    std::uniform_real_distribution<float> dist(-1.0f, 1.0f), mant(0.5f, 1.0f);
+    const float max = static_cast<float>(fp8_max(spec.dtype));
+    for (size_t i : {size_t{0}, size_t{1}})
+      for (float& x : values[i]) {
+        do x = round_to_dtype(dist(rng) * max, spec.dtype);
+        while (x == 0.0f);
+      }
+    const double k_scale = 1.0 / std::sqrt(static_cast<double>(spec.param("K")));
+    for (size_t i : {size_t{3}, size_t{4}})
+      for (size_t j = 0; j < values[i].size(); ++j)
+        values[i][j] = static_cast<float>(std::ldexp(mant(rng), static_cast<int>(j % 5) - 2) / max *
+                                          (i == 4 ? k_scale : 1.0));
+  }
   std::vector<double> share(static_cast<size_t>(G));
   for (int64_t g = 0; g < G; ++g) share[g] = (G > 2 && g % 3 == 1) ? 0.0 : 1.0 / static_cast<double>(g + 1);
   std::shuffle(share.begin(), share.end(), rng);
@@ -229,6 +351,7 @@ void GroupedGemmOp::reference(const KernelSpec& s, const Scalars&, std::span<con
   RefOutput& out = outputs[0];
   if (tn(s)) {
     out.values.assign(static_cast<size_t>(G * N * K), 0.0);
+    if (accumulate(s)) std::copy(in[3].begin(), in[3].end(), out.values.begin());
     for (int64_t g = 0; g < G; ++g)
       for (int64_t t = static_cast<int64_t>(off[g]); t < static_cast<int64_t>(off[g + 1]); ++t)
         for (int64_t n = 0; n < N; ++n) {
@@ -242,6 +365,23 @@ void GroupedGemmOp::reference(const KernelSpec& s, const Scalars&, std::span<con
   if (out.rows.empty())
     for (int64_t t = 0; t < tokens; ++t) out.rows.push_back(t);
   const bool nt = s.param("mode") == kNt;
+  if (fp8(s)) {  // (a * sa) (b[g] * sb[g])^T with the scales of each element's blocks
+    const std::vector<float>&sa = in[3], &sb = in[4];
+    const int64_t KB = kb(s), NB = nb(s);
+    for (int64_t t : out.rows) {
+      int64_t g = 0;
+      while (g + 1 < G && static_cast<int64_t>(off[g + 1]) <= t) ++g;
+      for (int64_t n = 0; n < N; ++n) {
+        double acc = 0;
+        for (int64_t k = 0; k < K; ++k)
+          acc += double(a[static_cast<size_t>(t * K + k)]) * sa[static_cast<size_t>(t * KB + k / kScaleBlock)] *
+                 double(b[static_cast<size_t>((g * N + n) * K + k)]) *
+                 sb[static_cast<size_t>((g * NB + n / kScaleBlock) * KB + k / kScaleBlock)];
+        out.values.push_back(acc);
+      }
+    }
+    return;
+  }
   for (int64_t t : out.rows) {
     int64_t g = 0;
     while (g + 1 < G && static_cast<int64_t>(off[g + 1]) <= t) ++g;  // the group holding row t
@@ -261,7 +401,15 @@ double GroupedGemmOp::flops(const KernelSpec& s) const {
          static_cast<double>(s.param("K"));
 }
 
-std::vector<TestSpec> GroupedGemmOp::test_specs(const TargetInfo&) const {
+Gate GroupedGemmOp::gate(const KernelSpec& spec, const TensorInfo& output) const {
+  if (!fp8(spec)) return Gate::for_dtype(output.dtype);
+  Gate g;  // gemm_fp8's: the fp64 product of the dequantized operands, 40 dB
+  g.kind = Gate::Kind::snr;
+  g.min_snr_db = 40;
+  return g;
+}
+
+std::vector<TestSpec> GroupedGemmOp::test_specs(const TargetInfo& target) const {
   std::vector<TestSpec> out;
   auto add = [&](DType t, DType o, int64_t mode, int64_t G, int64_t tokens, int64_t N, int64_t K, std::string_view why) {
     out.push_back({{"grouped_gemm", t, o, {{"mode", mode}, {"groups", G}, {"tokens", tokens}, {"N", N}, {"K", K}}}, why});
@@ -276,6 +424,19 @@ std::vector<TestSpec> GroupedGemmOp::test_specs(const TargetInfo&) const {
   add(DType::bf16, DType::f32, kTn, 3, 0, 16, 24, "tn with no tokens: every c[g] is zero");
   add(DType::bf16, DType::bf16, kNt, 16, 700, 256, 128, "GPU size: 16 experts");
   add(DType::bf16, DType::bf16, kNn, 5, 300, 136, 128, "nn dgrad, K a multiple of 64 (the TMA kernel on sm_90a)");
+  auto add_acc = [&](DType t, int64_t G, int64_t tokens, int64_t N, int64_t K, std::string_view why) {
+    out.push_back({{"grouped_gemm", t, DType::f32,
+                    {{"mode", kTn}, {"groups", G}, {"tokens", tokens}, {"N", N}, {"K", K}, {"accumulate", 1}}},
+                   why});
+  };
+  add_acc(DType::bf16, 5, 120, 40, 70, "tn wgrad accumulated into fp32 c, odd K, empty groups keep c_in");
+  add_acc(DType::f16, 3, 100, 48, 72, "tn wgrad accumulated, 16-byte rows (WGMMA on sm_90a), K tail of a tile");
+  add_acc(DType::bf16, 3, 0, 16, 24, "tn accumulate with no tokens: c = c_in");
+  const DType e4 = fp8_for_target(DType::e4m3, target);
+  add(e4, DType::bf16, kNt, 4, 150, 136, 256, "fp8 blockwise: uneven groups (one empty), N tail in a 2nd scale block");
+  add(e4, DType::bf16, kNt, 3, 70, 64, 160, "fp8 blockwise: groups not multiples of the tile, K tail of a block");
+  add(e4, DType::f32, kNt, 5, 200, 128, 128, "fp8 blockwise into fp32, one scale block, empty groups");
+  add(e4, DType::bf16, kNt, 2, 0, 32, 128, "fp8 with no tokens: a no-op");
   return out;
 }
 

@@ -13,10 +13,21 @@ namespace kiln {
 ///   nt (forward y = x W_g^T): a [tokens, K], b [G, N, K], offsets -> c [tokens, N];
 ///   nn (dgrad dx = dy W_g):   a [tokens, K], b [G, K, N], offsets -> c [tokens, N];
 ///   tn (wgrad dW_g = dy_g^T x_g): a [tokens, N], b [tokens, K], offsets -> c [G, N, K]
-///     (an empty group's c[g] is zero).
-/// All row-major. Inputs bf16/fp16, c bf16, fp16 or fp32; fp32 accumulation. Empty groups and
+///     (an empty group's c[g] is zero); with accumulate=1 (tn only, c fp32), a further input
+///     c_in [G, N, K] fp32 that c is written over: c[g] = c_in[g] + a_g^T b_g (the caller passes
+///     one buffer for both; an empty group's c[g] keeps c_in[g]): gradient accumulation over
+///     micro-batches, as gemm_fp8's accumulate.
+/// fp8 blockwise (dtype e4m3: OCP on gfx950 and sm_90a, FNUZ (e4m3fnuz) on gfx942; mode nt only):
+///   a [tokens, K] and b [G, N, K] fp8 e4m3, offsets, sa [tokens, ceil(K/128)] fp32 (1 x 128
+///   blocks of a's rows), sb [G, ceil(N/128), ceil(K/128)] fp32 (128 x 128 blocks of each b[g])
+///   -> c [tokens, N] = (a * sa) (b[g] * sb[g])^T per group (DeepSeek-V3's fp8 recipe, as
+///   DeepGEMM's m-grouped fp8 GEMM), c bf16, fp16 or fp32; the device code is gemm_fp8's
+///   (templates/lib/fp8_mfma, fp8_sm90). Gate: 40 dB against the fp64 product of the
+///   dequantized operands (gemm_fp8's).
+/// All row-major. Inputs bf16/fp16 (or fp8 as above), c bf16, fp16 or fp32; fp32 accumulation. Empty groups and
 /// group sizes that are not multiples of a tile are legal; no host synchronisation.
-/// Errors: offsets that are not as above are the caller's to avoid (the kernel reads them as
+/// Errors: accumulate=1 with mode nt / nn or with out_dtype other than fp32; fp8 with mode nn / tn,
+/// or on sm_90a with K not a multiple of 16 (invalid_argument, naming the fix). Offsets that are not as above are the caller's to avoid (the kernel reads them as
 /// given; rows outside [0, tokens) are never touched).
 class GroupedGemmOp final : public OpTemplate {
  public:
@@ -43,8 +54,12 @@ class GroupedGemmOp final : public OpTemplate {
                    std::mt19937_64& rng) const override;
   void reference(const KernelSpec& spec, const Scalars& scalars, std::span<const std::vector<float>> inputs,
                  std::span<const int64_t> rows, std::vector<RefOutput>& outputs) const override;
+  Gate gate(const KernelSpec& spec, const TensorInfo& output) const override;
   double flops(const KernelSpec& spec) const override;
   std::vector<TestSpec> test_specs(const TargetInfo& target) const override;
+
+ protected:
+  Result<void> check(const KernelSpec& spec, const TargetInfo& target) const override;
 };
 
 }  // namespace kiln

@@ -52,42 +52,128 @@ double score(const Routing& r, double x, double row_max, double row_sum) {
   return r.sigmoid ? 1.0 / (1.0 + std::exp(-x)) : std::exp(x - row_max) / row_sum;
 }
 
-void route_token(const Routing& r, std::span<const float> logits, std::span<const float> bias, double scale, int* ids,
-                 double* weights) {
+TokenValues token_values(const Routing& r, std::span<const float> logits, std::span<const float> bias) {
   const int64_t E = r.experts, gs = E / r.n_group;
+  const double ulps = kNearTieUlps * std::numeric_limits<float>::epsilon();
   double row_max = -INFINITY, row_sum = 0;
   for (int64_t e = 0; e < E; ++e) row_max = std::max<double>(row_max, logits[e]);
   for (int64_t e = 0; e < E; ++e) row_sum += std::exp(logits[e] - row_max);
-  std::vector<double> s(E), choice(E);
+  TokenValues v;
+  v.score.resize(E);
+  v.choice.resize(E);
+  v.slack.resize(E);
   for (int64_t e = 0; e < E; ++e) {
-    s[e] = score(r, logits[e], row_max, row_sum);
-    choice[e] = r.selects_by_logits() ? logits[e] : s[e] + (r.bias ? bias[e] : 0.0);
+    const double b = r.bias ? bias[e] : 0.0;
+    v.score[e] = score(r, logits[e], row_max, row_sum);
+    v.choice[e] = r.selects_by_logits() ? logits[e] : v.score[e] + b;
+    v.slack[e] = r.selects_by_logits() ? 0.0 : ulps * (std::fabs(v.score[e]) + std::fabs(b));
   }
-  std::vector<bool> allowed(E, true);
   if (r.grouped()) {
-    std::vector<double> g(r.n_group);
+    v.group.resize(r.n_group);
+    v.group_slack.resize(r.n_group);
+    std::vector<int64_t> in(gs);
     for (int64_t i = 0; i < r.n_group; ++i) {
-      std::vector<double> in(choice.begin() + i * gs, choice.begin() + (i + 1) * gs);
-      std::sort(in.begin(), in.end(), std::greater<>());
-      g[i] = r.group_top2 ? in[0] + in[1] : in[0];
+      std::iota(in.begin(), in.end(), i * gs);
+      std::stable_sort(in.begin(), in.end(), [&](int64_t a, int64_t b) { return v.choice[a] > v.choice[b]; });
+      v.group[i] = r.group_top2 ? v.choice[in[0]] + v.choice[in[1]] : v.choice[in[0]];
+      v.group_slack[i] = r.group_top2 ? v.slack[in[0]] + v.slack[in[1]] : v.slack[in[0]];
     }
-    std::vector<int64_t> order(r.n_group);
-    std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return g[a] > g[b]; });
-    std::vector<bool> kept(r.n_group, false);
-    for (int64_t i = 0; i < r.groups_kept(); ++i) kept[order[i]] = true;
-    for (int64_t e = 0; e < E; ++e) allowed[e] = kept[e / gs];
   }
+  return v;
+}
+
+namespace {
+// Groups by decreasing score, ties to the lower group.
+std::vector<int64_t> group_order(const Routing& r, const TokenValues& v) {
+  std::vector<int64_t> order(r.n_group);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return v.group[a] > v.group[b]; });
+  return order;
+}
+}  // namespace
+
+std::vector<bool> kept_groups(const Routing& r, const TokenValues& v) {
+  if (!r.grouped()) return {};
+  const std::vector<int64_t> order = group_order(r, v);
+  std::vector<bool> kept(r.n_group, false);
+  for (int64_t i = 0; i < r.groups_kept(); ++i) kept[order[i]] = true;
+  return kept;
+}
+
+std::vector<int64_t> selection_order(const Routing& r, const TokenValues& v, const std::vector<bool>& kept) {
+  const int64_t gs = r.experts / r.n_group;
   std::vector<int64_t> order;
-  for (int64_t e = 0; e < E; ++e)
-    if (allowed[e]) order.push_back(e);
-  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return choice[a] > choice[b]; });
+  for (int64_t e = 0; e < r.experts; ++e)
+    if (kept.empty() || kept[e / gs]) order.push_back(e);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return v.choice[a] > v.choice[b]; });
+  return order;
+}
+
+void routing_weights(const Routing& r, const TokenValues& v, const int* ids, double scale, double* weights) {
   double sum = 0;
-  for (int64_t j = 0; j < r.k; ++j) sum += s[order[j]];
-  for (int64_t j = 0; j < r.k; ++j) {
-    ids[j] = static_cast<int>(order[j]);
-    weights[j] = (r.renormalize ? s[order[j]] / (sum + 1e-20) : s[order[j]]) * scale;
+  for (int64_t j = 0; j < r.k; ++j) sum += v.score[ids[j]];
+  for (int64_t j = 0; j < r.k; ++j)
+    weights[j] = (r.renormalize ? v.score[ids[j]] / (sum + 1e-20) : v.score[ids[j]]) * scale;
+}
+
+void route_token(const Routing& r, std::span<const float> logits, std::span<const float> bias, double scale, int* ids,
+                 double* weights) {
+  const TokenValues v = token_values(r, logits, bias);
+  const std::vector<int64_t> order = selection_order(r, v, kept_groups(r, v));
+  for (int64_t j = 0; j < r.k; ++j) ids[j] = static_cast<int>(order[j]);
+  routing_weights(r, v, ids, scale, weights);
+}
+
+bool near_tie_order(const Routing& r, const TokenValues& v, std::span<const int> ids) {
+  const int64_t E = r.experts, gs = E / r.n_group;
+  std::vector<bool> seen(E, false);
+  for (int id : ids) {
+    if (id < 0 || id >= E || seen[id]) return false;
+    seen[id] = true;
   }
+  // Whether the kernel's order is the reference's top-k over the groups `kept`, slot by slot
+  // within the two experts' slacks.
+  auto matches = [&](const std::vector<bool>& kept) {
+    for (int id : ids)
+      if (!kept.empty() && !kept[id / gs]) return false;
+    const std::vector<int64_t> order = selection_order(r, v, kept);
+    for (int64_t j = 0; j < r.k; ++j) {
+      const int64_t a = ids[j], b = order[j];
+      if (std::fabs(v.choice[a] - v.choice[b]) > v.slack[a] + v.slack[b]) return false;
+    }
+    return true;
+  };
+  if (!r.grouped()) return matches({});
+  // The kept groups the kernel may have chosen: every group clearly above the boundary (the
+  // reference's last kept group), and any choice among the groups within the slacks of it.
+  const std::vector<int64_t> order = group_order(r, v);
+  const int64_t edge = order[r.groups_kept() - 1];
+  std::vector<int64_t> band;
+  std::vector<bool> certain(r.n_group, false);
+  int64_t n_certain = 0;
+  for (int64_t g = 0; g < r.n_group; ++g) {
+    const double d = v.group[g] - v.group[edge], slack = v.group_slack[g] + v.group_slack[edge];
+    if (std::fabs(d) <= slack) {
+      band.push_back(g);
+    } else if (d > 0) {
+      certain[g] = true;
+      ++n_certain;
+    }
+  }
+  // Each choice of the band's groups to fill the kept count (a band is a handful of groups at a
+  // near-tie; a larger one, of groups all within ulps, is tried in its first 4096 choices).
+  const int64_t need = r.groups_kept() - n_certain;
+  if (need < 0 || need > static_cast<int64_t>(band.size())) return false;
+  std::vector<char> pick(band.size(), 0);
+  std::fill(pick.begin(), pick.begin() + need, 1);
+  int tries = 0;
+  do {
+    std::vector<bool> kept = certain;
+    for (size_t i = 0; i < band.size(); ++i)
+      if (pick[i]) kept[band[i]] = true;
+    if (matches(kept)) return true;
+  } while (++tries < 4096 && std::prev_permutation(pick.begin(), pick.end()));
+  return false;
 }
 
 void random_distinct_ids(int64_t tokens, int64_t k, int64_t experts, std::vector<float>& ids, std::mt19937_64& rng) {

@@ -58,10 +58,45 @@ Result<void> check_routing(std::string_view op, const Routing& r);
 /// Score of one logit, in fp64: softmax (given the row's max and sum of exp(x - max)) or sigmoid.
 double score(const Routing& r, double x, double row_max, double row_sum);
 
+/// One token's routing values in fp64, with a bound on how far a kernel's fp32 values of them may
+/// lie: per expert its score (the weight's source) and selection value (the logit where that
+/// orders as the scores, else score + bias), per group its score (max or top-2 sum of the
+/// selection values; grouped routings only).
+struct TokenValues {
+  std::vector<double> score, choice;
+  /// kNearTieUlps fp32 ulps of the magnitude the kernel rounds (|score| + |bias|; 0 where the
+  /// selection compares the logits themselves, which is exact), per expert and per group.
+  std::vector<double> slack;
+  std::vector<double> group, group_slack;
+};
+/// fp32 ulps (FLT_EPSILON units of the magnitude) a kernel's selection value may lie from the fp64
+/// one: NVIDIA's __expf is within 2 + 1.16 |x| ulps (logits up to ~10), then a division and the
+/// bias add. A real routing error (a wrong expert) is off by far more.
+inline constexpr double kNearTieUlps = 16;
+TokenValues token_values(const Routing& r, std::span<const float> logits, std::span<const float> bias);
+
+/// The allowed experts' order by decreasing selection value (ties to the lower expert): the
+/// reference's top-k is its first k. `kept`: the groups that may be chosen (empty: every group).
+std::vector<int64_t> selection_order(const Routing& r, const TokenValues& v, const std::vector<bool>& kept);
+/// The groups the reference keeps: the topk_group best group scores (ties to the lower group).
+std::vector<bool> kept_groups(const Routing& r, const TokenValues& v);
+/// The weights of `ids` (k experts): their scores, renormalized over these k when the routing
+/// says so, times `scale`.
+void routing_weights(const Routing& r, const TokenValues& v, const int* ids, double scale, double* weights);
+
 /// The fp64 reference of one token's routing: ids (k, in order of decreasing selection score,
 /// ties to the lower expert) and their weights (score, renormalized, times `scale`).
 void route_token(const Routing& r, std::span<const float> logits, std::span<const float> bias, double scale,
                  int* ids, double* weights);
+
+/// Whether a kernel's top-k `ids` of one token (k of them), unlike the reference's, are a
+/// near-tie order: k distinct experts, every one in a group that the reference's group scores
+/// allow within their slack (a swapped group's score within the slacks of the boundary group's),
+/// and, over the experts so allowed, the reference's selection value of the kernel's j-th expert
+/// within the two experts' slacks of the value of the reference's j-th expert, for every slot j.
+/// An order the kernel's fp32 values could give where the fp64 values order otherwise passes; an
+/// expert chosen away from a tie does not.
+bool near_tie_order(const Routing& r, const TokenValues& v, std::span<const int> ids);
 
 /// k distinct experts per token, drawn uniformly (moe_router_bwd's and the permutation ops'
 /// topk_ids), as floats for init_inputs.

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "support/embedded.h"
 #include "templates/lib/moe.h"
@@ -139,6 +140,51 @@ void MoeRouterOp::reference(const KernelSpec& given, const Scalars& scalars, std
       outputs[2].values[static_cast<size_t>(ids[static_cast<size_t>(j)])] += 1;
     }
   }
+}
+
+AcceptedOutputs MoeRouterOp::compare_outputs(const KernelSpec& given, const Scalars& scalars,
+                                             std::span<const std::vector<float>> in,
+                                             std::span<const std::vector<double>> outputs,
+                                             std::vector<RefOutput>& refs) const {
+  AcceptedOutputs accepted{0, "near-tie tokens"};
+  if (outputs.size() < 3 || refs.size() < 3) return accepted;
+  const KernelSpec spec = with_defaults(given);
+  const moe::Routing r = moe::Routing::of(spec);
+  const int64_t T = spec.param("tokens"), E = r.experts, K = r.k;
+  const double scale = scalar(scalars, "routed_scaling_factor");
+  std::vector<double>& ref_ids = refs[0].values;
+  std::vector<double>& ref_weights = refs[1].values;
+  std::vector<double>& ref_counts = refs[2].values;
+  const std::vector<double>& out_ids = outputs[0];
+  if (static_cast<int64_t>(out_ids.size()) < T * K || static_cast<int64_t>(ref_ids.size()) < T * K ||
+      static_cast<int64_t>(ref_counts.size()) < E)
+    return accepted;
+  const std::span<const float> bias = r.bias ? std::span<const float>(in[1]) : std::span<const float>();
+  std::vector<int> ids(static_cast<size_t>(K));
+  std::vector<double> w(static_cast<size_t>(K));
+  for (int64_t t = 0; t < T; ++t) {
+    const size_t row = static_cast<size_t>(t * K);
+    bool differs = false, valid = true;
+    for (int64_t j = 0; j < K; ++j) {
+      const double id = out_ids[row + j];
+      differs = differs || id != ref_ids[row + j];
+      valid = valid && id >= 0 && id < static_cast<double>(E) && id == std::floor(id);
+      ids[static_cast<size_t>(j)] = valid ? static_cast<int>(id) : -1;
+    }
+    if (!differs || !valid) continue;
+    const moe::TokenValues v = moe::token_values(
+        r, std::span<const float>(in[0]).subspan(static_cast<size_t>(t * E), static_cast<size_t>(E)), bias);
+    if (!moe::near_tie_order(r, v, ids)) continue;
+    moe::routing_weights(r, v, ids.data(), scale, w.data());
+    for (int64_t j = 0; j < K; ++j) {
+      ref_counts[static_cast<size_t>(ref_ids[row + j])] -= 1;
+      ref_counts[static_cast<size_t>(ids[static_cast<size_t>(j)])] += 1;
+      ref_ids[row + j] = ids[static_cast<size_t>(j)];
+      ref_weights[row + j] = w[static_cast<size_t>(j)];
+    }
+    ++accepted.count;
+  }
+  return accepted;
 }
 
 std::vector<TestSpec> MoeRouterOp::test_specs(const TargetInfo&) const {

@@ -21,6 +21,7 @@ namespace kiln {
 ///   topk_weights[t, j] = score of topk_ids[t, j], divided by (sum of the k scores + 1e-20) when
 ///   renormalize, times routed_scaling_factor;
 ///   tokens_per_expert[e] = the number of (token, slot) pairs routed to e (exact, deterministic).
+/// The check compares topk_ids bitwise except at near-ties of the fp32 selection values (below).
 /// These are the routings of Hugging Face's MixtralSparseMoeBlock, Qwen3MoeSparseMoeBlock and
 /// DeepseekV3TopkRouter (noaux_tc), except that experts of dropped groups are never selected
 /// (DeepSeek-V3's reference fills them with 0, which a negative biased value could lose to).
@@ -47,6 +48,18 @@ class MoeRouterOp final : public OpTemplate {
   void reference(const KernelSpec& spec, const Scalars& scalars, std::span<const std::vector<float>> inputs,
                  std::span<const int64_t> rows, std::vector<RefOutput>& outputs) const override;
   std::vector<TestSpec> test_specs(const TargetInfo& target) const override;
+  /// The near-tie gate of topk_ids: a token whose ids differ from the fp64 reference's is accepted
+  /// only when they are a near-tie order of the reference's values (moe::near_tie_order: every
+  /// swapped expert's selection value, and group score where group-limited, within
+  /// moe::kNearTieUlps fp32 ulps of the one it replaces). The reference then takes the kernel's
+  /// ids for that token, its weights become the reference weights of those experts (compared per
+  /// chosen expert, not by slot) and tokens_per_expert counts them. Every other token is compared
+  /// bitwise as before.
+  bool compares_outputs() const override { return true; }
+  AcceptedOutputs compare_outputs(const KernelSpec& spec, const Scalars& scalars,
+                                  std::span<const std::vector<float>> inputs,
+                                  std::span<const std::vector<double>> outputs,
+                                  std::vector<RefOutput>& refs) const override;
 
  protected:
   Result<void> check(const KernelSpec& spec, const TargetInfo& target) const override;

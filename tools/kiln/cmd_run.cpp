@@ -106,6 +106,8 @@ int run_run(const RunOptions& o) {
                           {"target", std::string(device->target().name)},
                           {"pass", report->pass},
                           {"outputs", outputs},
+                          {"accepted", report->accepted},
+                          {"accepted_what", report->accepted_what},
                           {"first_call_ms", report->first_call_ms},
                           {"cached_call_ms", report->cached_call_ms},
                           {"origin", report->origin},
