@@ -26,7 +26,7 @@
 #include "cache/disk_cache.h"
 #include "codegen/codegen.h"
 #include "kiln/kiln.h"
-#include "runtime/compile/compiler.h"
+#include "compile/compiler.h"
 #include "runtime/device_impl.h"
 #include "support/sha256.h"
 

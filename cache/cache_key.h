@@ -6,7 +6,7 @@
 #include <string>
 
 #include "codegen/codegen.h"
-#include "codegen/code_object.h"
+#include "compile/compiler.h"
 
 namespace kiln {
 
@@ -22,10 +22,7 @@ inline constexpr int kCacheFormatVersion = 2;
 /// Never holds an absolute path, a host name or a time: a cache built on one machine is valid on
 /// another with the same compiler.
 struct CacheKey {
-  std::string op;
-  std::string dtype;
-  std::string out_dtype;
-  std::map<std::string, int64_t> params;  ///< Baked parameters only.
+  KernelSpec spec;                        ///< Baked parameters only (support/spec_json.h's form).
   TileConfig config;                      ///< Baked tile configuration.
   std::string target;                     ///< "gfx942", "sm_90a", ...
   std::string compiler;                   ///< "clang" / "nvrtc".

@@ -118,4 +118,12 @@ Result<KernelSource> generate(const KernelSpec& spec, const TargetInfo& target, 
   return src;
 }
 
+TuningSubject tuning_subject(const OpTemplate& op, const KernelSpec& spec, const TargetInfo& target) {
+  TuningSubject t;
+  t.spec = op.baked_spec(spec);
+  t.template_sha256 = template_sha256(op, target, op.choose_config(t.spec, target));
+  t.candidates = op.tuning_candidates(t.spec, target);
+  return t;
+}
+
 }  // namespace kiln

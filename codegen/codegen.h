@@ -14,9 +14,11 @@
 #include "kiln/result.h"
 #include "kiln/spec.h"
 #include "kiln/target.h"
-#include "templates/op_template.h"
+#include "templates/plan.h"
 
 namespace kiln {
+
+class OpTemplate;  // templates/op_template.h
 
 /// Version of Kiln's generated-code conventions, printed in the source's first line (and so
 /// hashed with it). Bump it when the layout of the generated text changes. 3: the device-code
@@ -43,6 +45,18 @@ Result<KernelSource> generate(const KernelSpec& spec, const TargetInfo& target, 
 /// The template hash of KernelSource: SHA-256 of the target prelude, the library parts and the
 /// op's device template for `config`.
 std::string template_sha256(const OpTemplate& op, const TargetInfo& target, const TileConfig& config);
+
+/// What a tuning record depends on, from the op: the baked spec (runtime parameters removed), the
+/// template hash of the heuristic's configuration (a change of the device template makes old
+/// records miss) and the configurations the autotuner times. cache/tuning.h keys and checks records
+/// with it, without the op contract.
+struct TuningSubject {
+  KernelSpec spec;
+  std::string template_sha256;
+  std::vector<TileConfig> candidates;
+};
+/// The tuning subject of `spec` on `target` (the spec is assumed valid: OpInterface::validate).
+TuningSubject tuning_subject(const OpTemplate& op, const KernelSpec& spec, const TargetInfo& target);
 
 /// The prelude text of a target (empty for an unknown vendor).
 std::string_view prelude_for(const TargetInfo& target);

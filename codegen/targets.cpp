@@ -1,5 +1,5 @@
 // The target table. Adding a target = one row here + a prelude in codegen/preludes/ (see
-// codegen.cpp's prelude_for) + the compiler flags in runtime/compile/.
+// codegen.cpp's prelude_for) + the compiler flags in compile/.
 #include <fmt/format.h>
 
 #include "kiln/target.h"

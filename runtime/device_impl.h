@@ -1,14 +1,17 @@
-// Internal side of kiln::Device: loading code objects and launching their kernels.
+// Internal side of kiln::Device: loading code objects and launching their kernels. It sees what it
+// loads (compile/code_object.h, a leaf) and what it launches (templates/plan.h, the launch types),
+// not the compilers nor the op contract.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <string>
 
+#include "compile/code_object.h"
 #include "kiln/device.h"
-#include "runtime/compile/compiler.h"
+#include "kiln/dtype.h"
 #include "support/memory.h"
-#include "templates/op_template.h"
+#include "templates/plan.h"
 
 namespace kiln {
 

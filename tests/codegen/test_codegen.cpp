@@ -8,7 +8,7 @@
 #include "templates/registry.h"
 #include "cache/cache_key.h"
 #include "codegen/codegen.h"
-#include "runtime/compile/compiler.h"
+#include "compile/compiler.h"
 #include "support/embedded.h"
 #include "support/sha256.h"
 #include "test_util.h"
@@ -297,8 +297,8 @@ TEST(CacheKey, CoversTheFullGeneratedSource) {
   edited.source_sha256 = sha256_hex(edited.text);
   const CacheKey after = CacheKey::make(edited, *clang);
 
-  EXPECT_EQ(before.op, after.op);
-  EXPECT_EQ(before.params, after.params);
+  EXPECT_EQ(before.spec.op, after.spec.op);
+  EXPECT_EQ(before.spec.params, after.spec.params);
   EXPECT_EQ(before.config, after.config);
   EXPECT_EQ(before.template_sha256, after.template_sha256);
   EXPECT_NE(before.digest(), after.digest()) << "the key must change with any emitted byte";

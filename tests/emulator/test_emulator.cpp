@@ -170,7 +170,8 @@ TEST_P(Emulator, MatchesTheReference) {
     // A tuning record of this spec on the emulated device makes kernel() compile `forced`.
     const OpTemplate* op = *find_op(c.spec.op);
     TuningRecord record;
-    record.key = TuningKey::make(*op, c.spec, rt->device()->target(), rt->device()->name(), "clang");
+    record.key = TuningKey::make(tuning_subject(*op, c.spec, rt->device()->target()), rt->device()->target(),
+                                 rt->device()->name(), "clang");
     record.winner = c.forced;
     record.candidates.push_back({c.forced, 1.0, 1.0, 1.0, ""});
     record.reps = 1;

@@ -399,7 +399,8 @@ TEST(GpuTuning, EveryCandidateMatchesTheReference) {
     for (const TileConfig& c : gemm.tuning_candidates(spec, probe->device()->target())) {
       SCOPED_TRACE(to_string(spec) + ": " + config_string(c));
       TuningRecord r;
-      r.key = TuningKey::make(gemm, spec, probe->device()->target(), device, "nvrtc");
+      r.key = TuningKey::make(tuning_subject(gemm, spec, probe->device()->target()), probe->device()->target(), device,
+                                "nvrtc");
       r.winner = c;
       r.candidates = {TuneCandidate{c, 1.0, 1.0, 1.0, ""}};
       r.reps = 1;

@@ -104,7 +104,7 @@ TEST(Runtime, CompileKeepsTheHeuristicWhenATuningRecordExists) {
   {
     auto cache = std::move(DiskCache::open(dir.path())).value();
     TuningRecord r;
-    r.key = TuningKey::make(gemm, spec, sm90, "NVIDIA H200", "nvrtc");
+    r.key = TuningKey::make(tuning_subject(gemm, spec, sm90), sm90, "NVIDIA H200", "nvrtc");
     r.winner = candidates.back();
     r.candidates = {TuneCandidate{candidates.back(), 0.01, 0.009, 0.011, ""}};
     r.reps = 1;

@@ -15,8 +15,8 @@
 
 #include "cache/tuning.h"
 #include "codegen/codegen.h"
-#include "runtime/compile/amdgpu_code_report.h"
-#include "runtime/compile/compiler.h"
+#include "compile/amdgpu_code_report.h"
+#include "compile/compiler.h"
 #include "templates/registry.h"
 #include "tools/kiln/cli.h"
 
@@ -138,7 +138,7 @@ void print_tunings(const KernelSpec& spec, const TargetInfo& target, const std::
   const std::string compiler = target.vendor == Vendor::nvidia ? nvidia_compiler(o.nvidia_compiler) : "clang";
   std::vector<FoundTuning> found;
   if (!cache_dir.empty())
-    if (auto cache = DiskCache::open(cache_dir, /*read_only=*/true)) found = tunings_of(**cache, *op, spec, target, compiler);
+    if (auto cache = DiskCache::open(cache_dir, /*read_only=*/true)) found = tunings_of(**cache, tuning_subject(*op, spec, target), target, compiler);
   if (found.empty()) line("tuned", "not yet ('kiln run --bench' or 'kiln prewarm --tune' on the GPU tunes it)");
   for (const FoundTuning& f : found) {
     const TuneCandidate& w = *std::find_if(f.record.candidates.begin(), f.record.candidates.end(),

@@ -1,4 +1,4 @@
-#include "codegen/code_object.h"
+#include "compile/code_object.h"
 
 #include <fmt/format.h>
 

@@ -8,14 +8,14 @@
 #include "templates/lib/library.h"
 #include "templates/registry.h"
 #include "codegen/codegen.h"
-#include "runtime/compile/compiler.h"
+#include "compile/compiler.h"
 #include "templates/gemm/gemm_mfma.h"
 #include "test_util.h"
 
 #if KILN_WITH_LLVM
 #include <llvm/Object/ELFObjectFile.h>
 
-#include "runtime/compile/amdgpu_metadata.h"
+#include "compile/amdgpu_metadata.h"
 #endif
 
 namespace kiln {

@@ -6,8 +6,8 @@
 
 #include "codegen/codegen.h"
 #include "kiln/manifest.h"
-#include "runtime/compile/amdgpu_code_report.h"
-#include "runtime/compile/compiler.h"
+#include "compile/amdgpu_code_report.h"
+#include "compile/compiler.h"
 #include "templates/gemm/gemm_mfma.h"
 #include "templates/registry.h"
 #include "test_util.h"

@@ -1,7 +1,7 @@
 #include <fmt/format.h>
 
-#include "runtime/compile/clang_options.h"
-#include "runtime/compile/compiler.h"
+#include "compile/clang_options.h"
+#include "compile/compiler.h"
 
 namespace kiln {
 
