@@ -23,7 +23,7 @@ inline constexpr int kCacheFormatVersion = 2;
 /// another with the same compiler.
 struct CacheKey {
   KernelSpec spec;                        ///< Baked parameters only (support/spec_json.h's form).
-  TileConfig config;                      ///< Baked tile configuration.
+  KernelConfig config;                      ///< Baked tile configuration.
   std::string target;                     ///< "gfx942", "sm_90a", ...
   std::string compiler;                   ///< "clang" / "nvrtc".
   std::string compiler_version;

@@ -77,14 +77,14 @@ Result<Tiered<CacheEntry>> CacheTiers::entry(const std::string& digest, const Di
   return cascade(digest, /*look=*/true, s);
 }
 
-std::optional<FoundTuning> CacheTiers::find_tuning(const TuningKey& key, std::span<const TileConfig> candidates) const {
+std::optional<FoundTuning> CacheTiers::find_tuning(const TuningKey& key, std::span<const KernelConfig> candidates) const {
   std::vector<DiskCache*> caches;
   if (disk_) caches.push_back(disk_.get());
   for (const auto& layer : layers_) caches.push_back(layer.get());
   return kiln::find_tuning(caches, key, candidates);
 }
 
-Result<Tiered<FoundTuning>> CacheTiers::tuning(const TuningKey& key, std::span<const TileConfig> candidates, bool force,
+Result<Tiered<FoundTuning>> CacheTiers::tuning(const TuningKey& key, std::span<const KernelConfig> candidates, bool force,
                                                const std::function<Result<TuningRecord>()>& time) {
   Steps<FoundTuning> s;
   s.find = [&](DiskCache& cache) {

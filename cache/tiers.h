@@ -64,10 +64,10 @@ class CacheTiers {
 
   /// The usable tuning record of `key` in the writable cache or a layer, or nullopt (no lock, no
   /// waiting: kernel()'s lookup). See find_tuning() for what is skipped.
-  std::optional<FoundTuning> find_tuning(const TuningKey& key, std::span<const TileConfig> candidates) const;
+  std::optional<FoundTuning> find_tuning(const TuningKey& key, std::span<const KernelConfig> candidates) const;
   /// The tuning record of `key`: found (unless `force`), or made by `time` and stored (its path in
   /// FoundTuning::path; empty when it could not be stored). Errors: time's, Errc::timeout.
-  Result<Tiered<FoundTuning>> tuning(const TuningKey& key, std::span<const TileConfig> candidates, bool force,
+  Result<Tiered<FoundTuning>> tuning(const TuningKey& key, std::span<const KernelConfig> candidates, bool force,
                                      const std::function<Result<TuningRecord>()>& time);
 
   /// Processes that waited for another's lock, and failed stores.

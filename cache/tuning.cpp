@@ -17,11 +17,11 @@
 namespace kiln {
 namespace {
 
-nlohmann::json config_json(const TileConfig& c) { return nlohmann::json(c); }
+nlohmann::json config_json(const KernelConfig& c) { return nlohmann::json(c); }
 
-TileConfig config_from_json(const nlohmann::json& j) {
+KernelConfig config_from_json(const nlohmann::json& j) {
   if (!j.is_object() || j.empty()) throw std::invalid_argument("a tile configuration is not a non-empty object");
-  TileConfig c;
+  KernelConfig c;
   for (const auto& [k, v] : j.items()) c[k] = json_int64(v, k);
   return c;
 }
@@ -111,7 +111,7 @@ Result<TuningRecord> parse_tuning_record(std::string_view text, const TuningKey&
 }
 
 std::optional<FoundTuning> find_tuning(std::span<DiskCache* const> caches, const TuningKey& key,
-                                       std::span<const TileConfig> candidates) {
+                                       std::span<const KernelConfig> candidates) {
   const std::string digest = key.digest();
   for (DiskCache* cache : caches) {
     auto text = cache->read_tuning(digest);
@@ -141,7 +141,7 @@ std::optional<FoundTuning> find_tuning(std::span<DiskCache* const> caches, const
 std::vector<FoundTuning> tunings_of(const DiskCache& cache, const TuningSubject& subject, const TargetInfo& target,
                                     const std::string& compiler) {
   std::vector<FoundTuning> out;
-  const std::vector<TileConfig>& candidates = subject.candidates;
+  const std::vector<KernelConfig>& candidates = subject.candidates;
   auto names = list_dir(cache.root() + "/v1/tuning");
   if (!names) return out;
   for (const DirEntryName& f : *names) {

@@ -46,7 +46,7 @@ struct TuningKey {
 
 struct TuningRecord {
   TuningKey key;
-  TileConfig winner;
+  KernelConfig winner;
   std::vector<TuneCandidate> candidates;  ///< Every candidate, timed or with its error.
   int reps = 0;                           ///< Timed launches per candidate.
   std::string created_utc;                ///< "2025-06-01T12:00:00Z".
@@ -67,7 +67,7 @@ struct FoundTuning {
 /// in a writable cache); one whose winner is not among `candidates` (stale: the op's candidates
 /// changed) is skipped with one warning and left for Runtime::tune to replace.
 std::optional<FoundTuning> find_tuning(std::span<DiskCache* const> caches, const TuningKey& key,
-                                       std::span<const TileConfig> candidates);
+                                       std::span<const KernelConfig> candidates);
 /// Every usable record of `subject` for `target` and `compiler` in `cache`, whatever the device it
 /// was timed on (for `kiln inspect`, which has no device); bad records are skipped silently.
 std::vector<FoundTuning> tunings_of(const DiskCache& cache, const TuningSubject& subject, const TargetInfo& target,

@@ -26,7 +26,7 @@ Result<const TargetInfo*> find_target(std::string_view name) {
     if (t.name == name) return &t;
     names += fmt::format("{}{}", names.empty() ? "" : ", ", t.name);
   }
-  return make_error(Errc::unknown,
+  return make_error(Errc::not_found,
                     fmt::format("unknown target '{}'; known targets: {}", name, names));
 }
 

@@ -1,5 +1,5 @@
 // The compile stage's product: what a compiler produces (CodeObject, CodeObjectInfo, CompiledCode)
-// and the check of a code object against its target (check_code_object, which cache/ runs on every
+// and the check of a code object against its target (validate_code_object, which cache/ runs on every
 // load). A leaf header (the standard library and kiln/target.h): the device layer
 // (runtime/device_impl.h) loads a CodeObject without seeing the compilers, and cache/ stores one.
 // The Compiler interface and the compilers are in compile/compiler.h.
@@ -46,6 +46,6 @@ struct CompiledCode {
 /// Checks that a code object is what its target loads: a 64-bit little-endian ELF for EM_AMDGPU
 /// (hsaco, a shared object) or EM_CUDA (cubin), or PTX text. Catches a wrong-target or truncated
 /// object before a driver sees it.
-Result<void> check_code_object(const CodeObject& code, const TargetInfo& target);
+Result<void> validate_code_object(const CodeObject& code, const TargetInfo& target);
 
 }  // namespace kiln

@@ -20,10 +20,11 @@ struct alignas(64) TensorMapBytes {
   uint8_t bytes[128];
 };
 
-/// A code object loaded on a device (CUmodule / hipModule_t) and its one kernel function.
-class LoadedModule {
+/// One kernel function of a code object loaded on a device: the function (CUfunction /
+/// hipFunction_t) and the module that holds it (CUmodule / hipModule_t), loaded per entry point.
+class KernelFunction {
  public:
-  virtual ~LoadedModule() = default;
+  virtual ~KernelFunction() = default;
   /// Encodes the tensor map of a kernel argument for the tensor at `address` (NVIDIA only:
   /// cuTensorMapEncodeTiled; the error names the tensor's requirement that failed).
   virtual Result<void> encode_tensor_map(const TensorMapInfo& /*info*/, DType /*dtype*/, const void* /*address*/,
@@ -38,7 +39,7 @@ class LoadedModule {
 
 class DeviceImpl : public Device {
  public:
-  virtual Result<std::unique_ptr<LoadedModule>> load(const CodeObject& code, const std::string& kernel) = 0;
+  virtual Result<std::unique_ptr<KernelFunction>> load(const CodeObject& code, const std::string& kernel) = 0;
   /// Device memory free now (cuMemGetInfo / hipMemGetInfo; the emulator's is the host's
   /// MemAvailable), to refuse a request that cannot fit before allocating it; nullopt when the
   /// driver cannot say.

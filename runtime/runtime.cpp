@@ -1,4 +1,4 @@
-// Runtime: the pipeline KernelSpec -> KernelSource -> CodeObject -> LoadedModule -> Kernel, with an
+// Runtime: the pipeline KernelSpec -> KernelSource -> CodeObject -> KernelFunction -> Kernel, with an
 // in-memory cache (the memo) in front of the disk cache. The tuner is in tuner.cpp, the recorder
 // in recorder.cpp; runtime_impl.h declares the class they share.
 #include "kiln/runtime.h"
@@ -57,7 +57,7 @@ class CompiledKernelImpl final : public CompiledKernel {
 
   const CodeObject& code() const { return entry_.compiled.code; }
   const OpTemplate* op() const { return op_; }
-  const TileConfig& config() const { return config_; }
+  const KernelConfig& config() const { return config_; }
   const KernelSpec& spec() const { return spec_; }
   void set_origin(std::string o) { origin_ = std::move(o); }
 
@@ -65,34 +65,34 @@ class CompiledKernelImpl final : public CompiledKernel {
   CacheEntry entry_;
   std::string origin_;
   const OpTemplate* op_;
-  TileConfig config_;
+  KernelConfig config_;
   KernelSpec spec_;
   KernelInfo info_;
 };
 
-// One variant of a Kernel, loaded: its code object and a module per entry point its plans use
+// One variant of a Kernel, loaded: its code object and a kernel function (KernelFunction: its module and function) per entry point its plans use
 // (the preferred entry point at once, any other the first time a plan launches it).
 class LoadedVariant {
  public:
   LoadedVariant(std::shared_ptr<const CompiledKernelImpl> compiled, DeviceImpl* device)
       : compiled_(std::move(compiled)), device_(device) {}
   const CompiledKernelImpl& compiled() const { return *compiled_; }
-  // Called once per plan and entry point: KernelImpl keeps what it returns (CachedPlans::modules).
-  Result<const LoadedModule*> module(std::string_view kernel) const {
+  // Called once per plan and entry point: KernelImpl keeps what it returns (CachedPlans::functions).
+  Result<const KernelFunction*> function(std::string_view kernel) const {
     std::lock_guard lock(mu_);
-    for (const auto& [name, m] : modules_)
+    for (const auto& [name, m] : functions_)
       if (name == kernel) return m.get();
     auto loaded = device_->load(compiled_->code(), std::string(kernel));
     if (!loaded) return loaded.take_error();
-    modules_.emplace_back(std::string(kernel), std::move(loaded).value());
-    return modules_.back().second.get();
+    functions_.emplace_back(std::string(kernel), std::move(loaded).value());
+    return functions_.back().second.get();
   }
 
  private:
   std::shared_ptr<const CompiledKernelImpl> compiled_;
   DeviceImpl* device_;
   mutable std::mutex mu_;
-  mutable std::vector<std::pair<std::string, std::unique_ptr<LoadedModule>>> modules_;
+  mutable std::vector<std::pair<std::string, std::unique_ptr<KernelFunction>>> functions_;
 };
 
 // Compiles and loads variant `index` of a kernel (a fallback, the first time a call needs it).
@@ -111,7 +111,7 @@ thread_local MapSlot map_cache[kMapSlots];
 class KernelImpl final : public Kernel {
  public:
   // `variants`: the op's configurations in preference order; `first` is variants[0], loaded.
-  KernelImpl(const OpTemplate* op, KernelSpec spec, std::vector<TileConfig> variants,
+  KernelImpl(const OpTemplate* op, KernelSpec spec, std::vector<KernelConfig> variants,
              std::shared_ptr<LoadedVariant> first, VariantLoader loader, DeviceImpl* device, int compute_units)
       : op_(op), spec_(std::move(spec)), configs_(std::move(variants)), loaded_(configs_.size()),
         loader_(std::move(loader)), device_(device), compute_units_(compute_units) {
@@ -176,15 +176,15 @@ class KernelImpl final : public Kernel {
     while (v < configs_.size() && !serves(v, tensors)) ++v;
     if (v == configs_.size()) return no_variant_error(tensors);
     const Plan& plan = (*plans)[v];  // within kMaxLaunches and kMaxArgs: plans_for checked
-    const LoadedModule* modules[kMaxLaunches];
+    const KernelFunction* functions[kMaxLaunches];
     for (size_t i = 0; i < plan.launches.size(); ++i) {
       // Resolved once per plan and variant, then read without a lock.
-      std::atomic<const LoadedModule*>& slot = plans->modules[v * kMaxLaunches + i];
-      modules[i] = slot.load(std::memory_order_acquire);
-      if (!modules[i]) {
+      std::atomic<const KernelFunction*>& slot = plans->functions[v * kMaxLaunches + i];
+      functions[i] = slot.load(std::memory_order_acquire);
+      if (!functions[i]) {
         KILN_ASSIGN_OR_RETURN(const LoadedVariant* variant, variant_at(v));
-        KILN_ASSIGN_OR_RETURN(modules[i], variant->module(plan.launches[i].kernel));
-        slot.store(modules[i], std::memory_order_release);
+        KILN_ASSIGN_OR_RETURN(functions[i], variant->function(plan.launches[i].kernel));
+        slot.store(functions[i], std::memory_order_release);
       }
     }
 
@@ -224,7 +224,7 @@ class KernelImpl final : public Kernel {
             // address; the thread's last encoding of this argument is reused for the same address.
             MapSlot& slot = map_cache[(reinterpret_cast<uintptr_t>(&arg) >> 4) % kMapSlots];
             if (slot.kernel != id_ || slot.arg != &arg || slot.address != tensors[arg.index]) {
-              if (Result<void> r = modules[li]->encode_tensor_map(arg.map, tensor_dtype(arg.index),
+              if (Result<void> r = functions[li]->encode_tensor_map(arg.map, tensor_dtype(arg.index),
                                                                   tensors[arg.index], slot.map);
                   !r) {
                 slot.kernel = 0;
@@ -262,7 +262,7 @@ class KernelImpl final : public Kernel {
             break;
         }
       }
-      KILN_TRY(modules[li]->launch(l.geometry, args, stream));
+      KILN_TRY(functions[li]->launch(l.geometry, args, stream));
     }
     return ok();
   }
@@ -273,8 +273,8 @@ class KernelImpl final : public Kernel {
   // call reuses them (no planning, no allocation).
   struct CachedPlans : std::vector<Plan> {
     std::vector<int64_t> sizes;
-    // The module of launch i of variant v's plan at [v * kMaxLaunches + i], once resolved.
-    std::unique_ptr<std::atomic<const LoadedModule*>[]> modules;
+    // The kernel function of launch i of variant v's plan at [v * kMaxLaunches + i], once resolved.
+    std::unique_ptr<std::atomic<const KernelFunction*>[]> functions;
   };
   static inline std::atomic<uint64_t> next_id_{1};
 
@@ -322,10 +322,10 @@ class KernelImpl final : public Kernel {
       }
     auto fresh = std::make_unique<CachedPlans>();
     fresh->sizes.assign(sizes, sizes + n);
-    fresh->modules = std::make_unique<std::atomic<const LoadedModule*>[]>(configs_.size() * kMaxLaunches);
+    fresh->functions = std::make_unique<std::atomic<const KernelFunction*>[]>(configs_.size() * kMaxLaunches);
     KernelSpec full = spec_;
     for (size_t i = 0; i < n; ++i) full.params[runtime_names_[i]] = sizes[i];
-    for (const TileConfig& c : configs_) {
+    for (const KernelConfig& c : configs_) {
       Plan p = op_->plan(full, c);
       if (p.launches.size() > kMaxLaunches)
         return make_error(Errc::invalid_argument, fmt::format("{}: a plan of more than {} launches", op_->name(), kMaxLaunches));
@@ -374,7 +374,7 @@ class KernelImpl final : public Kernel {
 
   const OpTemplate* op_;
   KernelSpec spec_;  // baked, defaults filled
-  std::vector<TileConfig> configs_;
+  std::vector<KernelConfig> configs_;
   mutable std::vector<std::shared_ptr<LoadedVariant>> loaded_;
   VariantLoader loader_;
   DeviceImpl* device_;
@@ -448,7 +448,7 @@ Result<std::shared_ptr<const Kernel>> RuntimeImpl::kernel(const KernelSpec& spec
       }
     }
     // A miss: the configuration of the spec's tuning record, if any, else the heuristic's.
-    const std::optional<TileConfig> tuned = use_tuning_ ? tuned_config(spec) : std::nullopt;
+    const std::optional<KernelConfig> tuned = use_tuning_ ? tuned_config(spec) : std::nullopt;
     KILN_ASSIGN_OR_RETURN(auto compiled, get_compiled(spec, device_->target(), tuned ? &*tuned : nullptr));
     std::lock_guard load_lock(load_mu_);  // one module load per kernel, even under contention
     {
@@ -510,16 +510,16 @@ Result<std::shared_ptr<KernelImpl>> RuntimeImpl::load(const std::shared_ptr<Comp
   const OpTemplate* op = compiled->op();
   const TargetInfo& target = device_->target();
   auto first = std::make_shared<LoadedVariant>(compiled, device_.get());
-  KILN_TRY(first->module(compiled->info().kernel));  // surface load errors now
-  std::vector<TileConfig> variants = op->variants(compiled->spec(), target);
-  std::vector<TileConfig> configs{compiled->config()};
-  for (TileConfig& c : variants)
+  KILN_TRY(first->function(compiled->info().kernel));  // surface load errors now
+  std::vector<KernelConfig> variants = op->variants(compiled->spec(), target);
+  std::vector<KernelConfig> configs{compiled->config()};
+  for (KernelConfig& c : variants)
     if (c != compiled->config()) configs.push_back(std::move(c));
   const KernelSpec spec = compiled->spec();
   VariantLoader loader = [this, spec, configs](size_t i) -> Result<std::shared_ptr<LoadedVariant>> {
     KILN_ASSIGN_OR_RETURN(auto c, get_compiled(spec, device_->target(), &configs[i], /*record_spec=*/false));
     auto v = std::make_shared<LoadedVariant>(c, device_.get());
-    KILN_TRY(v->module(c->info().kernel));
+    KILN_TRY(v->function(c->info().kernel));
     return v;
   };
   return std::make_shared<KernelImpl>(op, spec, std::move(configs), std::move(first), std::move(loader), device_.get(),
@@ -537,7 +537,7 @@ void RuntimeImpl::install(const MemoKey& memo, std::shared_ptr<KernelImpl> k) {
 const Kernel& RuntimeImpl::as_kernel(const KernelImpl& k) { return k; }
 
 Result<std::shared_ptr<CompiledKernelImpl>> RuntimeImpl::get_compiled(const KernelSpec& spec, const TargetInfo& target,
-                                                                      const TileConfig* config,
+                                                                      const KernelConfig* config,
                                                                       bool record_spec) {
   MemoKey memo;
   KILN_TRY(MemoKey::of(spec, target, memo, config));
@@ -577,7 +577,7 @@ Result<std::shared_ptr<CompiledKernelImpl>> RuntimeImpl::get_compiled(const Kern
 }
 
 Result<std::shared_ptr<CompiledKernelImpl>> RuntimeImpl::build(const KernelSpec& spec, const TargetInfo& target,
-                                                               const TileConfig* config) {
+                                                               const KernelConfig* config) {
   KILN_ASSIGN_OR_RETURN(KernelSource src, generate(spec, target, config));
   KILN_ASSIGN_OR_RETURN(Compiler * compiler, compiler_for(target, nvidia_compiler_));
   const CacheKey key = CacheKey::make(src, *compiler);
@@ -650,7 +650,7 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const RuntimeOptions& options) 
     if (!d) return d.take_error();
     device = std::move(d).value();
   } else if (backend != "none") {
-    return make_error(Errc::unknown,
+    return make_error(Errc::not_found,
                       fmt::format("unknown backend '{}'; use auto, cuda, hip, emulator or none", backend));
   }
 

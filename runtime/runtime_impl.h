@@ -79,7 +79,7 @@ struct MemoKey {
   // Fills `k` in place (a Result<MemoKey> would copy it once more on every launch). `config`: a
   // configuration asked for by name, or nullptr for the heuristic's.
   static Result<void> of(const KernelSpec& spec, const TargetInfo& target, MemoKey& k,
-                         const TileConfig* config = nullptr) {
+                         const KernelConfig* config = nullptr) {
     KILN_ASSIGN_OR_RETURN(k.op, find_op(spec.op));
     k.target = &target;
     if (config) k.config = config_string(*config);
@@ -154,11 +154,11 @@ class RuntimeImpl final : public Runtime {
 
   // The tuner (tuner.cpp). The winner of the spec's tuning record on this device, or nullopt: none, or a spec with one
   // candidate (every kernel but sm_90a's TMA gemm), which is not looked up at all.
-  std::optional<TileConfig> tuned_config(const KernelSpec& spec);
-  static size_t winner_index(const std::vector<TuneCandidate>& candidates, const TileConfig& winner);
+  std::optional<KernelConfig> tuned_config(const KernelSpec& spec);
+  static size_t winner_index(const std::vector<TuneCandidate>& candidates, const KernelConfig& winner);
   // Compiles, loads and times one tuning candidate: one launch to warm up (and to surface launch
   // errors), then `reps` launches, each timed with device events; fills in c's times.
-  Result<std::shared_ptr<KernelImpl>> time_candidate(const KernelSpec& spec, const TileConfig& config,
+  Result<std::shared_ptr<KernelImpl>> time_candidate(const KernelSpec& spec, const KernelConfig& config,
                                                      std::span<void* const> buffers, int reps, TuneCandidate& c);
 
   // Loads `compiled` (one of the spec's variants or tuning candidates) as the preferred variant
@@ -176,13 +176,13 @@ class RuntimeImpl final : public Runtime {
   // `record_spec`: append the spec to KILN_RECORD when built (tuning candidates are recorded once,
   // by tune()).
   Result<std::shared_ptr<CompiledKernelImpl>> get_compiled(const KernelSpec& spec, const TargetInfo& target,
-                                                           const TileConfig* config = nullptr,
+                                                           const KernelConfig* config = nullptr,
                                                            bool record_spec = true);
 
   // Generates the source and finds its code object in the cache's tiers, which call the compiler
   // on a miss.
   Result<std::shared_ptr<CompiledKernelImpl>> build(const KernelSpec& spec, const TargetInfo& target,
-                                                    const TileConfig* config);
+                                                    const KernelConfig* config);
 
   struct Counters {
     std::atomic<uint64_t> memory_hits{0}, disk_hits{0}, compiles{0}, compile_us{0}, layer_hits{0}, tunings{0},

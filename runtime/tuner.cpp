@@ -29,7 +29,7 @@ Result<TuneReport> RuntimeImpl::tune(const KernelSpec& spec, const TuneOptions& 
   MemoKey memo;
   KILN_TRY(MemoKey::of(spec, target, memo));
   const TuningSubject subject = tuning_subject(*op, spec, target);
-  const std::vector<TileConfig>& candidates = subject.candidates;
+  const std::vector<KernelConfig>& candidates = subject.candidates;
   TuneReport report;
   report.spec = to_string(subject.spec);
   report.device = device_->name();
@@ -96,7 +96,7 @@ Result<TuneReport> RuntimeImpl::tune(const KernelSpec& spec, const TuneOptions& 
   return report;
 }
 
-std::optional<TileConfig> RuntimeImpl::tuned_config(const KernelSpec& spec) {
+std::optional<KernelConfig> RuntimeImpl::tuned_config(const KernelSpec& spec) {
   auto op = find_op(spec.op);
   const TargetInfo& target = device_->target();
   if (!op || !(*op)->validate(spec, target)) return std::nullopt;  // get_compiled reports it
@@ -111,12 +111,12 @@ std::optional<TileConfig> RuntimeImpl::tuned_config(const KernelSpec& spec) {
   return std::move(found->record.winner);
 }
 
-size_t RuntimeImpl::winner_index(const std::vector<TuneCandidate>& candidates, const TileConfig& winner) {
+size_t RuntimeImpl::winner_index(const std::vector<TuneCandidate>& candidates, const KernelConfig& winner) {
   auto it = std::find_if(candidates.begin(), candidates.end(), [&](const TuneCandidate& c) { return c.config == winner; });
   return static_cast<size_t>(it - candidates.begin());
 }
 
-Result<std::shared_ptr<KernelImpl>> RuntimeImpl::time_candidate(const KernelSpec& spec, const TileConfig& config,
+Result<std::shared_ptr<KernelImpl>> RuntimeImpl::time_candidate(const KernelSpec& spec, const KernelConfig& config,
                                                                 std::span<void* const> buffers, int reps,
                                                                 TuneCandidate& c) {
   KILN_ASSIGN_OR_RETURN(auto compiled, get_compiled(spec, device_->target(), &config, /*record_spec=*/false));

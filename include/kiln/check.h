@@ -89,7 +89,7 @@ struct ReferenceOutput {
 /// results: computes `spec`'s outputs from host copies of its input tensors (in the op's tensor
 /// order, values as float), one ReferenceOutput per output tensor. `rows` (optional) asks for only
 /// those rows of row-shaped outputs (an op may compute more, and reports which).
-/// Errors: Errc::unknown (op), invalid_argument (spec, wrong input count/sizes, a row outside, a
+/// Errors: Errc::not_found (op), invalid_argument (spec, wrong input count/sizes, a row outside, a
 /// host allocation that failed).
 Result<std::vector<ReferenceOutput>> reference(const KernelSpec& spec, const std::map<std::string, float>& scalars,
                                                std::span<const std::vector<float>> inputs,

@@ -32,8 +32,8 @@ std::span<const ScalarInfo> AttentionOp::scalars() const { return ah::kScalars; 
 std::span<const DType> AttentionOp::dtypes() const { return ah::kDTypes; }
 std::span<const TensorDecl> AttentionOp::signature() const { return kSignature; }
 
-Result<void> AttentionOp::check(const KernelSpec& spec, const TargetInfo&) const {
-  return ah::check(name(), spec, with_defaults(spec));
+Result<void> AttentionOp::validate_rules(const KernelSpec& spec, const TargetInfo&) const {
+  return ah::validate_rules(name(), spec, with_defaults(spec));
 }
 
 // Three kernels:
@@ -51,17 +51,17 @@ Result<void> AttentionOp::check(const KernelSpec& spec, const TargetInfo&) const
 // The first variant of a target is its kernel; the portable one follows on AMD (same alignment,
 // so it serves as a tuning candidate, not as a fallback).
 namespace {
-bool mfma(const TileConfig& c) { return c.count("MFMA") && c.at("MFMA") != 0; }
-bool wgmma(const TileConfig& c) { return c.count("WGMMA") && c.at("WGMMA") != 0; }
-int64_t block_rows(const TileConfig& c) {
+bool mfma(const KernelConfig& c) { return c.count("MFMA") && c.at("MFMA") != 0; }
+bool wgmma(const KernelConfig& c) { return c.count("WGMMA") && c.at("WGMMA") != 0; }
+int64_t block_rows(const KernelConfig& c) {
   return wgmma(c) ? 128 : mfma(c) ? 32 * c.at("WAVES") : c.at("BM");
 }
-int64_t block_threads(const TileConfig& c) {
+int64_t block_threads(const KernelConfig& c) {
   return wgmma(c) ? 384 : mfma(c) ? 64 * c.at("WAVES") : c.at("THREADS");
 }
 // Dynamic shared memory of the Hopper kernel: 1 KiB of alignment slack, Q (128 rows), STAGES K
 // and V tiles of 128 keys, the mbarriers.
-int64_t sm90_shared_bytes(const KernelSpec& spec, const TileConfig& c) {
+int64_t sm90_shared_bytes(const KernelSpec& spec, const KernelConfig& c) {
   const int64_t d = spec.param("head_dim");
   return 1024 + 128 * d * 2 + 2 * c.at("STAGES") * 128 * d * 2 + 8 * (1 + 3 * c.at("STAGES"));
 }
@@ -69,21 +69,21 @@ int64_t sm90_shared_bytes(const KernelSpec& spec, const TileConfig& c) {
 // default: on the H100 (2026-11-26, bench_attention --quick --only s8192_b1) it was slower at head
 // dim 128 (320 / 342 TFLOP/s with, 397 / 428 without) and even at 64 (319 / 316); it stays a
 // tuning candidate.
-TileConfig sm90_config(const KernelSpec& spec, bool pingpong) {
+KernelConfig sm90_config(const KernelSpec& spec, bool pingpong) {
   return {{"WGMMA", 1}, {"STAGES", spec.param("head_dim") == 64 ? 4 : 2}, {"PINGPONG", pingpong ? 1 : 0}};
 }
 bool has_wgmma(const KernelSpec& spec, const TargetInfo& t) {
   const int64_t d = spec.param("head_dim");
   return t.vendor == Vendor::nvidia && t.cpu == "sm_90a" && ah::dim_v(spec) == d && (d == 64 || d == 128);
 }
-TileConfig portable_config(const KernelSpec& spec) {
+KernelConfig portable_config(const KernelSpec& spec) {
   const int64_t dmax = std::max(spec.param("head_dim"), ah::dim_v(spec));
   return {{"BM", dmax <= 128 ? 32 : 16}, {"BN", 32}, {"THREADS", 128}};
 }
 bool has_mfma(const TargetInfo& t) { return t.vendor == Vendor::amd && (t.name == "gfx942" || t.name == "gfx950"); }
 }  // namespace
 
-std::vector<TileConfig> AttentionOp::variants(const KernelSpec& spec, const TargetInfo& target) const {
+std::vector<KernelConfig> AttentionOp::variants(const KernelSpec& spec, const TargetInfo& target) const {
   if (has_wgmma(spec, target))
     return {sm90_config(spec, false), sm90_config(spec, true), portable_config(spec)};
   if (!has_mfma(target)) return {portable_config(spec)};
@@ -92,12 +92,12 @@ std::vector<TileConfig> AttentionOp::variants(const KernelSpec& spec, const Targ
           portable_config(spec)};
 }
 
-std::string_view AttentionOp::device_template(const TileConfig& c) const {
+std::string_view AttentionOp::device_template(const KernelConfig& c) const {
   if (wgmma(c)) return embedded_file("templates/attention/attention_sm90.kernel");
   return embedded_file(mfma(c) ? "templates/attention/attention_mfma.kernel" : "templates/attention/attention.kernel");
 }
 
-std::string AttentionOp::specialize(const KernelSpec& spec, const TileConfig& c) const {
+std::string AttentionOp::specialize(const KernelSpec& spec, const KernelConfig& c) const {
   if (wgmma(c))
     return ah::specialize_common(spec) +
            fmt::format("constexpr int BM = 128, BN = 128, STAGES = {};\nconstexpr bool IN_BF16 = {}, PINGPONG = {};\n",
@@ -111,7 +111,7 @@ std::string AttentionOp::specialize(const KernelSpec& spec, const TileConfig& c)
                                                    c.at("BN"), c.at("THREADS"));
 }
 
-Plan AttentionOp::plan(const KernelSpec& call, const TileConfig& c) const {
+Plan AttentionOp::plan(const KernelSpec& call, const KernelConfig& c) const {
   Plan p;
   const int64_t batch = call.param("batch"), max_q = ah::max_len_q(call);
   if (batch == 0 || max_q == 0 || ah::tokens_q(call) == 0) return p;  // no query rows: nothing to write
@@ -153,17 +153,17 @@ Plan AttentionOp::plan(const KernelSpec& call, const TileConfig& c) const {
 }
 
 // Tuning on sm_90a times the Hopper kernel with and without ping-pong.
-std::vector<TileConfig> AttentionOp::tuning_candidates(const KernelSpec& spec, const TargetInfo& target) const {
+std::vector<KernelConfig> AttentionOp::tuning_candidates(const KernelSpec& spec, const TargetInfo& target) const {
   if (has_wgmma(spec, target)) return {sm90_config(spec, true), sm90_config(spec, false)};
   return {choose_config(spec, target)};
 }
 
-uint32_t AttentionOp::dynamic_shared_bytes(const KernelSpec& spec, const TileConfig& c) const {
+uint32_t AttentionOp::dynamic_shared_bytes(const KernelSpec& spec, const KernelConfig& c) const {
   return wgmma(c) ? static_cast<uint32_t>(sm90_shared_bytes(spec, c)) : 0;
 }
 
 // q, k, v and out are read and written 16 bytes at a time (and by TMA on Hopper).
-std::vector<uint32_t> AttentionOp::base_alignment(const KernelSpec& spec, const TileConfig&) const {
+std::vector<uint32_t> AttentionOp::base_alignment(const KernelSpec& spec, const KernelConfig&) const {
   return ah::alignment(tensors(spec));
 }
 

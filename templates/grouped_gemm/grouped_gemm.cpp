@@ -65,11 +65,11 @@ std::span<const TensorDecl> GroupedGemmOp::signature() const { return kSignature
 //  - portable (grouped_gemm.kernel, every target; the fallback on sm_90a): 64 x 64 tiles of c,
 //    16-deep slices through LDS in fp32, 4 x 4 outputs per thread (256 threads).
 namespace {
-bool wgmma(const TileConfig& c) { return c.count("WGMMA") && c.at("WGMMA") != 0; }
-bool tma(const TileConfig& c) { return c.count("TMA") && c.at("TMA") != 0; }
+bool wgmma(const KernelConfig& c) { return c.count("WGMMA") && c.at("WGMMA") != 0; }
+bool tma(const KernelConfig& c) { return c.count("TMA") && c.at("TMA") != 0; }
 constexpr int64_t kTmaMaxGroups = 1024;  // the offsets and row-tile prefix live in shared memory
-bool mfma(const TileConfig& c) { return c.count("MFMA") && c.at("MFMA") != 0; }
-int64_t sm90_shared_bytes(const KernelSpec& s, const TileConfig& c) {
+bool mfma(const KernelConfig& c) { return c.count("MFMA") && c.at("MFMA") != 0; }
+int64_t sm90_shared_bytes(const KernelSpec& s, const KernelConfig& c) {
   const int64_t stages = c.at("STAGES") * (c.at("BM") + c.at("BN")) * c.at("BK") * 2;
   if (!tma(c)) return 1024 + stages;
   return 1024 + stages + 16 * c.at("STAGES") + 8 * (s.param("groups") + 1);  // + mbarriers, offsets, prefix
@@ -81,14 +81,14 @@ bool tma_applies(const KernelSpec& s, const TargetInfo& target) {
   return target.vendor == Vendor::nvidia && target.cpu == "sm_90a" && mode != kTn && N % 8 == 0 && K % 8 == 0 &&
          (mode == kNt || K % 64 == 0) && G <= kTmaMaxGroups && G * (mode == kNt ? N : K) <= kInt32Max;
 }
-TileConfig tma_config(int64_t bn) {
+KernelConfig tma_config(int64_t bn) {
   return {{"WGMMA", 1}, {"TMA", 1}, {"BM", 128}, {"BN", bn}, {"BK", 64}, {"STAGES", bn == 256 ? 4 : 6}, {"THREADS", 384}};
 }
-const TileConfig kCpAsync = {{"WGMMA", 1}, {"BM", 128}, {"BN", 128}, {"BK", 64}, {"STAGES", 4}, {"THREADS", 256}};
+const KernelConfig kCpAsync = {{"WGMMA", 1}, {"BM", 128}, {"BN", 128}, {"BK", 64}, {"STAGES", 4}, {"THREADS", 256}};
 }  // namespace
 
-std::vector<TileConfig> GroupedGemmOp::variants(const KernelSpec& spec, const TargetInfo& target) const {
-  TileConfig portable = {{"BM", 64}, {"BN", 64}, {"BK", 16}, {"TM", 4}, {"TN", 4}, {"THREADS", 256}};
+std::vector<KernelConfig> GroupedGemmOp::variants(const KernelSpec& spec, const TargetInfo& target) const {
+  KernelConfig portable = {{"BM", 64}, {"BN", 64}, {"BK", 16}, {"TM", 4}, {"TN", 4}, {"THREADS", 256}};
   if (tma_applies(spec, target)) return {tma_config(spec.param("N") >= 256 ? 256 : 128), portable};
   if (target.vendor == Vendor::nvidia && target.cpu == "sm_90a" && spec.param("N") % 8 == 0 &&
       spec.param("K") % 8 == 0)
@@ -106,7 +106,7 @@ std::vector<TileConfig> GroupedGemmOp::variants(const KernelSpec& spec, const Ta
   return {portable};
 }
 
-std::vector<uint32_t> GroupedGemmOp::base_alignment(const KernelSpec& spec, const TileConfig& c) const {
+std::vector<uint32_t> GroupedGemmOp::base_alignment(const KernelSpec& spec, const KernelConfig& c) const {
   std::vector<uint32_t> out(tensors(spec).size(), 1);
   if (wgmma(c)) out = {16, 16, 1, 16};  // a, b, offsets, c: 16-byte rows through cp.async
   if (tma(c)) out = {16, 16, 1, 4};     // a, b: TMA; c: stores of two neighbouring outputs
@@ -114,24 +114,24 @@ std::vector<uint32_t> GroupedGemmOp::base_alignment(const KernelSpec& spec, cons
   return out;
 }
 
-uint32_t GroupedGemmOp::dynamic_shared_bytes(const KernelSpec& spec, const TileConfig& c) const {
+uint32_t GroupedGemmOp::dynamic_shared_bytes(const KernelSpec& spec, const KernelConfig& c) const {
   return wgmma(c) ? static_cast<uint32_t>(sm90_shared_bytes(spec, c)) : 0;
 }
 
-std::vector<TileConfig> GroupedGemmOp::tuning_candidates(const KernelSpec& spec, const TargetInfo& target) const {
+std::vector<KernelConfig> GroupedGemmOp::tuning_candidates(const KernelSpec& spec, const TargetInfo& target) const {
   if (!tma_applies(spec, target)) return {choose_config(spec, target)};
-  const TileConfig first = choose_config(spec, target);
+  const KernelConfig first = choose_config(spec, target);
   return {first, tma_config(first.at("BN") == 256 ? 128 : 256), kCpAsync};
 }
 
-std::string_view GroupedGemmOp::device_template(const TileConfig& c) const {
+std::string_view GroupedGemmOp::device_template(const KernelConfig& c) const {
   return embedded_file(tma(c)    ? "templates/grouped_gemm/grouped_gemm_sm90_tma.kernel"
                        : wgmma(c) ? "templates/grouped_gemm/grouped_gemm_sm90.kernel"
                        : mfma(c) ? "templates/grouped_gemm/grouped_gemm_mfma.kernel"
                                  : "templates/grouped_gemm/grouped_gemm.kernel");
 }
 
-std::string GroupedGemmOp::specialize(const KernelSpec& spec, const TileConfig& c) const {
+std::string GroupedGemmOp::specialize(const KernelSpec& spec, const KernelConfig& c) const {
   if (wgmma(c))
     return fmt::format(
         "constexpr int MODE = {}, GROUPS = {};\nconstexpr long long N = {}, K = {};\n"
@@ -158,7 +158,7 @@ std::string GroupedGemmOp::specialize(const KernelSpec& spec, const TileConfig& 
 // nt, nn: grid.x covers every group's row tiles (at most ceil(tokens / BM) + G - 1 of them: each
 // group wastes less than one tile), grid.y the column tiles; a block finds its group from the
 // offsets and blocks past the last tile exit. tn: one block per (BM x BN tile of c[g], g).
-Plan GroupedGemmOp::plan(const KernelSpec& call, const TileConfig& c) const {
+Plan GroupedGemmOp::plan(const KernelSpec& call, const KernelConfig& c) const {
   Plan p;
   const int64_t tokens = call.param("tokens"), G = call.param("groups");
   LaunchGeometry g;

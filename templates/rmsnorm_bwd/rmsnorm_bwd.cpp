@@ -42,7 +42,7 @@ constexpr int64_t kReduceCols = 16, kReduceLanes = 16;
 
 // Blocks of the first launch for `rows` rows: at most BLOCKS, and no more than needed for the
 // same number of row slots per block (fewer partial sums, the same time).
-int64_t row_blocks(int64_t rows, const TileConfig& c) {
+int64_t row_blocks(int64_t rows, const KernelConfig& c) {
   if (rows == 0) return 0;
   const int64_t per_slot = c.at("ROWS");
   const int64_t slots = ceil_div(rows, per_slot);                 // row slots of ROWS rows
@@ -55,7 +55,7 @@ std::span<const ParamInfo> RmsNormBwdOp::params() const { return kParams; }
 std::span<const ScalarInfo> RmsNormBwdOp::scalars() const { return kScalars; }
 std::span<const DType> RmsNormBwdOp::dtypes() const { return kDTypes; }
 std::span<const TensorDecl> RmsNormBwdOp::signature() const { return kSignature; }
-std::string_view RmsNormBwdOp::device_template(const TileConfig&) const {
+std::string_view RmsNormBwdOp::device_template(const KernelConfig&) const {
   return embedded_file("templates/rmsnorm_bwd/rmsnorm_bwd.kernel");
 }
 
@@ -118,7 +118,7 @@ int64_t blocks_that_fit(int64_t threads, int64_t regs, const TargetInfo& target)
   return std::min<int64_t>(32 * target.wave_size / threads, 4 * target.wave_size * 512 / (lanes * regs));
 }
 
-TileConfig bwd_config(int64_t hidden, int64_t vec, DType dtype, bool dres, const TargetInfo& target,
+KernelConfig bwd_config(int64_t hidden, int64_t vec, DType dtype, bool dres, const TargetInfo& target,
                       const BwdKnobs& k) {
   const int64_t in_size = static_cast<int64_t>(dtype_size(dtype));
   const int64_t nvec = ceil_div(hidden, vec);
@@ -156,28 +156,28 @@ int64_t vector_width(const KernelSpec& spec) {
 }
 }  // namespace
 
-std::vector<TileConfig> RmsNormBwdOp::variants(const KernelSpec& spec, const TargetInfo& target) const {
-  std::vector<TileConfig> out = {choose_config(spec, target)};
+std::vector<KernelConfig> RmsNormBwdOp::variants(const KernelSpec& spec, const TargetInfo& target) const {
+  std::vector<KernelConfig> out = {choose_config(spec, target)};
   if (out.front().at("VEC") > 1)
     out.push_back(bwd_config(spec.param("hidden"), 1, spec.dtype, adds_dres(spec), target, kDefaultKnobs));
   return out;
 }
-TileConfig RmsNormBwdOp::choose_config(const KernelSpec& spec, const TargetInfo& target) const {
+KernelConfig RmsNormBwdOp::choose_config(const KernelSpec& spec, const TargetInfo& target) const {
   return bwd_config(spec.param("hidden"), vector_width(spec), spec.dtype, adds_dres(spec), target, kDefaultKnobs);
 }
-std::vector<TileConfig> RmsNormBwdOp::tuning_candidates(const KernelSpec& spec, const TargetInfo& target) const {
-  std::vector<TileConfig> out = {choose_config(spec, target)};
+std::vector<KernelConfig> RmsNormBwdOp::tuning_candidates(const KernelSpec& spec, const TargetInfo& target) const {
+  std::vector<KernelConfig> out = {choose_config(spec, target)};
   for (const BwdKnobs& k : kTuningKnobs) {
-    TileConfig c = bwd_config(spec.param("hidden"), vector_width(spec), spec.dtype, adds_dres(spec), target, k);
+    KernelConfig c = bwd_config(spec.param("hidden"), vector_width(spec), spec.dtype, adds_dres(spec), target, k);
     if (std::find(out.begin(), out.end(), c) == out.end()) out.push_back(std::move(c));
   }
   return out;
 }
-std::vector<uint32_t> RmsNormBwdOp::base_alignment(const KernelSpec& spec, const TileConfig& config) const {
+std::vector<uint32_t> RmsNormBwdOp::base_alignment(const KernelSpec& spec, const KernelConfig& config) const {
   return vector_variant_alignment(config, tensors(spec).size());
 }
 
-std::string RmsNormBwdOp::specialize(const KernelSpec& spec, const TileConfig& c) const {
+std::string RmsNormBwdOp::specialize(const KernelSpec& spec, const KernelConfig& c) const {
   return fmt::format("constexpr int HIDDEN = {};\nconstexpr int VEC = {}, ITEMS = {}, ROW_THREADS = {}, ROWS = {};\n"
                      "#define PREFETCH {}\n#define GAMMA_LDS {}\nconstexpr int REDUCE_COLS = {}, REDUCE_LANES = {};\n"
                      "#define RECOMPUTE_RSTD {}\n#define RESIDUAL_GRAD {}\ntypedef {} in_t;\ntypedef {} out_t;\n",
@@ -187,7 +187,7 @@ std::string RmsNormBwdOp::specialize(const KernelSpec& spec, const TileConfig& c
                      device_type_name(spec.dtype), device_type_name(spec.out_dtype));
 }
 
-Plan RmsNormBwdOp::plan(const KernelSpec& call, const TileConfig& c) const {
+Plan RmsNormBwdOp::plan(const KernelSpec& call, const KernelConfig& c) const {
   Plan p;
   const int64_t n_rows = call.param("rows"), H = call.param("hidden");
   const int64_t blocks = row_blocks(n_rows, c);

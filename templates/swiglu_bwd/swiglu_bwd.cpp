@@ -26,22 +26,22 @@ const TensorDecl kSignature[] = {
 std::span<const ParamInfo> SwiGluBwdOp::params() const { return kParams; }
 std::span<const DType> SwiGluBwdOp::dtypes() const { return kDTypes; }
 std::span<const TensorDecl> SwiGluBwdOp::signature() const { return kSignature; }
-std::string_view SwiGluBwdOp::device_template(const TileConfig&) const {
+std::string_view SwiGluBwdOp::device_template(const KernelConfig&) const {
   return embedded_file("templates/swiglu_bwd/swiglu_bwd.kernel");
 }
-std::vector<TileConfig> SwiGluBwdOp::variants(const KernelSpec& spec, const TargetInfo& target) const {
+std::vector<KernelConfig> SwiGluBwdOp::variants(const KernelSpec& spec, const TargetInfo& target) const {
   return elementwise_row_variants(spec.param("intermediate"), spec.dtype, target);
 }
-std::vector<uint32_t> SwiGluBwdOp::base_alignment(const KernelSpec& spec, const TileConfig& config) const {
+std::vector<uint32_t> SwiGluBwdOp::base_alignment(const KernelSpec& spec, const KernelConfig& config) const {
   return vector_variant_alignment(config, tensors(spec).size());
 }
-std::string SwiGluBwdOp::specialize(const KernelSpec& spec, const TileConfig& c) const {
+std::string SwiGluBwdOp::specialize(const KernelSpec& spec, const KernelConfig& c) const {
   return fmt::format("constexpr int INTERMEDIATE = {};\nconstexpr int THREADS = {}, VEC = {}, ITEMS = {};\n"
                      "typedef {} in_t;\ntypedef {} out_t;\n",
                      spec.param("intermediate"), c.at("THREADS"), c.at("VEC"), c.at("ITEMS"),
                      device_type_name(spec.dtype), device_type_name(spec.out_dtype));
 }
-Plan SwiGluBwdOp::plan(const KernelSpec& call, const TileConfig& c) const {
+Plan SwiGluBwdOp::plan(const KernelSpec& call, const KernelConfig& c) const {
   Plan p;
   if (call.param("rows") == 0) return p;
   p.launches.push_back(single_launch(call, c, elementwise_row_geometry(call.param("rows"), call.param("intermediate"), c)));

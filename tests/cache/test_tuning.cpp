@@ -31,7 +31,7 @@ TuningKey key_for(const std::string& device = "NVIDIA H200", const std::string& 
   return TuningKey::make(tuning_subject(gemm(), spec, target("sm_90a")), target("sm_90a"), device, compiler);
 }
 
-std::vector<TileConfig> candidates(const KernelSpec& spec = gemm_spec(1024, 1024, 1024, false, true)) {
+std::vector<KernelConfig> candidates(const KernelSpec& spec = gemm_spec(1024, 1024, 1024, false, true)) {
   return gemm().tuning_candidates(spec, target("sm_90a"));
 }
 
@@ -39,7 +39,7 @@ std::vector<TileConfig> candidates(const KernelSpec& spec = gemm_spec(1024, 1024
 TuningRecord record_for(const TuningKey& key) {
   TuningRecord r;
   r.key = key;
-  const std::vector<TileConfig> c = candidates();
+  const std::vector<KernelConfig> c = candidates();
   for (size_t i = 0; i < c.size(); ++i) {
     TuneCandidate t;
     t.config = c[i];
