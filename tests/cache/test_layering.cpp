@@ -103,10 +103,11 @@ std::vector<std::string> violations_from(const std::string& start, Rule forbidde
   return found;
 }
 
-// The .cpp and .h files of a top-level folder, relative to the root.
+// The .cpp and .h files of a top-level folder, relative to the root (none when it is missing).
 std::vector<std::string> files_of(const std::string& folder) {
   std::vector<std::string> out;
-  for (const auto& e : fs::directory_iterator(root() / folder)) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(root() / folder, ec)) {
     const std::string ext = e.path().extension().string();
     if (e.is_regular_file() && (ext == ".cpp" || ext == ".h")) out.push_back(fs::relative(e.path(), root()).string());
   }
