@@ -6,7 +6,7 @@
 //                  file read (DiskCache::read_entry_files: the same descriptor walk as a load)
 //   MetaJson       meta.json parsed and checked (parse_entry_metadata)
 //   Sha256         the SHA-256 of the code object and of the source, as a load verifies them
-//   CodeCheck      check_code_object: the ELF header (or PTX text) against the target
+//   CodeCheck      validate_code_object: the ELF header (or PTX text) against the target
 //   Load           DiskCache::load: everything a load does (open, lock, read, parse, verify, check)
 //   Hit            Runtime::compile on a new runtime: memo key, codegen, key, load, the result
 //   LoadModule     DeviceImpl::load of the code object (cuModuleLoadDataEx + cuModuleGetFunction):
@@ -26,7 +26,7 @@
 #include "cache/disk_cache.h"
 #include "codegen/codegen.h"
 #include "kiln/kiln.h"
-#include "runtime/compile/compiler.h"
+#include "compile/compiler.h"
 #include "runtime/device_impl.h"
 #include "support/sha256.h"
 
@@ -136,7 +136,7 @@ void CodeCheck(benchmark::State& state) {
   Prepared p;
   if (!prepare(state, p)) return;
   const kiln::TargetInfo& target = **kiln::find_target(kTargets[state.range(1)]);
-  for (auto _ : state) benchmark::DoNotOptimize(kiln::check_code_object(p.entry.compiled.code, target));
+  for (auto _ : state) benchmark::DoNotOptimize(kiln::validate_code_object(p.entry.compiled.code, target));
 }
 
 void Load(benchmark::State& state) {

@@ -280,7 +280,7 @@ int main(int argc, char** argv) {
   f.kernel = *k;
   {  // the geometry of Kiln's plan for kSpec, for the raw call
     const kiln::OpTemplate* op = *kiln::find_op("swiglu");
-    const kiln::TileConfig config = op->variants(kSpec, f.rt->device()->target()).front();
+    const kiln::KernelConfig config = op->variants(kSpec, f.rt->device()->target()).front();
     f.swiglu_geometry = op->plan(kSpec, config).launches.at(0).geometry;
     std::printf("swiglu kernel %s, block %u, grid %u x %u\n", f.kernel->compiled().info().config.c_str(),
                 f.swiglu_geometry.block.x, f.swiglu_geometry.grid.x, f.swiglu_geometry.grid.y);
@@ -302,7 +302,7 @@ int main(int argc, char** argv) {
   // The maps and geometry of the kernel's one launch, from the op's plan (through the registry:
   // nothing outside templates/ includes an op's header).
   const kiln::OpTemplate* gemm_op = *kiln::find_op("gemm");
-  const kiln::TileConfig config = gemm_op->choose_config(kGemm, f.rt->device()->target());
+  const kiln::KernelConfig config = gemm_op->choose_config(kGemm, f.rt->device()->target());
   const kiln::Plan plan = gemm_op->plan(kGemm, config);
   f.maps.clear();
   for (const kiln::KernelArg& a : plan.launches.at(0).args)

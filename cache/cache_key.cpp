@@ -1,15 +1,13 @@
 #include "cache/cache_key.h"
 
 #include "support/sha256.h"
+#include "support/spec_json.h"
 
 namespace kiln {
 
 CacheKey CacheKey::make(const KernelSource& src, const Compiler& compiler) {
   CacheKey k;
-  k.op = src.spec.op;
-  k.dtype = std::string(dtype_name(src.spec.dtype));
-  k.out_dtype = std::string(dtype_name(src.spec.out_dtype));
-  k.params = src.spec.params;
+  k.spec = src.spec;
   k.config = src.config;
   k.target = std::string(src.target->name);
   k.compiler = std::string(compiler.name());
@@ -21,19 +19,17 @@ CacheKey CacheKey::make(const KernelSource& src, const Compiler& compiler) {
 }
 
 nlohmann::json CacheKey::to_json() const {
-  return nlohmann::json{{"op", op},
-                        {"dtype", dtype},
-                        {"out_dtype", out_dtype},
-                        {"params", params},
-                        {"config", config},
-                        {"target", target},
-                        {"compiler", compiler},
-                        {"compiler_version", compiler_version},
-                        {"flags", flags},
-                        {"template_sha256", template_sha256},
-                        {"source_sha256", source_sha256},
-                        {"codegen_version", codegen_version},
-                        {"format_version", format_version}};
+  nlohmann::json j = spec_to_json(spec);
+  j.update(nlohmann::json{{"config", config},
+                          {"target", target},
+                          {"compiler", compiler},
+                          {"compiler_version", compiler_version},
+                          {"flags", flags},
+                          {"template_sha256", template_sha256},
+                          {"source_sha256", source_sha256},
+                          {"codegen_version", codegen_version},
+                          {"format_version", format_version}});
+  return j;
 }
 
 std::string CacheKey::digest() const { return sha256_hex(to_json().dump()); }

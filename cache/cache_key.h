@@ -6,7 +6,7 @@
 #include <string>
 
 #include "codegen/codegen.h"
-#include "codegen/code_object.h"
+#include "compile/compiler.h"
 
 namespace kiln {
 
@@ -22,11 +22,8 @@ inline constexpr int kCacheFormatVersion = 2;
 /// Never holds an absolute path, a host name or a time: a cache built on one machine is valid on
 /// another with the same compiler.
 struct CacheKey {
-  std::string op;
-  std::string dtype;
-  std::string out_dtype;
-  std::map<std::string, int64_t> params;  ///< Baked parameters only.
-  TileConfig config;                      ///< Baked tile configuration.
+  KernelSpec spec;                        ///< Baked parameters only (support/spec_json.h's form).
+  KernelConfig config;                      ///< Baked tile configuration.
   std::string target;                     ///< "gfx942", "sm_90a", ...
   std::string compiler;                   ///< "clang" / "nvrtc".
   std::string compiler_version;

@@ -305,7 +305,7 @@ Result<CacheEntry> DiskCache::read_entry(const EntryDir& dir, const std::string&
   }
   auto target = find_target(e.target);
   if (!target) return make_error(Errc::corrupt, "meta.json names an unknown target");
-  KILN_TRY(check_code_object(e.compiled.code, **target));
+  KILN_TRY(validate_code_object(e.compiled.code, **target));
   return e;
 }
 

@@ -41,9 +41,8 @@
 #include <string>
 #include <vector>
 
+#include "compile/code_object.h"
 #include "kiln/result.h"
-#include "codegen/code_object.h"
-#include "templates/op_template.h"
 
 namespace kiln {
 

@@ -333,7 +333,7 @@ Result<CacheEntry> RemoteCache::decode(const std::string& key, const std::string
   e.compiled.code.bytes.assign(code.begin(), code.end());
   auto target = find_target(e.target);
   if (!target) return make_error(Errc::corrupt, "meta.json names an unknown target");
-  KILN_TRY(check_code_object(e.compiled.code, **target));
+  KILN_TRY(validate_code_object(e.compiled.code, **target));
   return e;
 }
 

@@ -12,41 +12,41 @@
 #include "support/json_read.h"
 #include "support/log.h"
 #include "support/sha256.h"
+#include "support/spec_json.h"
 
 namespace kiln {
 namespace {
 
-nlohmann::json config_json(const TileConfig& c) { return nlohmann::json(c); }
+nlohmann::json config_json(const KernelConfig& c) { return nlohmann::json(c); }
 
-TileConfig config_from_json(const nlohmann::json& j) {
+KernelConfig config_from_json(const nlohmann::json& j) {
   if (!j.is_object() || j.empty()) throw std::invalid_argument("a tile configuration is not a non-empty object");
-  TileConfig c;
+  KernelConfig c;
   for (const auto& [k, v] : j.items()) c[k] = json_int64(v, k);
   return c;
 }
 
 }  // namespace
 
-TuningKey TuningKey::make(const OpTemplate& op, const KernelSpec& spec, const TargetInfo& target, std::string device,
+TuningKey TuningKey::make(const TuningSubject& subject, const TargetInfo& target, std::string device,
                           std::string compiler) {
-  const KernelSpec baked = op.baked_spec(spec);
   TuningKey k;
-  k.op = baked.op;
-  k.dtype = std::string(dtype_name(baked.dtype));
-  k.out_dtype = std::string(dtype_name(baked.out_dtype));
-  k.params = baked.params;
+  k.spec = subject.spec;
   k.target = std::string(target.name);
   k.device = std::move(device);
   k.compiler = std::move(compiler);
-  k.template_sha256 = kiln::template_sha256(op, target, op.choose_config(baked, target));
+  k.template_sha256 = subject.template_sha256;
   return k;
 }
 
 nlohmann::json TuningKey::to_json() const {
-  return nlohmann::json{{"op", op},         {"dtype", dtype},       {"out_dtype", out_dtype},
-                        {"params", params}, {"target", target},     {"device", device},
-                        {"compiler", compiler}, {"template_sha256", template_sha256},
-                        {"format_version", format_version}};
+  nlohmann::json j = spec_to_json(spec);
+  j.update(nlohmann::json{{"target", target},
+                          {"device", device},
+                          {"compiler", compiler},
+                          {"template_sha256", template_sha256},
+                          {"format_version", format_version}});
+  return j;
 }
 
 std::string TuningKey::digest() const { return sha256_hex(to_json().dump()); }
@@ -111,7 +111,7 @@ Result<TuningRecord> parse_tuning_record(std::string_view text, const TuningKey&
 }
 
 std::optional<FoundTuning> find_tuning(std::span<DiskCache* const> caches, const TuningKey& key,
-                                       std::span<const TileConfig> candidates) {
+                                       std::span<const KernelConfig> candidates) {
   const std::string digest = key.digest();
   for (DiskCache* cache : caches) {
     auto text = cache->read_tuning(digest);
@@ -130,7 +130,7 @@ std::optional<FoundTuning> find_tuning(std::span<DiskCache* const> caches, const
     if (std::find(candidates.begin(), candidates.end(), record->winner) == candidates.end()) {
       KILN_LOG_WARN("ignoring tuning record {}: its winner '{}' is no longer a candidate of {} (Runtime::tune or "
                     "'kiln prewarm --tune' replaces it)",
-                    path, config_string(record->winner), key.op);
+                    path, config_string(record->winner), key.spec.op);
       continue;
     }
     return FoundTuning{std::move(record).value(), path};
@@ -138,10 +138,10 @@ std::optional<FoundTuning> find_tuning(std::span<DiskCache* const> caches, const
   return std::nullopt;
 }
 
-std::vector<FoundTuning> tunings_of(const DiskCache& cache, const OpTemplate& op, const KernelSpec& spec,
-                                    const TargetInfo& target, const std::string& compiler) {
+std::vector<FoundTuning> tunings_of(const DiskCache& cache, const TuningSubject& subject, const TargetInfo& target,
+                                    const std::string& compiler) {
   std::vector<FoundTuning> out;
-  const std::vector<TileConfig> candidates = op.tuning_candidates(op.baked_spec(spec), target);
+  const std::vector<KernelConfig>& candidates = subject.candidates;
   auto names = list_dir(cache.root() + "/v1/tuning");
   if (!names) return out;
   for (const DirEntryName& f : *names) {
@@ -157,7 +157,7 @@ std::vector<FoundTuning> tunings_of(const DiskCache& cache, const OpTemplate& op
     if (!j.is_object() || !j.contains("key_fields") || !j["key_fields"].is_object()) continue;
     const nlohmann::json& device = j["key_fields"].value("device", nlohmann::json());
     if (!device.is_string()) continue;
-    const TuningKey key = TuningKey::make(op, spec, target, device.get<std::string>(), compiler);
+    const TuningKey key = TuningKey::make(subject, target, device.get<std::string>(), compiler);
     if (key.digest() != digest) continue;
     auto record = parse_tuning_record(**text, key);
     if (!record || std::find(candidates.begin(), candidates.end(), record->winner) == candidates.end()) continue;

@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "cache/disk_cache.h"
+#include "codegen/codegen.h"
 #include "kiln/tune.h"
-#include "templates/op_template.h"
 
 namespace kiln {
 
@@ -27,18 +27,16 @@ inline constexpr int kTuningFormatVersion = 1;
 /// kernel family of the spec); a change of the device template makes old records miss. Never
 /// holds a path, a host name or a time.
 struct TuningKey {
-  std::string op;
-  std::string dtype;
-  std::string out_dtype;
-  std::map<std::string, int64_t> params;  ///< Baked parameters only.
+  KernelSpec spec;                        ///< Baked parameters only (support/spec_json.h's form).
   std::string target;                     ///< "sm_90a".
   std::string device;                     ///< Device::name(): "NVIDIA H200".
   std::string compiler;                   ///< "nvrtc" / "clang".
   std::string template_sha256;            ///< Of the heuristic's configuration (codegen's template_sha256).
   int format_version = kTuningFormatVersion;
 
-  /// The key of `spec` (runtime parameters are dropped) for `target`, `device` and `compiler`.
-  static TuningKey make(const OpTemplate& op, const KernelSpec& spec, const TargetInfo& target, std::string device,
+  /// The key of a tuning subject (codegen's tuning_subject: the baked spec and its template hash)
+  /// for `target`, `device` and `compiler`.
+  static TuningKey make(const TuningSubject& subject, const TargetInfo& target, std::string device,
                         std::string compiler);
   /// Canonical JSON (sorted keys).
   nlohmann::json to_json() const;
@@ -48,7 +46,7 @@ struct TuningKey {
 
 struct TuningRecord {
   TuningKey key;
-  TileConfig winner;
+  KernelConfig winner;
   std::vector<TuneCandidate> candidates;  ///< Every candidate, timed or with its error.
   int reps = 0;                           ///< Timed launches per candidate.
   std::string created_utc;                ///< "2025-06-01T12:00:00Z".
@@ -69,11 +67,11 @@ struct FoundTuning {
 /// in a writable cache); one whose winner is not among `candidates` (stale: the op's candidates
 /// changed) is skipped with one warning and left for Runtime::tune to replace.
 std::optional<FoundTuning> find_tuning(std::span<DiskCache* const> caches, const TuningKey& key,
-                                       std::span<const TileConfig> candidates);
-/// Every usable record of `spec` for `target` and `compiler` in `cache`, whatever the device it
+                                       std::span<const KernelConfig> candidates);
+/// Every usable record of `subject` for `target` and `compiler` in `cache`, whatever the device it
 /// was timed on (for `kiln inspect`, which has no device); bad records are skipped silently.
-std::vector<FoundTuning> tunings_of(const DiskCache& cache, const OpTemplate& op, const KernelSpec& spec,
-                                    const TargetInfo& target, const std::string& compiler);
+std::vector<FoundTuning> tunings_of(const DiskCache& cache, const TuningSubject& subject, const TargetInfo& target,
+                                    const std::string& compiler);
 /// Writes the record into `cache` atomically; returns its path.
 Result<std::string> store_tuning(DiskCache& cache, const TuningRecord& record);
 

@@ -165,7 +165,7 @@ Result<CheckReport> check_unguarded(Runtime& rt, const KernelSpec& spec, const C
   }
   const double extra_host = readback + reference_bytes;
   const char* extra_what = "an output read back and the fp64 reference of the rows compared";
-  KILN_TRY(DeviceTensors::check_fits(*device, *op, full, extra_host, extra_what));
+  KILN_TRY(DeviceTensors::ensure_fits(*device, *op, full, extra_host, extra_what));
 
   CheckReport report;
   report.spec = to_string(spec);

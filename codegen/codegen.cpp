@@ -41,7 +41,7 @@ struct Expanded {
 // template's text lives and by the target. Before, every generate() (each disk hit among them)
 // expanded the library and hashed the whole kernel text again: about 30 us for a GEMM.
 // Errors are not kept: the caller reports them, naming `who`.
-Result<std::shared_ptr<const Expanded>> expanded_for(const OpTemplate& op, const TileConfig& config,
+Result<std::shared_ptr<const Expanded>> expanded_for(const OpTemplate& op, const KernelConfig& config,
                                                      const TargetInfo& target) {
   using Key = std::tuple<const char*, size_t, const TargetInfo*>;
   static std::mutex mu;
@@ -64,7 +64,7 @@ Result<std::shared_ptr<const Expanded>> expanded_for(const OpTemplate& op, const
 
 }  // namespace
 
-std::string template_sha256(const OpTemplate& op, const TargetInfo& target, const TileConfig& config) {
+std::string template_sha256(const OpTemplate& op, const TargetInfo& target, const KernelConfig& config) {
   if (auto expanded = expanded_for(op, config, target)) return (*expanded)->sha256;
   // A template whose library lines do not resolve has no source (generate() reports why); its
   // hash is that of the error, still a function of the template text.
@@ -72,7 +72,7 @@ std::string template_sha256(const OpTemplate& op, const TargetInfo& target, cons
   return sha256_hex(fmt::format("{}\n{}", prelude_for(target), failed ? std::string() : failed.error().message));
 }
 
-Result<KernelSource> generate(const KernelSpec& spec, const TargetInfo& target, const TileConfig* config) {
+Result<KernelSource> generate(const KernelSpec& spec, const TargetInfo& target, const KernelConfig* config) {
   KILN_ASSIGN_OR_RETURN(const OpTemplate* op, find_op(spec.op));
   KILN_TRY(op->validate(spec, target));
 
@@ -83,12 +83,12 @@ Result<KernelSource> generate(const KernelSpec& spec, const TargetInfo& target, 
   if (config) {
     // Only configurations the op offers (its variants and tuning candidates): those are the ones
     // its kernels and plans are made for.
-    std::vector<TileConfig> candidates = op->variants(src.spec, target);
-    for (TileConfig& c : op->tuning_candidates(src.spec, target))
+    std::vector<KernelConfig> candidates = op->variants(src.spec, target);
+    for (KernelConfig& c : op->tuning_candidates(src.spec, target))
       if (std::find(candidates.begin(), candidates.end(), c) == candidates.end()) candidates.push_back(std::move(c));
     if (std::find(candidates.begin(), candidates.end(), *config) == candidates.end()) {
       std::string valid;
-      for (const TileConfig& c : candidates) valid += fmt::format("{}'{}'", valid.empty() ? "" : ", ", config_string(c));
+      for (const KernelConfig& c : candidates) valid += fmt::format("{}'{}'", valid.empty() ? "" : ", ", config_string(c));
       return make_error(Errc::invalid_argument,
                         fmt::format("{} for {}: tile configuration '{}' is not one of its variants or tuning candidates; use one of: {}",
                                     to_string(src.spec), target.name, config_string(*config), valid));
@@ -116,6 +116,14 @@ Result<KernelSource> generate(const KernelSpec& spec, const TargetInfo& target, 
       op->name(), expanded.body);
   src.source_sha256 = sha256_hex(src.text);
   return src;
+}
+
+TuningSubject tuning_subject(const OpTemplate& op, const KernelSpec& spec, const TargetInfo& target) {
+  TuningSubject t;
+  t.spec = op.baked_spec(spec);
+  t.template_sha256 = template_sha256(op, target, op.choose_config(t.spec, target));
+  t.candidates = op.tuning_candidates(t.spec, target);
+  return t;
 }
 
 }  // namespace kiln

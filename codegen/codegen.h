@@ -14,9 +14,11 @@
 #include "kiln/result.h"
 #include "kiln/spec.h"
 #include "kiln/target.h"
-#include "templates/op_template.h"
+#include "templates/plan.h"
 
 namespace kiln {
+
+class OpTemplate;  // templates/op_template.h
 
 /// Version of Kiln's generated-code conventions, printed in the source's first line (and so
 /// hashed with it). Bump it when the layout of the generated text changes. 3: the device-code
@@ -27,7 +29,7 @@ struct KernelSource {
   KernelSpec spec;             ///< The baked spec (runtime parameters removed).
   const OpTemplate* op = nullptr;
   const TargetInfo* target = nullptr;
-  TileConfig config;           ///< The heuristic's choice (or the one asked for), baked into the text.
+  KernelConfig config;           ///< The heuristic's choice (or the one asked for), baked into the text.
   std::string kernel_name;     ///< The `extern "C"` entry point.
   std::vector<std::string> library_parts;  ///< The library parts in `text`, in order.
   std::string text;            ///< The complete source.
@@ -38,11 +40,23 @@ struct KernelSource {
 /// Validates the spec for the target and generates its source, with the heuristic's tile
 /// configuration, or with `config`, which must be one of the op's variants or tuning_candidates
 /// (else Errc::invalid_argument, listing them).
-Result<KernelSource> generate(const KernelSpec& spec, const TargetInfo& target, const TileConfig* config = nullptr);
+Result<KernelSource> generate(const KernelSpec& spec, const TargetInfo& target, const KernelConfig* config = nullptr);
 
 /// The template hash of KernelSource: SHA-256 of the target prelude, the library parts and the
 /// op's device template for `config`.
-std::string template_sha256(const OpTemplate& op, const TargetInfo& target, const TileConfig& config);
+std::string template_sha256(const OpTemplate& op, const TargetInfo& target, const KernelConfig& config);
+
+/// What a tuning record depends on, from the op: the baked spec (runtime parameters removed), the
+/// template hash of the heuristic's configuration (a change of the device template makes old
+/// records miss) and the configurations the autotuner times. cache/tuning.h keys and checks records
+/// with it, without the op contract.
+struct TuningSubject {
+  KernelSpec spec;
+  std::string template_sha256;
+  std::vector<KernelConfig> candidates;
+};
+/// The tuning subject of `spec` on `target` (the spec is assumed valid: OpInterface::validate).
+TuningSubject tuning_subject(const OpTemplate& op, const KernelSpec& spec, const TargetInfo& target);
 
 /// The prelude text of a target (empty for an unknown vendor).
 std::string_view prelude_for(const TargetInfo& target);

@@ -1,5 +1,5 @@
 // The target table. Adding a target = one row here + a prelude in codegen/preludes/ (see
-// codegen.cpp's prelude_for) + the compiler flags in runtime/compile/.
+// codegen.cpp's prelude_for) + the compiler flags in compile/.
 #include <fmt/format.h>
 
 #include "kiln/target.h"
@@ -26,7 +26,7 @@ Result<const TargetInfo*> find_target(std::string_view name) {
     if (t.name == name) return &t;
     names += fmt::format("{}{}", names.empty() ? "" : ", ", t.name);
   }
-  return make_error(Errc::unknown,
+  return make_error(Errc::not_found,
                     fmt::format("unknown target '{}'; known targets: {}", name, names));
 }
 

@@ -100,7 +100,7 @@ Result<Dims> load_dims(const std::string& path, const std::string& model) {
   if (!dense.contains(model)) {
     std::string names;
     for (const auto& [n, _] : dense.items()) names += (names.empty() ? "" : ", ") + n;
-    return kiln::make_error(kiln::Errc::unknown, fmt::format("unknown model '{}'; known models: {}", model, names));
+    return kiln::make_error(kiln::Errc::not_found, fmt::format("unknown model '{}'; known models: {}", model, names));
   }
   const auto& m = dense[model];
   Dims d;

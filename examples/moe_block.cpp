@@ -91,7 +91,7 @@ Result<Dims> load_dims(const std::string& path, const std::string& model) {
     std::string names;
     for (const auto& [n, _] : moe.items())
       if (!n.starts_with("_")) names += (names.empty() ? "" : ", ") + n;
-    return kiln::make_error(kiln::Errc::unknown,
+    return kiln::make_error(kiln::Errc::not_found,
                             fmt::format("unknown MoE model '{}'; known models (models.json, section moe): {}", model,
                                         names));
   }

@@ -27,17 +27,18 @@ mkdir -p "$OUT/generated"
 } >"$OUT/generated/op_headers.h.new"
 cmp -s "$OUT/generated/op_headers.h.new" "$OUT/generated/op_headers.h" || mv "$OUT/generated/op_headers.h.new" "$OUT/generated/op_headers.h"
 SOURCES=(support/dtype.cpp support/dynlib.cpp support/env.cpp support/fs.cpp support/log.cpp support/parallel.cpp support/sha256.cpp
+  support/spec_json.cpp
   templates/op_interface.cpp templates/op_codegen.cpp templates/op_testing.cpp templates/op_template.cpp templates/registry.cpp templates/*/*.cpp
-  codegen/targets.cpp codegen/codegen.cpp codegen/code_object.cpp manifest/manifest.cpp cache/disk_cache.cpp cache/cache_key.cpp
-  runtime/compile/compiler.cpp runtime/compile/nvrtc_compiler.cpp runtime/compile/clang_options.cpp
-  runtime/driver/nvrtc_api.cpp "$OUT/embedded.cpp")
+  codegen/targets.cpp codegen/codegen.cpp compile/code_object.cpp manifest/manifest.cpp cache/disk_cache.cpp cache/cache_key.cpp
+  compile/compiler.cpp compile/nvrtc_compiler.cpp compile/clang_options.cpp
+  compile/nvrtc_api.cpp "$OUT/embedded.cpp")
 FLAGS=(-std=c++20 -O1 -g -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined
   -I. -Iinclude -I"$OUT" -I/usr/local/cuda/include -DKILN_WITH_LLVM=0 -DKILN_WITH_HIP=0 '-DKILN_CLANG_VERSION="22.1.8"')
 objs=()
 # An object is rebuilt when its source or any header of the tree is newer (a header that changes a
 # type's layout, such as op_interface.h's ParamInfo, must rebuild every object that uses it: a
 # stale one reads the type with its old size).
-newest_header=$(find include templates codegen support cache runtime manifest "$OUT/generated" -name '*.h' \
+newest_header=$(find include templates codegen compile support cache runtime manifest "$OUT/generated" -name '*.h' \
   -printf '%T@ %p\n' | sort -n | tail -1 | cut -d' ' -f2-)
 for src in "${SOURCES[@]}"; do
   obj="$OUT/obj/$(echo "$src" | tr '/' '_').o"

@@ -122,7 +122,7 @@ Result<ManifestEntry> parse_kernel(const json& k, std::string_view source, std::
                         fmt::format("op must be a string, one of: {} (got {})", op_names(), shown(*op_it)));
   entry.spec.op = op_it->get<std::string>();
   auto op = find_op(entry.spec.op);
-  if (!op) return kernel_error(Errc::unknown, source, where, op.error().message);
+  if (!op) return kernel_error(Errc::not_found, source, where, op.error().message);
   // dtype, out_dtype
   auto dt_it = k.find("dtype");
   if (dt_it == k.end())
@@ -131,14 +131,14 @@ Result<ManifestEntry> parse_kernel(const json& k, std::string_view source, std::
     return kernel_error(Errc::corrupt, source, where,
                         fmt::format("dtype must be a string, one of: bf16, fp16, fp32 (got {})", shown(*dt_it)));
   auto dtype = parse_dtype(dt_it->get<std::string>());
-  if (!dtype) return kernel_error(Errc::unknown, source, where, dtype.error().message);
+  if (!dtype) return kernel_error(Errc::not_found, source, where, dtype.error().message);
   entry.spec.dtype = entry.spec.out_dtype = *dtype;
   if (auto it = k.find("out_dtype"); it != k.end()) {
     if (!it->is_string())
       return kernel_error(Errc::corrupt, source, where,
                           fmt::format("out_dtype must be a string, one of: bf16, fp16, fp32 (got {})", shown(*it)));
     auto out = parse_dtype(it->get<std::string>());
-    if (!out) return kernel_error(Errc::unknown, source, where, "out_dtype: " + out.error().message);
+    if (!out) return kernel_error(Errc::not_found, source, where, "out_dtype: " + out.error().message);
     entry.spec.out_dtype = *out;
   }
   // label
@@ -359,7 +359,7 @@ Result<void> validate_manifest(const Manifest& manifest, std::span<const TargetI
     std::string where = e.line ? fmt::format("line {}", e.line) : fmt::format("kernel {}", i);
     if (!e.label.empty()) where += fmt::format(" ({})", printable(e.label, 80));
     auto op = find_op(e.spec.op);
-    if (!op) return make_error(Errc::unknown, fmt::format("'{}': {}: {}", source, where, op.error().message));
+    if (!op) return make_error(Errc::not_found, fmt::format("'{}': {}: {}", source, where, op.error().message));
     std::optional<Error> first;
     std::vector<std::string> failing;
     for (const TargetInfo* t : targets) {

@@ -1,14 +1,17 @@
-// Internal side of kiln::Device: loading code objects and launching their kernels.
+// Internal side of kiln::Device: loading code objects and launching their kernels. It sees what it
+// loads (compile/code_object.h, a leaf) and what it launches (templates/plan.h, the launch types),
+// not the compilers nor the op contract.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <string>
 
+#include "compile/code_object.h"
 #include "kiln/device.h"
-#include "runtime/compile/compiler.h"
+#include "kiln/dtype.h"
 #include "support/memory.h"
-#include "templates/op_template.h"
+#include "templates/plan.h"
 
 namespace kiln {
 
@@ -17,10 +20,11 @@ struct alignas(64) TensorMapBytes {
   uint8_t bytes[128];
 };
 
-/// A code object loaded on a device (CUmodule / hipModule_t) and its one kernel function.
-class LoadedModule {
+/// One kernel function of a code object loaded on a device: the function (CUfunction /
+/// hipFunction_t) and the module that holds it (CUmodule / hipModule_t), loaded per entry point.
+class KernelFunction {
  public:
-  virtual ~LoadedModule() = default;
+  virtual ~KernelFunction() = default;
   /// Encodes the tensor map of a kernel argument for the tensor at `address` (NVIDIA only:
   /// cuTensorMapEncodeTiled; the error names the tensor's requirement that failed).
   virtual Result<void> encode_tensor_map(const TensorMapInfo& /*info*/, DType /*dtype*/, const void* /*address*/,
@@ -35,7 +39,7 @@ class LoadedModule {
 
 class DeviceImpl : public Device {
  public:
-  virtual Result<std::unique_ptr<LoadedModule>> load(const CodeObject& code, const std::string& kernel) = 0;
+  virtual Result<std::unique_ptr<KernelFunction>> load(const CodeObject& code, const std::string& kernel) = 0;
   /// Device memory free now (cuMemGetInfo / hipMemGetInfo; the emulator's is the host's
   /// MemAvailable), to refuse a request that cannot fit before allocating it; nullopt when the
   /// driver cannot say.

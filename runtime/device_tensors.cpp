@@ -134,7 +134,7 @@ Result<void> check_memory(Device& device, const KernelSpec& spec, const std::vec
 
 }  // namespace
 
-Result<void> DeviceTensors::check_fits(Device& device, const OpTemplate& op, const KernelSpec& spec,
+Result<void> DeviceTensors::ensure_fits(Device& device, const OpTemplate& op, const KernelSpec& spec,
                                        double extra_host_bytes, std::string_view extra_host_what) {
   try {
     return check_memory(device, spec, op.tensors(spec), extra_host_bytes, extra_host_what);

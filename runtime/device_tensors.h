@@ -38,7 +38,7 @@ class DeviceTensors {
   static Result<DeviceTensors> make(Device& device, const OpTemplate& op, const KernelSpec& spec, std::mt19937_64& rng,
                                     double extra_host_bytes = 0, std::string_view extra_host_what = {});
   /// The estimate of make() alone, for callers that refuse a spec before compiling it.
-  static Result<void> check_fits(Device& device, const OpTemplate& op, const KernelSpec& spec,
+  static Result<void> ensure_fits(Device& device, const OpTemplate& op, const KernelSpec& spec,
                                  double extra_host_bytes = 0, std::string_view extra_host_what = {});
 
   /// Device pointers in the op's tensor order: the `buffers` of Kernel::launch.

@@ -1,4 +1,4 @@
-// Runtime: the pipeline KernelSpec -> KernelSource -> CodeObject -> LoadedModule -> Kernel, with an
+// Runtime: the pipeline KernelSpec -> KernelSource -> CodeObject -> KernelFunction -> Kernel, with an
 // in-memory cache (the memo) in front of the disk cache. The tuner is in tuner.cpp, the recorder
 // in recorder.cpp; runtime_impl.h declares the class they share.
 #include "kiln/runtime.h"
@@ -15,10 +15,9 @@
 #include <utility>
 
 #include "cache/cache_key.h"
-#include "cache/disk_cache.h"
-#include "cache/remote_cache.h"
+#include "cache/tiers.h"
 #include "codegen/codegen.h"
-#include "runtime/compile/compiler.h"
+#include "compile/compiler.h"
 #include "runtime/device_impl.h"
 #include "runtime/runtime_impl.h"
 #include "support/env.h"
@@ -58,7 +57,7 @@ class CompiledKernelImpl final : public CompiledKernel {
 
   const CodeObject& code() const { return entry_.compiled.code; }
   const OpTemplate* op() const { return op_; }
-  const TileConfig& config() const { return config_; }
+  const KernelConfig& config() const { return config_; }
   const KernelSpec& spec() const { return spec_; }
   void set_origin(std::string o) { origin_ = std::move(o); }
 
@@ -66,34 +65,34 @@ class CompiledKernelImpl final : public CompiledKernel {
   CacheEntry entry_;
   std::string origin_;
   const OpTemplate* op_;
-  TileConfig config_;
+  KernelConfig config_;
   KernelSpec spec_;
   KernelInfo info_;
 };
 
-// One variant of a Kernel, loaded: its code object and a module per entry point its plans use
+// One variant of a Kernel, loaded: its code object and a kernel function (KernelFunction: its module and function) per entry point its plans use
 // (the preferred entry point at once, any other the first time a plan launches it).
 class LoadedVariant {
  public:
   LoadedVariant(std::shared_ptr<const CompiledKernelImpl> compiled, DeviceImpl* device)
       : compiled_(std::move(compiled)), device_(device) {}
   const CompiledKernelImpl& compiled() const { return *compiled_; }
-  // Called once per plan and entry point: KernelImpl keeps what it returns (CachedPlans::modules).
-  Result<const LoadedModule*> module(std::string_view kernel) const {
+  // Called once per plan and entry point: KernelImpl keeps what it returns (CachedPlans::functions).
+  Result<const KernelFunction*> function(std::string_view kernel) const {
     std::lock_guard lock(mu_);
-    for (const auto& [name, m] : modules_)
+    for (const auto& [name, m] : functions_)
       if (name == kernel) return m.get();
     auto loaded = device_->load(compiled_->code(), std::string(kernel));
     if (!loaded) return loaded.take_error();
-    modules_.emplace_back(std::string(kernel), std::move(loaded).value());
-    return modules_.back().second.get();
+    functions_.emplace_back(std::string(kernel), std::move(loaded).value());
+    return functions_.back().second.get();
   }
 
  private:
   std::shared_ptr<const CompiledKernelImpl> compiled_;
   DeviceImpl* device_;
   mutable std::mutex mu_;
-  mutable std::vector<std::pair<std::string, std::unique_ptr<LoadedModule>>> modules_;
+  mutable std::vector<std::pair<std::string, std::unique_ptr<KernelFunction>>> functions_;
 };
 
 // Compiles and loads variant `index` of a kernel (a fallback, the first time a call needs it).
@@ -112,7 +111,7 @@ thread_local MapSlot map_cache[kMapSlots];
 class KernelImpl final : public Kernel {
  public:
   // `variants`: the op's configurations in preference order; `first` is variants[0], loaded.
-  KernelImpl(const OpTemplate* op, KernelSpec spec, std::vector<TileConfig> variants,
+  KernelImpl(const OpTemplate* op, KernelSpec spec, std::vector<KernelConfig> variants,
              std::shared_ptr<LoadedVariant> first, VariantLoader loader, DeviceImpl* device, int compute_units)
       : op_(op), spec_(std::move(spec)), configs_(std::move(variants)), loaded_(configs_.size()),
         loader_(std::move(loader)), device_(device), compute_units_(compute_units) {
@@ -177,15 +176,15 @@ class KernelImpl final : public Kernel {
     while (v < configs_.size() && !serves(v, tensors)) ++v;
     if (v == configs_.size()) return no_variant_error(tensors);
     const Plan& plan = (*plans)[v];  // within kMaxLaunches and kMaxArgs: plans_for checked
-    const LoadedModule* modules[kMaxLaunches];
+    const KernelFunction* functions[kMaxLaunches];
     for (size_t i = 0; i < plan.launches.size(); ++i) {
       // Resolved once per plan and variant, then read without a lock.
-      std::atomic<const LoadedModule*>& slot = plans->modules[v * kMaxLaunches + i];
-      modules[i] = slot.load(std::memory_order_acquire);
-      if (!modules[i]) {
+      std::atomic<const KernelFunction*>& slot = plans->functions[v * kMaxLaunches + i];
+      functions[i] = slot.load(std::memory_order_acquire);
+      if (!functions[i]) {
         KILN_ASSIGN_OR_RETURN(const LoadedVariant* variant, variant_at(v));
-        KILN_ASSIGN_OR_RETURN(modules[i], variant->module(plan.launches[i].kernel));
-        slot.store(modules[i], std::memory_order_release);
+        KILN_ASSIGN_OR_RETURN(functions[i], variant->function(plan.launches[i].kernel));
+        slot.store(functions[i], std::memory_order_release);
       }
     }
 
@@ -225,7 +224,7 @@ class KernelImpl final : public Kernel {
             // address; the thread's last encoding of this argument is reused for the same address.
             MapSlot& slot = map_cache[(reinterpret_cast<uintptr_t>(&arg) >> 4) % kMapSlots];
             if (slot.kernel != id_ || slot.arg != &arg || slot.address != tensors[arg.index]) {
-              if (Result<void> r = modules[li]->encode_tensor_map(arg.map, tensor_dtype(arg.index),
+              if (Result<void> r = functions[li]->encode_tensor_map(arg.map, tensor_dtype(arg.index),
                                                                   tensors[arg.index], slot.map);
                   !r) {
                 slot.kernel = 0;
@@ -263,7 +262,7 @@ class KernelImpl final : public Kernel {
             break;
         }
       }
-      KILN_TRY(modules[li]->launch(l.geometry, args, stream));
+      KILN_TRY(functions[li]->launch(l.geometry, args, stream));
     }
     return ok();
   }
@@ -274,8 +273,8 @@ class KernelImpl final : public Kernel {
   // call reuses them (no planning, no allocation).
   struct CachedPlans : std::vector<Plan> {
     std::vector<int64_t> sizes;
-    // The module of launch i of variant v's plan at [v * kMaxLaunches + i], once resolved.
-    std::unique_ptr<std::atomic<const LoadedModule*>[]> modules;
+    // The kernel function of launch i of variant v's plan at [v * kMaxLaunches + i], once resolved.
+    std::unique_ptr<std::atomic<const KernelFunction*>[]> functions;
   };
   static inline std::atomic<uint64_t> next_id_{1};
 
@@ -323,10 +322,10 @@ class KernelImpl final : public Kernel {
       }
     auto fresh = std::make_unique<CachedPlans>();
     fresh->sizes.assign(sizes, sizes + n);
-    fresh->modules = std::make_unique<std::atomic<const LoadedModule*>[]>(configs_.size() * kMaxLaunches);
+    fresh->functions = std::make_unique<std::atomic<const KernelFunction*>[]>(configs_.size() * kMaxLaunches);
     KernelSpec full = spec_;
     for (size_t i = 0; i < n; ++i) full.params[runtime_names_[i]] = sizes[i];
-    for (const TileConfig& c : configs_) {
+    for (const KernelConfig& c : configs_) {
       Plan p = op_->plan(full, c);
       if (p.launches.size() > kMaxLaunches)
         return make_error(Errc::invalid_argument, fmt::format("{}: a plan of more than {} launches", op_->name(), kMaxLaunches));
@@ -375,7 +374,7 @@ class KernelImpl final : public Kernel {
 
   const OpTemplate* op_;
   KernelSpec spec_;  // baked, defaults filled
-  std::vector<TileConfig> configs_;
+  std::vector<KernelConfig> configs_;
   mutable std::vector<std::shared_ptr<LoadedVariant>> loaded_;
   VariantLoader loader_;
   DeviceImpl* device_;
@@ -400,11 +399,9 @@ class KernelImpl final : public Kernel {
 // tuner.cpp, record() in recorder.cpp.
 
 RuntimeImpl::RuntimeImpl(const RuntimeOptions& options, std::unique_ptr<DeviceImpl> device,
-                         std::unique_ptr<DiskCache> disk, std::vector<std::unique_ptr<DiskCache>> layers,
-                         UniqueFd record_fd)
-    : device_(std::move(device)), disk_(std::move(disk)), layers_(std::move(layers)), record_fd_(record_fd.release()) {
+                         std::unique_ptr<CacheTiers> tiers, UniqueFd record_fd)
+    : device_(std::move(device)), tiers_(std::move(tiers)), record_fd_(record_fd.release()) {
   nvidia_compiler_ = options.nvidia_compiler.empty() ? env().nvidia_compiler : options.nvidia_compiler;
-  max_bytes_ = options.cache_max_bytes ? options.cache_max_bytes : env().cache_max_bytes;
   use_tuning_ = options.use_tuning && env().tuning;
 }
 
@@ -417,8 +414,8 @@ RuntimeImpl::~RuntimeImpl() {
   }
   if (record_fd_ >= 0) ::close(record_fd_);
   const CacheStats s = stats();
-  if (disk_ && writes_enabled_ && (s.compiles || s.disk_hits || s.memory_hits || s.remote_hits))
-    disk_->append_telemetry({{"memory_hits", s.memory_hits}, {"disk_hits", s.disk_hits}, {"layer_hits", s.layer_hits},
+  if (tiers_->writable() && (s.compiles || s.disk_hits || s.memory_hits || s.remote_hits))
+    tiers_->disk()->append_telemetry({{"memory_hits", s.memory_hits}, {"disk_hits", s.disk_hits}, {"layer_hits", s.layer_hits},
                              {"compiles", s.compiles}, {"compile_ms", s.compile_ms}, {"lock_waits", s.lock_waits},
                              {"evictions", s.evictions}, {"corrupt_entries", s.corrupt_entries},
                              {"disk_errors", s.disk_errors}, {"tunings", s.tunings}, {"tuning_hits", s.tuning_hits},
@@ -433,7 +430,7 @@ Result<std::shared_ptr<const CompiledKernel>> RuntimeImpl::compile(const KernelS
   return std::shared_ptr<const CompiledKernel>(std::move(compiled));
 }
 
-// kernel(), launch() and memo_key() keep the indentation they had inside the class, so that
+// kernel() and launch() keep the indentation they had inside the class, so that
 // concurrent edits of their bodies merge; reindent them once those have landed.
 Result<std::shared_ptr<const Kernel>> RuntimeImpl::kernel(const KernelSpec& spec) {
     if (!device_)
@@ -441,7 +438,7 @@ Result<std::shared_ptr<const Kernel>> RuntimeImpl::kernel(const KernelSpec& spec
                         "no GPU: this runtime is compile-only (no driver or no device was found; "
                         "compile, prewarm and inspect still work)");
     MemoKey memo;
-    KILN_TRY(MemoKey::of(spec, memo));
+    KILN_TRY(MemoKey::of(spec, device_->target(), memo));
     {
       std::shared_lock lock(mu_);
       auto it = kernels_.find(memo);
@@ -451,7 +448,7 @@ Result<std::shared_ptr<const Kernel>> RuntimeImpl::kernel(const KernelSpec& spec
       }
     }
     // A miss: the configuration of the spec's tuning record, if any, else the heuristic's.
-    const std::optional<TileConfig> tuned = use_tuning_ ? tuned_config(spec) : std::nullopt;
+    const std::optional<KernelConfig> tuned = use_tuning_ ? tuned_config(spec) : std::nullopt;
     KILN_ASSIGN_OR_RETURN(auto compiled, get_compiled(spec, device_->target(), tuned ? &*tuned : nullptr));
     std::lock_guard load_lock(load_mu_);  // one module load per kernel, even under contention
     {
@@ -478,9 +475,9 @@ Result<void> RuntimeImpl::launch(const KernelSpec& spec, std::span<void* const> 
       stats_.memory_hits.fetch_add(1, std::memory_order_relaxed);
       return last.kernel->launch(spec, buffers, scalars, stream);
     }
+    KILN_ASSIGN_OR_RETURN(auto k, kernel(spec));  // a runtime without a device fails here
     MemoKey memo;
-    KILN_TRY(MemoKey::of(spec, memo));
-    KILN_ASSIGN_OR_RETURN(auto k, kernel(spec));
+    KILN_TRY(MemoKey::of(spec, device_->target(), memo));
     const auto* impl = static_cast<const KernelImpl*>(k.get());
     last = {id_, generation, memo, impl};
     return impl->launch(spec, buffers, scalars, stream);
@@ -492,16 +489,15 @@ CacheStats RuntimeImpl::stats() const {
   s.disk_hits = stats_.disk_hits;
   s.compiles = stats_.compiles;
   s.compile_ms = stats_.compile_us / 1000.0;
-  s.lock_waits = stats_.lock_waits;
-  s.disk_errors = stats_.disk_errors;
+  s.lock_waits = tiers_->lock_waits();
+  s.disk_errors = tiers_->store_errors();
   s.layer_hits = stats_.layer_hits;
-  s.corrupt_entries = disk_ ? disk_->corrupt_entries() : 0;
-  for (const auto& layer : layers_) s.corrupt_entries += layer->corrupt_entries();
-  s.evictions = disk_ ? disk_->evictions() : 0;
+  s.corrupt_entries = tiers_->corrupt_entries();
+  s.evictions = tiers_->evictions();
   s.tunings = stats_.tunings;
   s.tuning_hits = stats_.tuning_hits;
-  if (remote_) {
-    const RemoteCache::Counters r = remote_->counters();
+  if (const RemoteCache* remote = tiers_->remote()) {
+    const RemoteCache::Counters r = remote->counters();
     s.remote_hits = r.hits;
     s.remote_stores = r.stores;
     s.remote_refused = r.refused;
@@ -510,35 +506,20 @@ CacheStats RuntimeImpl::stats() const {
   return s;
 }
 
-Result<std::string> RuntimeImpl::memo_key(const KernelSpec& spec, const TargetInfo& target) const {
-    KILN_ASSIGN_OR_RETURN(const OpTemplate* op, find_op(spec.op));
-    std::string key = fmt::format("{}|{}|{}|{}|{}", target.name, compiler_name(target), spec.op, dtype_name(spec.dtype),
-                                  dtype_name(spec.out_dtype));
-    for (const ParamInfo& p : op->params()) {
-      if (!p.baked) continue;
-      auto it = spec.params.find(std::string(p.name));
-      key += it != spec.params.end() ? fmt::format("|{}", it->second)
-             : p.default_value       ? fmt::format("|{}", *p.default_value)
-                                     : std::string("|-");
-    }
-    if (spec.params.size() > op->params().size()) key += "|extra";  // unknown names: validation reports them
-    return key;
-  }
-
 Result<std::shared_ptr<KernelImpl>> RuntimeImpl::load(const std::shared_ptr<CompiledKernelImpl>& compiled) {
   const OpTemplate* op = compiled->op();
   const TargetInfo& target = device_->target();
   auto first = std::make_shared<LoadedVariant>(compiled, device_.get());
-  KILN_TRY(first->module(compiled->info().kernel));  // surface load errors now
-  std::vector<TileConfig> variants = op->variants(compiled->spec(), target);
-  std::vector<TileConfig> configs{compiled->config()};
-  for (TileConfig& c : variants)
+  KILN_TRY(first->function(compiled->info().kernel));  // surface load errors now
+  std::vector<KernelConfig> variants = op->variants(compiled->spec(), target);
+  std::vector<KernelConfig> configs{compiled->config()};
+  for (KernelConfig& c : variants)
     if (c != compiled->config()) configs.push_back(std::move(c));
   const KernelSpec spec = compiled->spec();
   VariantLoader loader = [this, spec, configs](size_t i) -> Result<std::shared_ptr<LoadedVariant>> {
     KILN_ASSIGN_OR_RETURN(auto c, get_compiled(spec, device_->target(), &configs[i], /*record_spec=*/false));
     auto v = std::make_shared<LoadedVariant>(c, device_.get());
-    KILN_TRY(v->module(c->info().kernel));
+    KILN_TRY(v->function(c->info().kernel));
     return v;
   };
   return std::make_shared<KernelImpl>(op, spec, std::move(configs), std::move(first), std::move(loader), device_.get(),
@@ -556,10 +537,10 @@ void RuntimeImpl::install(const MemoKey& memo, std::shared_ptr<KernelImpl> k) {
 const Kernel& RuntimeImpl::as_kernel(const KernelImpl& k) { return k; }
 
 Result<std::shared_ptr<CompiledKernelImpl>> RuntimeImpl::get_compiled(const KernelSpec& spec, const TargetInfo& target,
-                                                                      const TileConfig* config,
+                                                                      const KernelConfig* config,
                                                                       bool record_spec) {
-  KILN_ASSIGN_OR_RETURN(std::string memo, memo_key(spec, target));
-  if (config) memo += "|" + config_string(*config);
+  MemoKey memo;
+  KILN_TRY(MemoKey::of(spec, target, memo, config));
   {
     std::shared_lock lock(mu_);
     auto it = compiled_.find(memo);
@@ -596,78 +577,47 @@ Result<std::shared_ptr<CompiledKernelImpl>> RuntimeImpl::get_compiled(const Kern
 }
 
 Result<std::shared_ptr<CompiledKernelImpl>> RuntimeImpl::build(const KernelSpec& spec, const TargetInfo& target,
-                                                               const TileConfig* config) {
+                                                               const KernelConfig* config) {
   KILN_ASSIGN_OR_RETURN(KernelSource src, generate(spec, target, config));
   KILN_ASSIGN_OR_RETURN(Compiler * compiler, compiler_for(target, nvidia_compiler_));
   const CacheKey key = CacheKey::make(src, *compiler);
   const std::string digest = key.digest();
   if (env().dump_source) KILN_LOG_INFO("source of {} for {}:\n{}", to_string(src.spec), target.name, src.text);
 
-  FileLock lock;
   // A hit takes the source generated here instead of reading and hashing the entry's copy again.
   const DiskCache::KnownSource known{src.text, src.source_sha256};
-  if (disk_) {
-    if (auto hit = disk_->load(digest, &known)) return from_disk(std::move(*hit), *compiler, src);
-  }
-  for (const auto& layer : layers_) {
-    if (auto hit = layer->load(digest, &known)) {
-      ++stats_.layer_hits;
-      return from_disk(std::move(*hit), *compiler, src);
-    }
-  }
-  if (disk_ && writes_enabled_) {
-    // Single flight across processes: take the key's lock, then look again.
-    bool waited = false;
-    auto locked = disk_->lock(digest, env().lock_timeout_s, &waited);
-    if (waited) ++stats_.lock_waits;
-    if (!locked && locked.error().code == Errc::timeout) return locked.take_error();
-    if (locked) {
-      lock = std::move(locked).value();
-      if (auto hit = disk_->load(digest, &known)) return from_disk(std::move(*hit), *compiler, src);
-    } else {
-      KILN_LOG_WARN("compiling without the cross-process lock: {}", locked.error().message);
-    }
-  }
-
-  // The cluster tier (cache/remote_cache.h): a verified entry another node compiled, or the
-  // cluster-wide claim to compile it here and store it there.
-  RemoteClaim claim;
-  std::optional<CacheEntry> remote_hit = remote_ ? remote_->fetch_or_claim(digest, claim) : std::nullopt;
-  CacheEntry entry;
-  if (remote_hit) {
-    entry = std::move(*remote_hit);
-  } else {
+  auto compile = [&]() -> Result<CacheEntry> {
     KILN_LOG_DEBUG("compiling {} for {} with {} {}", to_string(src.spec), target.name, compiler->name(), compiler->version());
     test_kill_point("compile");
     KILN_ASSIGN_OR_RETURN(CompiledCode code, compiler->compile(src));
     ++stats_.compiles;
     stats_.compile_us += static_cast<uint64_t>(code.compile_ms * 1000);
+    CacheEntry entry;
     entry.key = digest;
     entry.key_json = key.to_json();
     entry.target = std::string(target.name);
     entry.kernel_name = src.kernel_name;
     entry.source = src.text;
     entry.compiled = std::move(code);
-    if (remote_) remote_->publish(entry, claim);
+    return entry;
+  };
+  KILN_ASSIGN_OR_RETURN(Tiered<CacheEntry> found, tiers_->entry(digest, known, compile));
+  std::string origin = "compiled";
+  switch (found.from) {
+    case Tier::layer:
+      ++stats_.layer_hits;
+      [[fallthrough]];
+    case Tier::disk:
+      ++stats_.disk_hits;
+      origin = "disk";
+      break;
+    case Tier::remote:
+      origin = "remote";
+      break;
+    case Tier::made:
+      break;
   }
-  if (disk_ && writes_enabled_) {
-    if (auto stored = disk_->store(entry); !stored) {
-      ++stats_.disk_errors;
-      // A full, read-only or quota-limited file system: stop writing (one warning), keep going.
-      if (writes_enabled_.exchange(false))
-        KILN_LOG_WARN("cannot write to the kernel cache ({}); kernels are cached in memory only from now on",
-                      stored.error().message);
-    } else if (max_bytes_) {
-      if (auto gc = disk_->collect(max_bytes_); !gc) KILN_LOG_WARN("cache budget: {}", gc.error().message);
-    }
-  }
-  return std::make_shared<CompiledKernelImpl>(std::move(entry), *compiler, remote_hit ? "remote" : "compiled", src);
-}
-
-std::shared_ptr<CompiledKernelImpl> RuntimeImpl::from_disk(CacheEntry entry, const Compiler& compiler,
-                                                           const KernelSource& src) {
-  ++stats_.disk_hits;
-  return std::make_shared<CompiledKernelImpl>(std::move(entry), compiler, "disk", src);
+  return std::make_shared<CompiledKernelImpl>(std::move(found.value), *compiler, std::move(origin), src);
 }
 
 }  // namespace detail
@@ -700,7 +650,7 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const RuntimeOptions& options) 
     if (!d) return d.take_error();
     device = std::move(d).value();
   } else if (backend != "none") {
-    return make_error(Errc::unknown,
+    return make_error(Errc::not_found,
                       fmt::format("unknown backend '{}'; use auto, cuda, hip, emulator or none", backend));
   }
 
@@ -737,13 +687,15 @@ Result<std::unique_ptr<Runtime>> Runtime::create(const RuntimeOptions& options) 
       else KILN_LOG_WARN("skipping read-only cache layer: {}", layer.error().message);
     }
   }
-  auto runtime = std::make_unique<detail::RuntimeImpl>(options, std::move(device), std::move(disk), std::move(layers),
-                                               std::move(record_fd));
+  auto tiers = std::make_unique<CacheTiers>(std::move(disk), std::move(layers),
+                                            options.cache_max_bytes ? options.cache_max_bytes : env().cache_max_bytes,
+                                            env().lock_timeout_s);
   if (remote) {
     remote->wait_s = env().lock_timeout_s;
-    runtime->remote_ = std::make_unique<RemoteCache>(std::move(*remote));
+    tiers->set_remote(std::make_unique<RemoteCache>(std::move(*remote)));
   }
-  return std::unique_ptr<Runtime>(std::move(runtime));
+  return std::unique_ptr<Runtime>(
+      std::make_unique<detail::RuntimeImpl>(options, std::move(device), std::move(tiers), std::move(record_fd)));
 }
 
 }  // namespace kiln

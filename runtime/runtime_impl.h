@@ -1,7 +1,8 @@
 // RuntimeImpl, the Runtime, declared here so that its concerns live in files of their own, each
 // defining its part of the class:
 //   runtime.cpp   the memo (compiled and loaded kernels in memory: compile(), kernel(), launch()),
-//                 the compile path through the disk, layer and remote caches, and Runtime::create
+//                 the compile that the cache's tiers (cache/tiers.h) call on a miss, and
+//                 Runtime::create
 //   tuner.cpp     tune() and its helpers: the tuning-record lookup and the timing of candidates
 //   recorder.cpp  record(): every spec compiled, appended to KILN_RECORD for `kiln prewarm`
 // CompiledKernelImpl and KernelImpl are runtime.cpp's own; the other files see them incomplete.
@@ -12,6 +13,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -22,8 +24,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "cache/disk_cache.h"
-#include "cache/remote_cache.h"
+#include "cache/tiers.h"
 #include "kiln/runtime.h"
 #include "runtime/device_impl.h"
 #include "support/fs.h"
@@ -35,17 +36,21 @@ namespace kiln::detail {
 class CompiledKernelImpl;
 class KernelImpl;
 
-// What identifies a loaded Kernel within a runtime, whose target and compiler are fixed: the op,
-// the dtypes and the baked parameters (defaults filled). It is built on the stack, so that a
-// memory hit (kernel(), Runtime::launch, the typed ops) formats no string and allocates nothing.
+// The key of the memo, the runtime's memory tier: what identifies a compiled kernel (compiled_) or a
+// loaded one (kernels_) within a runtime, whose compiler per target is fixed: the op, the target, the
+// dtypes, the baked parameters (defaults filled) and, for a configuration asked for by name (a
+// variant, a tuning candidate), that configuration. It is built on the stack, so that a memory
+// hit (kernel(), Runtime::launch, the typed ops) formats no string and allocates nothing.
 struct MemoKey {
   static constexpr uint32_t kMaxBaked = 16;
   const OpTemplate* op = nullptr;
+  const TargetInfo* target = nullptr;  // a row of the target table: compared by address
   DType dtype{}, out_dtype{};
   bool extra = false;   // parameters the op does not know: the miss path's validation names them
   uint32_t count = 0;   // baked parameters
   uint32_t absent = 0;  // bit i: baked parameter i has no value and no default
   int64_t baked[kMaxBaked];  // the first `count` are set
+  std::string config;        // config_string of the configuration asked for; empty: the heuristic's
 
   // Calls f(i, present, value) for each baked parameter i of `op` in `spec` (value: the spec's, or
   // the default); stops and returns false when f does.
@@ -61,7 +66,8 @@ struct MemoKey {
     return true;
   }
 
-  // Whether `spec` has this key, without building one: no op lookup, no writes.
+  // Whether `spec` has this key (same target, heuristic's configuration), without building one: no
+  // op lookup, no writes.
   bool matches(const KernelSpec& spec) const {
     if (!op || spec.dtype != dtype || spec.out_dtype != out_dtype || spec.op != op->name()) return false;
     if ((spec.params.size() > op->params().size()) != extra) return false;
@@ -70,9 +76,14 @@ struct MemoKey {
     });
   }
 
-  // Fills `k` in place (a Result<MemoKey> would copy it once more on every launch).
-  static Result<void> of(const KernelSpec& spec, MemoKey& k) {
+  // Fills `k` in place (a Result<MemoKey> would copy it once more on every launch). `config`: a
+  // configuration asked for by name, or nullptr for the heuristic's.
+  static Result<void> of(const KernelSpec& spec, const TargetInfo& target, MemoKey& k,
+                         const KernelConfig* config = nullptr) {
     KILN_ASSIGN_OR_RETURN(k.op, find_op(spec.op));
+    k.target = &target;
+    if (config) k.config = config_string(*config);
+    else k.config.clear();
     k.dtype = spec.dtype;
     k.out_dtype = spec.out_dtype;
     k.count = 0;
@@ -92,8 +103,8 @@ struct MemoKey {
     return ok();
   }
   bool operator==(const MemoKey& o) const {
-    return op == o.op && dtype == o.dtype && out_dtype == o.out_dtype && extra == o.extra && count == o.count &&
-           absent == o.absent && std::equal(baked, baked + count, o.baked);
+    return op == o.op && target == o.target && dtype == o.dtype && out_dtype == o.out_dtype && extra == o.extra &&
+           count == o.count && absent == o.absent && std::equal(baked, baked + count, o.baked) && config == o.config;
   }
 };
 struct MemoKeyHash {
@@ -102,22 +113,23 @@ struct MemoKeyHash {
     uint64_t h = 1469598103934665603ull;
     auto mix = [&h](uint64_t v) { h = (h ^ v) * 1099511628211ull; };
     mix(reinterpret_cast<uintptr_t>(k.op));
+    mix(reinterpret_cast<uintptr_t>(k.target));
     mix(static_cast<uint64_t>(k.dtype) << 8 | static_cast<uint64_t>(k.out_dtype) << 1 | k.extra);
     mix(k.absent);
     for (uint32_t i = 0; i < k.count; ++i) mix(static_cast<uint64_t>(k.baked[i]));
+    if (!k.config.empty()) mix(std::hash<std::string>{}(k.config));
     return static_cast<size_t>(h);
   }
 };
 
 class RuntimeImpl final : public Runtime {
  public:
-  friend class Runtime;  // create() sets remote_
-  RuntimeImpl(const RuntimeOptions& options, std::unique_ptr<DeviceImpl> device, std::unique_ptr<DiskCache> disk,
-              std::vector<std::unique_ptr<DiskCache>> layers, UniqueFd record_fd);
+  RuntimeImpl(const RuntimeOptions& options, std::unique_ptr<DeviceImpl> device, std::unique_ptr<CacheTiers> tiers,
+              UniqueFd record_fd);
   ~RuntimeImpl() override;
 
   Device* device() override { return device_.get(); }
-  std::string cache_dir() const override { return disk_ ? disk_->root() : std::string(); }
+  std::string cache_dir() const override { return tiers_->disk() ? tiers_->disk()->root() : std::string(); }
 
   Result<std::shared_ptr<const CompiledKernel>> compile(const KernelSpec& spec, std::string_view target_name) override;
 
@@ -136,25 +148,17 @@ class RuntimeImpl final : public Runtime {
   CacheStats stats() const override;
 
  private:
-  // The key of the in-memory compile cache (compiled_): the baked spec, the target and the
-  // compiler. Computing it costs an op lookup and a short string; no codegen, no SHA-256. Loaded
-  // kernels (kernels_) are found by MemoKey instead, without a string.
-  Result<std::string> memo_key(const KernelSpec& spec, const TargetInfo& target) const;
-
   std::string compiler_name(const TargetInfo& target) const {
     return target.vendor == Vendor::nvidia ? nvidia_compiler_ : "clang";
   }
 
-  // The tuner (tuner.cpp). The writable cache, then the read-only layers: where tuning records are
-  // looked up.
-  std::vector<DiskCache*> tuning_caches() const;
-  // The winner of the spec's tuning record on this device, or nullopt: none, or a spec with one
+  // The tuner (tuner.cpp). The winner of the spec's tuning record on this device, or nullopt: none, or a spec with one
   // candidate (every kernel but sm_90a's TMA gemm), which is not looked up at all.
-  std::optional<TileConfig> tuned_config(const KernelSpec& spec);
-  static size_t winner_index(const std::vector<TuneCandidate>& candidates, const TileConfig& winner);
+  std::optional<KernelConfig> tuned_config(const KernelSpec& spec);
+  static size_t winner_index(const std::vector<TuneCandidate>& candidates, const KernelConfig& winner);
   // Compiles, loads and times one tuning candidate: one launch to warm up (and to surface launch
   // errors), then `reps` launches, each timed with device events; fills in c's times.
-  Result<std::shared_ptr<KernelImpl>> time_candidate(const KernelSpec& spec, const TileConfig& config,
+  Result<std::shared_ptr<KernelImpl>> time_candidate(const KernelSpec& spec, const KernelConfig& config,
                                                      std::span<void* const> buffers, int reps, TuneCandidate& c);
 
   // Loads `compiled` (one of the spec's variants or tuning candidates) as the preferred variant
@@ -172,17 +176,17 @@ class RuntimeImpl final : public Runtime {
   // `record_spec`: append the spec to KILN_RECORD when built (tuning candidates are recorded once,
   // by tune()).
   Result<std::shared_ptr<CompiledKernelImpl>> get_compiled(const KernelSpec& spec, const TargetInfo& target,
-                                                           const TileConfig* config = nullptr,
+                                                           const KernelConfig* config = nullptr,
                                                            bool record_spec = true);
 
+  // Generates the source and finds its code object in the cache's tiers, which call the compiler
+  // on a miss.
   Result<std::shared_ptr<CompiledKernelImpl>> build(const KernelSpec& spec, const TargetInfo& target,
-                                                    const TileConfig* config);
-
-  std::shared_ptr<CompiledKernelImpl> from_disk(CacheEntry entry, const Compiler& compiler, const KernelSource& src);
+                                                    const KernelConfig* config);
 
   struct Counters {
-    std::atomic<uint64_t> memory_hits{0}, disk_hits{0}, compiles{0}, compile_us{0}, lock_waits{0}, disk_errors{0},
-        layer_hits{0}, tunings{0}, tuning_hits{0};
+    std::atomic<uint64_t> memory_hits{0}, disk_hits{0}, compiles{0}, compile_us{0}, layer_hits{0}, tunings{0},
+        tuning_hits{0};
   };
 
   // The recorder (recorder.cpp). Appends the spec as one manifest line (JSON lines, for
@@ -191,18 +195,14 @@ class RuntimeImpl final : public Runtime {
   std::atomic<bool> record_failed_{false};
 
   std::unique_ptr<DeviceImpl> device_;
-  std::unique_ptr<DiskCache> disk_;
-  std::vector<std::unique_ptr<DiskCache>> layers_;
-  std::unique_ptr<RemoteCache> remote_;  // KILN_REMOTE_CACHE; set by create()
-  std::atomic<bool> writes_enabled_{true};
-  uint64_t max_bytes_ = 0;
+  std::unique_ptr<CacheTiers> tiers_;  // never null (without a disk cache it has no tier)
   bool use_tuning_ = true;
   int record_fd_ = -1;
   std::string nvidia_compiler_;
   mutable std::shared_mutex mu_;
   std::mutex load_mu_;
-  std::unordered_map<std::string, std::shared_ptr<CompiledKernelImpl>> compiled_;
-  std::unordered_map<std::string, std::shared_ptr<std::mutex>> inflight_;
+  std::unordered_map<MemoKey, std::shared_ptr<CompiledKernelImpl>, MemoKeyHash> compiled_;
+  std::unordered_map<MemoKey, std::shared_ptr<std::mutex>, MemoKeyHash> inflight_;
   std::unordered_map<MemoKey, std::shared_ptr<KernelImpl>, MemoKeyHash> kernels_;
   std::vector<std::shared_ptr<KernelImpl>> retired_;  // replaced by install(); freed with the runtime
   static inline std::atomic<uint64_t> next_id_{1};

@@ -27,10 +27,11 @@ Result<TuneReport> RuntimeImpl::tune(const KernelSpec& spec, const TuneOptions& 
   const TargetInfo& target = device_->target();
   KILN_TRY(op->validate(spec, target));
   MemoKey memo;
-  KILN_TRY(MemoKey::of(spec, memo));
-  const std::vector<TileConfig> candidates = op->tuning_candidates(op->baked_spec(spec), target);
+  KILN_TRY(MemoKey::of(spec, target, memo));
+  const TuningSubject subject = tuning_subject(*op, spec, target);
+  const std::vector<KernelConfig>& candidates = subject.candidates;
   TuneReport report;
-  report.spec = to_string(op->baked_spec(spec));
+  report.spec = to_string(subject.spec);
   report.device = device_->name();
   report.target = std::string(target.name);
   report.compiler = compiler_name(target);
@@ -38,103 +39,84 @@ Result<TuneReport> RuntimeImpl::tune(const KernelSpec& spec, const TuneOptions& 
     report.candidates.emplace_back().config = candidates.front();
     return report;
   }
-  const TuningKey key = TuningKey::make(*op, spec, target, report.device, report.compiler);
+  const TuningKey key = TuningKey::make(subject, target, report.device, report.compiler);
 
-  // Single flight across processes: one times the spec, the others wait and read its record.
-  FileLock lock;
-  if (disk_ && writes_enabled_) {
-    auto locked = disk_->lock(key.digest(), env().lock_timeout_s);
-    if (locked) lock = std::move(locked).value();
-    else if (locked.error().code == Errc::timeout) return locked.take_error();
-    else KILN_LOG_WARN("tuning without the cross-process lock: {}", locked.error().message);
-  }
-  if (!options.force) {
-    if (auto found = find_tuning(tuning_caches(), key, candidates)) {
-      ++stats_.tuning_hits;
-      KILN_ASSIGN_OR_RETURN(auto compiled, get_compiled(spec, target, &found->record.winner));
-      KILN_ASSIGN_OR_RETURN(auto k, load(compiled));
-      install(memo, std::move(k));
-      report.candidates = std::move(found->record.candidates);
-      report.winner = winner_index(report.candidates, found->record.winner);
-      report.reps = found->record.reps;
-      report.created_utc = std::move(found->record.created_utc);
-      report.from_record = true;
-      report.record = std::move(found->path);
-      return report;
-    }
-  }
-
-  // Every candidate on the same inputs: compile (through the caches), load, warm up, time.
-  std::mt19937_64 rng(std::random_device{}());
-  KILN_ASSIGN_OR_RETURN(DeviceTensors tensors, DeviceTensors::make(*device_, *op, spec, rng));
-  report.reps = options.reps;
-  report.created_utc = utc_now();
+  // Every candidate on the same inputs: compile (through the caches), load, warm up, time. Run by
+  // the cache's tiers when no record is found (or `force`), under the key's cross-process lock.
   std::vector<std::shared_ptr<KernelImpl>> loaded(candidates.size());
-  std::optional<Error> first_error;
-  for (size_t i = 0; i < candidates.size(); ++i) {
-    TuneCandidate& c = report.candidates.emplace_back();
-    c.config = candidates[i];
-    auto timed = time_candidate(spec, candidates[i], tensors.pointers(), options.reps, c);
-    if (!timed) {
-      c.error = timed.error().message;
-      KILN_LOG_WARN("tuning {}: candidate {} failed: {}", report.spec, config_string(c.config), c.error);
-      if (!first_error) first_error = timed.take_error();
-      continue;
+  size_t best = 0;
+  auto time_all = [&]() -> Result<TuningRecord> {
+    std::mt19937_64 rng(std::random_device{}());
+    KILN_ASSIGN_OR_RETURN(DeviceTensors tensors, DeviceTensors::make(*device_, *op, spec, rng));
+    report.reps = options.reps;
+    report.created_utc = utc_now();
+    std::optional<Error> first_error;
+    for (size_t i = 0; i < candidates.size(); ++i) {
+      TuneCandidate& c = report.candidates.emplace_back();
+      c.config = candidates[i];
+      auto timed = time_candidate(spec, candidates[i], tensors.pointers(), options.reps, c);
+      if (!timed) {
+        c.error = timed.error().message;
+        KILN_LOG_WARN("tuning {}: candidate {} failed: {}", report.spec, config_string(c.config), c.error);
+        if (!first_error) first_error = timed.take_error();
+        continue;
+      }
+      loaded[i] = std::move(timed).value();
     }
-    loaded[i] = std::move(timed).value();
+    std::optional<size_t> winner;
+    for (size_t i = 0; i < candidates.size(); ++i)
+      if (loaded[i] && (!winner || report.candidates[i].median_ms < report.candidates[*winner].median_ms)) winner = i;
+    if (!winner) {
+      first_error->message = fmt::format("tuning {}: every candidate failed; the first: {}", report.spec, first_error->message);
+      return *first_error;
+    }
+    best = *winner;
+    return TuningRecord{key, candidates[best], report.candidates, options.reps, report.created_utc};
+  };
+  KILN_ASSIGN_OR_RETURN(Tiered<FoundTuning> tuned, tiers_->tuning(key, candidates, options.force, time_all));
+  FoundTuning& found = tuned.value;
+  if (tuned.from != Tier::made) {  // another run's record
+    ++stats_.tuning_hits;
+    KILN_ASSIGN_OR_RETURN(auto compiled, get_compiled(spec, target, &found.record.winner));
+    KILN_ASSIGN_OR_RETURN(auto k, load(compiled));
+    install(memo, std::move(k));
+    report.candidates = std::move(found.record.candidates);
+    report.winner = winner_index(report.candidates, found.record.winner);
+    report.reps = found.record.reps;
+    report.created_utc = std::move(found.record.created_utc);
+    report.from_record = true;
+    report.record = std::move(found.path);
+    return report;
   }
-  std::optional<size_t> best;
-  for (size_t i = 0; i < candidates.size(); ++i)
-    if (loaded[i] && (!best || report.candidates[i].median_ms < report.candidates[*best].median_ms)) best = i;
-  if (!best) {
-    first_error->message = fmt::format("tuning {}: every candidate failed; the first: {}", report.spec, first_error->message);
-    return *first_error;
-  }
-  report.winner = *best;
+  report.winner = best;
   ++stats_.tunings;
-  install(memo, loaded[*best]);
+  install(memo, loaded[best]);
   record(spec);  // once, not once per candidate
-
-  TuningRecord record{key, candidates[*best], report.candidates, options.reps, report.created_utc};
-  if (disk_ && writes_enabled_) {
-    if (auto stored = store_tuning(*disk_, record)) {
-      report.record = std::move(stored).value();
-    } else {
-      ++stats_.disk_errors;
-      KILN_LOG_WARN("cannot keep the tuning result of {} ({}); it holds for this runtime only", report.spec,
-                    stored.error().message);
-    }
-  }
+  report.record = std::move(found.path);  // empty when the record could not be stored
   return report;
 }
 
-std::vector<DiskCache*> RuntimeImpl::tuning_caches() const {
-  std::vector<DiskCache*> caches;
-  if (disk_) caches.push_back(disk_.get());
-  for (const auto& layer : layers_) caches.push_back(layer.get());
-  return caches;
-}
-
-std::optional<TileConfig> RuntimeImpl::tuned_config(const KernelSpec& spec) {
+std::optional<KernelConfig> RuntimeImpl::tuned_config(const KernelSpec& spec) {
   auto op = find_op(spec.op);
   const TargetInfo& target = device_->target();
   if (!op || !(*op)->validate(spec, target)) return std::nullopt;  // get_compiled reports it
-  const std::vector<TileConfig> candidates = (*op)->tuning_candidates((*op)->baked_spec(spec), target);
-  if (candidates.size() < 2) return std::nullopt;
-  const TuningKey key = TuningKey::make(**op, spec, target, device_->name(), compiler_name(target));
-  auto found = find_tuning(tuning_caches(), key, candidates);
+  // Most specs have one candidate: no template hash, no lookup.
+  if ((*op)->tuning_candidates((*op)->baked_spec(spec), target).size() < 2) return std::nullopt;
+  const TuningSubject subject = tuning_subject(**op, spec, target);
+  const TuningKey key = TuningKey::make(subject, target, device_->name(), compiler_name(target));
+  auto found = tiers_->find_tuning(key, subject.candidates);
   if (!found) return std::nullopt;
   ++stats_.tuning_hits;
   KILN_LOG_DEBUG("{}: tuned configuration {} from {}", to_string(spec), config_string(found->record.winner), found->path);
   return std::move(found->record.winner);
 }
 
-size_t RuntimeImpl::winner_index(const std::vector<TuneCandidate>& candidates, const TileConfig& winner) {
+size_t RuntimeImpl::winner_index(const std::vector<TuneCandidate>& candidates, const KernelConfig& winner) {
   auto it = std::find_if(candidates.begin(), candidates.end(), [&](const TuneCandidate& c) { return c.config == winner; });
   return static_cast<size_t>(it - candidates.begin());
 }
 
-Result<std::shared_ptr<KernelImpl>> RuntimeImpl::time_candidate(const KernelSpec& spec, const TileConfig& config,
+Result<std::shared_ptr<KernelImpl>> RuntimeImpl::time_candidate(const KernelSpec& spec, const KernelConfig& config,
                                                                 std::span<void* const> buffers, int reps,
                                                                 TuneCandidate& c) {
   KILN_ASSIGN_OR_RETURN(auto compiled, get_compiled(spec, device_->target(), &config, /*record_spec=*/false));

@@ -14,7 +14,7 @@ namespace kiln {
 std::string_view errc_name(Errc code) {
   switch (code) {
     case Errc::invalid_argument: return "invalid_argument";
-    case Errc::unknown: return "unknown";
+    case Errc::not_found: return "not_found";
     case Errc::unsupported: return "unsupported";
     case Errc::compile_failed: return "compile_failed";
     case Errc::driver_unavailable: return "driver_unavailable";
@@ -55,7 +55,7 @@ Result<DType> parse_dtype(std::string_view name) {
   if (name == "e8m0" || name == "float8_e8m0fnu" || name == "e8m0fnu") return DType::e8m0;
   std::string names;
   for (DType t : kAllDTypes) names += fmt::format("{}{}", names.empty() ? "" : ", ", dtype_name(t));
-  return make_error(Errc::unknown, fmt::format("unknown dtype '{}'; use one of: {}", name, names));
+  return make_error(Errc::not_found, fmt::format("unknown dtype '{}'; use one of: {}", name, names));
 }
 
 std::size_t dtype_size(DType t) {

@@ -4,11 +4,11 @@
 
 namespace kiln {
 
-std::vector<uint32_t> OpCodegen::base_alignment(const KernelSpec& spec, const TileConfig&) const {
+std::vector<uint32_t> OpCodegen::base_alignment(const KernelSpec& spec, const KernelConfig&) const {
   return std::vector<uint32_t>(tensors(spec).size(), 1);
 }
 
-std::vector<uint32_t> vector_variant_alignment(const TileConfig& config, size_t tensors,
+std::vector<uint32_t> vector_variant_alignment(const KernelConfig& config, size_t tensors,
                                                std::initializer_list<size_t> scalar_tensors) {
   auto vec = config.find("VEC");
   std::vector<uint32_t> out(tensors, vec != config.end() && vec->second > 1 ? 16 : 1);
@@ -17,7 +17,7 @@ std::vector<uint32_t> vector_variant_alignment(const TileConfig& config, size_t 
   return out;
 }
 
-Launch OpCodegen::single_launch(const KernelSpec& call, const TileConfig& config, LaunchGeometry geometry) const {
+Launch OpCodegen::single_launch(const KernelSpec& call, const KernelConfig& config, LaunchGeometry geometry) const {
   Launch l;
   l.kernel = std::string(kernel_name(config));
   l.geometry = geometry;
@@ -29,7 +29,7 @@ Launch OpCodegen::single_launch(const KernelSpec& call, const TileConfig& config
   return l;
 }
 
-std::string config_string(const TileConfig& config) {
+std::string config_string(const KernelConfig& config) {
   std::string out;
   for (const auto& [k, v] : config) out += fmt::format("{}{}={}", out.empty() ? "" : " ", k, v);
   return out;

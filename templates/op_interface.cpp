@@ -68,7 +68,7 @@ Result<void> OpInterface::validate(const KernelSpec& spec, const TargetInfo& tar
                                     fp8_encoding_name(target.fp8_encoding),
                                     dtype_name(fp8_for_target(DType::e4m3, target)),
                                     dtype_name(fp8_for_target(DType::e5m2, target))));
-  return check(spec, target);
+  return validate_rules(spec, target);
 }
 
 std::vector<TensorInfo> OpInterface::tensors(const KernelSpec& given) const {

@@ -124,7 +124,7 @@ class OpInterface {
   virtual std::span<const TensorDecl> signature() const = 0;
 
   /// Checks a request. The base checks names, ranges, dtypes and the target's fp8 encodings;
-  /// ops add their own rules in check(). Messages name the parameter and what would work.
+  /// ops add their own rules in validate_rules(). Messages name the parameter and what would work.
   Result<void> validate(const KernelSpec& spec, const TargetInfo& target) const;
 
   // ---- derived from the declarations ---------------------------------------------------------
@@ -140,7 +140,7 @@ class OpInterface {
 
  protected:
   /// The op's own rules beyond the declarations (validate() calls it last). Default: none.
-  virtual Result<void> check(const KernelSpec& /*spec*/, const TargetInfo& /*target*/) const { return ok(); }
+  virtual Result<void> validate_rules(const KernelSpec& /*spec*/, const TargetInfo& /*target*/) const { return ok(); }
 };
 
 }  // namespace kiln

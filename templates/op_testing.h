@@ -118,7 +118,7 @@ class OpTestHooks : public OpCodegen {
   /// A modelled throughput of a configuration on the target, for `kiln inspect` (gemm's MFMA
   /// model on AMD); each line says "modelled". `registers_per_lane`: the compiled kernel's
   /// VGPRs + AGPRs, or -1 when unknown. Default: none.
-  virtual std::vector<ModelLine> throughput_model(const KernelSpec& /*spec*/, const TileConfig& /*config*/,
+  virtual std::vector<ModelLine> throughput_model(const KernelSpec& /*spec*/, const KernelConfig& /*config*/,
                                                   const TargetInfo& /*target*/, int /*registers_per_lane*/) const {
     return {};
   }

@@ -97,9 +97,9 @@ struct Plan {
 
 /// Baked tuning choices (tile sizes, threads per block, which template), picked by the op's
 /// heuristic. They are part of the generated code and of the cache key.
-using TileConfig = std::map<std::string, int64_t>;
+using KernelConfig = std::map<std::string, int64_t>;
 
 /// "BM=128 BN=256 BK=64 ...": a configuration in one line (keys in order).
-std::string config_string(const TileConfig& config);
+std::string config_string(const KernelConfig& config);
 
 }  // namespace kiln

@@ -32,7 +32,7 @@ Result<const OpTemplate*> find_op(std::string_view op_name) {
     if (op->name() == op_name) return op;
   std::string names;
   for (const OpTemplate* op : all_ops()) names += fmt::format("{}{}", names.empty() ? "" : ", ", op->name());
-  return make_error(Errc::unknown, fmt::format("unknown op '{}'; known ops: {}", op_name, names));
+  return make_error(Errc::not_found, fmt::format("unknown op '{}'; known ops: {}", op_name, names));
 }
 
 }  // namespace kiln

@@ -12,7 +12,7 @@ namespace kiln {
 
 /// Every op, in templates/ops.def order.
 std::span<const OpTemplate* const> all_ops();
-/// Looks an op up by name; the error (Errc::unknown) lists the known ops.
+/// Looks an op up by name; the error (Errc::not_found) lists the known ops.
 Result<const OpTemplate*> find_op(std::string_view name);
 
 }  // namespace kiln

@@ -88,7 +88,7 @@ Result<CheckReport> check_on_device(Runtime& runtime, const KernelSpec& spec, co
 /// and the op's own comparison that check_on_device applies: `inputs` in the op's tensor order
 /// (values as float), `outputs` every output tensor whole in signature order, as the bytes of its
 /// dtype. Fills the comparison fields of the report (not the timings).
-/// Errors: Errc::unknown (op), invalid_argument (spec, wrong input or output counts or sizes, a
+/// Errors: Errc::not_found (op), invalid_argument (spec, wrong input or output counts or sizes, a
 /// host allocation that failed).
 Result<CheckReport> check_outputs(const KernelSpec& spec, const std::map<std::string, float>& scalars,
                                   std::span<const std::vector<float>> inputs,
@@ -105,7 +105,7 @@ struct ReferenceOutput {
 /// results: computes `spec`'s outputs from host copies of its input tensors (in the op's tensor
 /// order, values as float), one ReferenceOutput per output tensor. `rows` (optional) asks for only
 /// those rows of row-shaped outputs (an op may compute more, and reports which).
-/// Errors: Errc::unknown (op), invalid_argument (spec, wrong input count/sizes, a row outside, a
+/// Errors: Errc::not_found (op), invalid_argument (spec, wrong input count/sizes, a row outside, a
 /// host allocation that failed).
 Result<std::vector<ReferenceOutput>> reference(const KernelSpec& spec, const std::map<std::string, float>& scalars,
                                                std::span<const std::vector<float>> inputs,

@@ -34,7 +34,7 @@ inline constexpr DType kAllDTypes[] = {DType::f32,  DType::f16,      DType::bf16
 /// "int32", "int64", "e8m0".
 std::string_view dtype_name(DType t);
 /// Parses the canonical names and the usual aliases ("f32", "float32", "bfloat16", "e4m3",
-/// "float8_e4m3fn", "e4m3fnuz", "i32", ...). Errors: Errc::unknown, listing the names.
+/// "float8_e4m3fn", "e4m3fnuz", "i32", ...). Errors: Errc::not_found, listing the names.
 Result<DType> parse_dtype(std::string_view name);
 /// Bytes per element.
 std::size_t dtype_size(DType t);

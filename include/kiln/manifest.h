@@ -70,7 +70,7 @@ struct Manifest {
 /// and types, the op and dtype names and the parameter names of each op; not the values against a
 /// target (validate_manifest). `source_name` names the input in errors: "'m.json': kernel 3:
 /// unknown dtype 'bf17'; use one of: bf16, fp16, fp32" (JSON lines: "'rec.jsonl': line 4: ...").
-/// Errors: Errc::corrupt (not JSON, wrong structure or type), Errc::unknown (op, dtype),
+/// Errors: Errc::corrupt (not JSON, wrong structure or type), Errc::not_found (op, dtype),
 /// Errc::invalid_argument (parameter names).
 Result<Manifest> parse_manifest(std::string_view text, std::string_view source_name);
 

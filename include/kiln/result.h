@@ -12,7 +12,7 @@ namespace kiln {
 /// What went wrong, coarsely, so callers can branch without parsing messages.
 enum class Errc {
   invalid_argument,    ///< A request the op cannot serve (bad shape, dtype, parameter).
-  unknown,             ///< An unknown op, dtype, target or model name.
+  not_found,           ///< No op, dtype, target, model or backend of that name.
   unsupported,         ///< Valid, but this build or target cannot do it (e.g. AMD without LLVM).
   compile_failed,      ///< The compiler rejected the generated source (the log is in the message).
   driver_unavailable,  ///< libcuda / libamdhip64 / libnvrtc could not be loaded, or no device.

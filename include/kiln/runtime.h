@@ -150,7 +150,7 @@ class Runtime {
   virtual std::string cache_dir() const = 0;
 
   /// Compiles (or finds in the memory or disk cache) the kernel of `spec` for `target`
-  /// ("gfx942", "gfx950", "sm_90a"). Needs no GPU. Errors: Errc::unknown (op, target),
+  /// ("gfx942", "gfx950", "sm_90a"). Needs no GPU. Errors: Errc::not_found (op, target),
   /// invalid_argument (the spec), unsupported (AMD without LLVM), compile_failed (with the log).
   virtual Result<std::shared_ptr<const CompiledKernel>> compile(const KernelSpec& spec,
                                                                 std::string_view target) = 0;

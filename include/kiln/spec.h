@@ -1,5 +1,5 @@
 // KernelSpec: the full description of one kernel request, the first stage of the pipeline
-//   KernelSpec -> KernelSource (codegen) -> CodeObject (compile) -> LoadedModule -> Kernel.
+//   KernelSpec -> KernelSource (codegen) -> CodeObject (compile) -> KernelFunction -> Kernel.
 #pragma once
 
 #include <cstdint>

@@ -9,7 +9,7 @@
 namespace kiln {
 namespace {
 
-class CudaModule final : public LoadedModule {
+class CudaModule final : public KernelFunction {
  public:
   CudaModule(const CudaApi* api, CUcontext ctx, CUmodule module, CUfunction fn)
       : api_(api), ctx_(ctx), module_(module), fn_(fn) {}
@@ -209,7 +209,7 @@ class CudaDevice final : public DeviceImpl {
     return ms;
   }
 
-  Result<std::unique_ptr<LoadedModule>> load(const CodeObject& code, const std::string& kernel) override {
+  Result<std::unique_ptr<KernelFunction>> load(const CodeObject& code, const std::string& kernel) override {
     KILN_TRY(bind());
     CUmodule module = nullptr;
     // The JIT log matters when the driver compiles PTX: keep it for the error message.
@@ -232,7 +232,7 @@ class CudaDevice final : public DeviceImpl {
       api_->cuModuleUnload(module);
       return cuda_error(*api_, rc, ("cuModuleGetFunction(" + kernel + ")").c_str(), __FILE__, __LINE__);
     }
-    return std::unique_ptr<LoadedModule>(new CudaModule(api_, ctx_, module, fn));
+    return std::unique_ptr<KernelFunction>(new CudaModule(api_, ctx_, module, fn));
   }
 
  private:

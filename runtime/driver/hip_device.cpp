@@ -16,7 +16,7 @@ void cleanup(const HipApi& api, hipError_t rc, const char* call) {
   if (rc != hipSuccess) KILN_LOG_DEBUG("{} failed during cleanup: {}", call, api.hipGetErrorString(rc));
 }
 
-class HipModule final : public LoadedModule {
+class HipModule final : public KernelFunction {
  public:
   HipModule(const HipApi* api, hipModule_t module, hipFunction_t fn) : api_(api), module_(module), fn_(fn) {}
   ~HipModule() override { cleanup(*api_, api_->hipModuleUnload(module_), "hipModuleUnload"); }
@@ -106,7 +106,7 @@ class HipDevice final : public DeviceImpl {
     KILN_HIP(*api_, hipEventElapsedTime(&ms, start, stop));
     return ms;
   }
-  Result<std::unique_ptr<LoadedModule>> load(const CodeObject& code, const std::string& kernel) override {
+  Result<std::unique_ptr<KernelFunction>> load(const CodeObject& code, const std::string& kernel) override {
     KILN_HIP(*api_, hipSetDevice(ordinal_));
     hipModule_t module = nullptr;
     // The loader's log says why a code object is refused: keep it for the error message. ROCm's
@@ -130,7 +130,7 @@ class HipDevice final : public DeviceImpl {
       cleanup(*api_, api_->hipModuleUnload(module), "hipModuleUnload");
       return hip_error(*api_, rc, ("hipModuleGetFunction(" + kernel + ")").c_str(), __FILE__, __LINE__);
     }
-    return std::unique_ptr<LoadedModule>(new HipModule(api_, module, fn));
+    return std::unique_ptr<KernelFunction>(new HipModule(api_, module, fn));
   }
 
  private:

@@ -60,7 +60,7 @@ std::span<const uint8_t> bytes_of(const uint64_t& v) { return {reinterpret_cast<
 
 class EmulatorDevice;
 
-class EmulatorModule final : public LoadedModule {
+class EmulatorModule final : public KernelFunction {
  public:
   EmulatorModule(EmulatorDevice& device, std::string kernel, HsacoKernel k, uint64_t image, uint64_t region)
       : device_(device), kernel_(std::move(kernel)), k_(std::move(k)), image_(image), region_(region) {}
@@ -152,7 +152,7 @@ class EmulatorDevice final : public DeviceImpl {
                       "kernels on a GPU)");
   }
 
-  Result<std::unique_ptr<LoadedModule>> load(const CodeObject& code, const std::string& kernel) override {
+  Result<std::unique_ptr<KernelFunction>> load(const CodeObject& code, const std::string& kernel) override {
     KILN_ASSIGN_OR_RETURN(HsacoKernel k, read_hsaco_kernel(code.bytes, kernel));
     if (!k.target.empty() && k.target != target_->name)
       return make_error(Errc::invalid_argument, fmt::format("kernel '{}' is {} code; this emulated device is {}", kernel,
@@ -166,7 +166,7 @@ class EmulatorDevice final : public DeviceImpl {
       (void)free(image_ptr);
       return region.take_error();
     }
-    return std::unique_ptr<LoadedModule>(new EmulatorModule(*this, kernel, std::move(k),
+    return std::unique_ptr<KernelFunction>(new EmulatorModule(*this, kernel, std::move(k),
                                                             reinterpret_cast<uint64_t>(image_ptr),
                                                             reinterpret_cast<uint64_t>(*region)));
   }

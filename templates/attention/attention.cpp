@@ -32,8 +32,8 @@ std::span<const ScalarInfo> AttentionOp::scalars() const { return ah::kScalars; 
 std::span<const DType> AttentionOp::dtypes() const { return ah::kDTypes; }
 std::span<const TensorDecl> AttentionOp::signature() const { return kSignature; }
 
-Result<void> AttentionOp::check(const KernelSpec& spec, const TargetInfo&) const {
-  return ah::check(name(), spec, with_defaults(spec));
+Result<void> AttentionOp::validate_rules(const KernelSpec& spec, const TargetInfo&) const {
+  return ah::validate_rules(name(), spec, with_defaults(spec));
 }
 
 // Three kernels:
@@ -51,19 +51,19 @@ Result<void> AttentionOp::check(const KernelSpec& spec, const TargetInfo&) const
 // The first variant of a target is its kernel; the portable one follows on AMD (same alignment,
 // so it serves as a tuning candidate, not as a fallback).
 namespace {
-bool mfma(const TileConfig& c) { return c.count("MFMA") && c.at("MFMA") != 0; }
-bool wgmma(const TileConfig& c) { return c.count("WGMMA") && c.at("WGMMA") != 0; }
+bool mfma(const KernelConfig& c) { return c.count("MFMA") && c.at("MFMA") != 0; }
+bool wgmma(const KernelConfig& c) { return c.count("WGMMA") && c.at("WGMMA") != 0; }
 // Consumer warpgroups of the Hopper kernel (64 query rows each): 2, or 3 at head dim 64.
-int64_t consumers(const TileConfig& c) { return c.count("CONSUMERS") ? c.at("CONSUMERS") : 2; }
-int64_t block_rows(const TileConfig& c) {
+int64_t consumers(const KernelConfig& c) { return c.count("CONSUMERS") ? c.at("CONSUMERS") : 2; }
+int64_t block_rows(const KernelConfig& c) {
   return wgmma(c) ? 64 * consumers(c) : mfma(c) ? 32 * c.at("WAVES") : c.at("BM");
 }
-int64_t block_threads(const TileConfig& c) {
+int64_t block_threads(const KernelConfig& c) {
   return wgmma(c) ? 128 * (1 + consumers(c)) : mfma(c) ? 64 * c.at("WAVES") : c.at("THREADS");
 }
 // Dynamic shared memory of the Hopper kernel: 1 KiB of alignment slack, Q (128 rows), STAGES K
 // and V tiles of 128 keys, the mbarriers.
-int64_t sm90_shared_bytes(const KernelSpec& spec, const TileConfig& c) {
+int64_t sm90_shared_bytes(const KernelSpec& spec, const KernelConfig& c) {
   const int64_t d = spec.param("head_dim");
   return 1024 + block_rows(c) * d * 2 + 2 * c.at("STAGES") * 128 * d * 2 + 8 * (2 + 4 * c.at("STAGES"));
 }
@@ -78,12 +78,12 @@ int64_t sm90_shared_bytes(const KernelSpec& spec, const TileConfig& c) {
 // lost 0-5%, and persistence won up to 12% on 7 of the 8 dense rows (lost 3% on one) and 6% on the
 // packed varlen batch; at 64 ping-pong won 16%, persistence lost 4-8%, and three consumers won
 // 0-7% at seq 4096 and 7% at 8192. The others stay tuning candidates.
-TileConfig sm90_config(bool pingpong, int64_t stages, bool persistent, int64_t consumers = 2) {
-  TileConfig c = {{"WGMMA", 1}, {"STAGES", stages}, {"PINGPONG", pingpong ? 1 : 0}, {"PERSISTENT", persistent ? 1 : 0}};
+KernelConfig sm90_config(bool pingpong, int64_t stages, bool persistent, int64_t consumers = 2) {
+  KernelConfig c = {{"WGMMA", 1}, {"STAGES", stages}, {"PINGPONG", pingpong ? 1 : 0}, {"PERSISTENT", persistent ? 1 : 0}};
   if (consumers != 2) c["CONSUMERS"] = consumers;  // absent: 2 (the configurations tuned before it existed)
   return c;
 }
-TileConfig sm90_default(const KernelSpec& spec) {
+KernelConfig sm90_default(const KernelSpec& spec) {
   const bool d64 = spec.param("head_dim") == 64;
   return sm90_config(d64, d64 ? 4 : 3, !d64, d64 ? 3 : 2);
 }
@@ -91,16 +91,16 @@ bool has_wgmma(const KernelSpec& spec, const TargetInfo& t) {
   const int64_t d = spec.param("head_dim");
   return t.vendor == Vendor::nvidia && t.cpu == "sm_90a" && ah::dim_v(spec) == d && (d == 64 || d == 128);
 }
-TileConfig portable_config(const KernelSpec& spec) {
+KernelConfig portable_config(const KernelSpec& spec) {
   const int64_t dmax = std::max(spec.param("head_dim"), ah::dim_v(spec));
   return {{"BM", dmax <= 128 ? 32 : 16}, {"BN", 32}, {"THREADS", 128}};
 }
 bool has_mfma(const TargetInfo& t) { return t.vendor == Vendor::amd && (t.name == "gfx942" || t.name == "gfx950"); }
 }  // namespace
 
-std::vector<TileConfig> AttentionOp::variants(const KernelSpec& spec, const TargetInfo& target) const {
+std::vector<KernelConfig> AttentionOp::variants(const KernelSpec& spec, const TargetInfo& target) const {
   if (has_wgmma(spec, target)) {
-    const TileConfig d = sm90_default(spec);
+    const KernelConfig d = sm90_default(spec);
     return {d, sm90_config(!d.at("PINGPONG"), d.at("STAGES"), d.at("PERSISTENT")), portable_config(spec)};
   }
   if (!has_mfma(target)) return {portable_config(spec)};
@@ -109,12 +109,12 @@ std::vector<TileConfig> AttentionOp::variants(const KernelSpec& spec, const Targ
           portable_config(spec)};
 }
 
-std::string_view AttentionOp::device_template(const TileConfig& c) const {
+std::string_view AttentionOp::device_template(const KernelConfig& c) const {
   if (wgmma(c)) return embedded_file("templates/attention/attention_sm90.kernel");
   return embedded_file(mfma(c) ? "templates/attention/attention_mfma.kernel" : "templates/attention/attention.kernel");
 }
 
-std::string AttentionOp::specialize(const KernelSpec& spec, const TileConfig& c) const {
+std::string AttentionOp::specialize(const KernelSpec& spec, const KernelConfig& c) const {
   if (wgmma(c))
     return ah::specialize_common(spec) +
            fmt::format("constexpr int BM = {}, BN = 128, STAGES = {}, CONSUMERS = {};\n"
@@ -130,7 +130,7 @@ std::string AttentionOp::specialize(const KernelSpec& spec, const TileConfig& c)
                                                    c.at("BN"), c.at("THREADS"));
 }
 
-Plan AttentionOp::plan(const KernelSpec& call, const TileConfig& c) const {
+Plan AttentionOp::plan(const KernelSpec& call, const KernelConfig& c) const {
   Plan p;
   const int64_t batch = call.param("batch"), max_q = ah::max_len_q(call);
   if (batch == 0 || max_q == 0 || ah::tokens_q(call) == 0) return p;  // no query rows: nothing to write
@@ -180,24 +180,24 @@ Plan AttentionOp::plan(const KernelSpec& call, const TileConfig& c) const {
 
 // Tuning on sm_90a times the Hopper kernel's default against it with the other persistence, the other
 // ping-pong, and two stages (head dim 128) or two consumers (64).
-std::vector<TileConfig> AttentionOp::tuning_candidates(const KernelSpec& spec, const TargetInfo& target) const {
+std::vector<KernelConfig> AttentionOp::tuning_candidates(const KernelSpec& spec, const TargetInfo& target) const {
   if (!has_wgmma(spec, target)) return {choose_config(spec, target)};
-  const TileConfig d = sm90_default(spec);
+  const KernelConfig d = sm90_default(spec);
   const bool pingpong = d.at("PINGPONG") != 0, persistent = d.at("PERSISTENT") != 0;
   const int64_t stages = d.at("STAGES");
   const int64_t n = consumers(d);
-  std::vector<TileConfig> c = {d, sm90_config(pingpong, stages, !persistent, n), sm90_config(!pingpong, stages, persistent, n)};
+  std::vector<KernelConfig> c = {d, sm90_config(pingpong, stages, !persistent, n), sm90_config(!pingpong, stages, persistent, n)};
   if (stages == 3) c.push_back(sm90_config(pingpong, 2, persistent));
   if (consumers(d) == 3) c.push_back(sm90_config(pingpong, stages, persistent, 2));
   return c;
 }
 
-uint32_t AttentionOp::dynamic_shared_bytes(const KernelSpec& spec, const TileConfig& c) const {
+uint32_t AttentionOp::dynamic_shared_bytes(const KernelSpec& spec, const KernelConfig& c) const {
   return wgmma(c) ? static_cast<uint32_t>(sm90_shared_bytes(spec, c)) : 0;
 }
 
 // q, k, v and out are read and written 16 bytes at a time (and by TMA on Hopper).
-std::vector<uint32_t> AttentionOp::base_alignment(const KernelSpec& spec, const TileConfig&) const {
+std::vector<uint32_t> AttentionOp::base_alignment(const KernelSpec& spec, const KernelConfig&) const {
   return ah::alignment(tensors(spec));
 }
 

@@ -46,8 +46,8 @@ std::span<const ScalarInfo> AttentionBwdOp::scalars() const { return ah::kScalar
 std::span<const DType> AttentionBwdOp::dtypes() const { return ah::kDTypes; }
 std::span<const TensorDecl> AttentionBwdOp::signature() const { return kSignature; }
 namespace {
-bool wgmma(const TileConfig& c) { return c.count("WGMMA") && c.at("WGMMA") != 0; }
-bool mfma(const TileConfig& c) { return c.count("MFMA") && c.at("MFMA") != 0; }
+bool wgmma(const KernelConfig& c) { return c.count("WGMMA") && c.at("WGMMA") != 0; }
+bool mfma(const KernelConfig& c) { return c.count("MFMA") && c.at("MFMA") != 0; }
 // The MFMA kernels serve head dims up to 128 (both of q/k and v): K, V (or Q, dO) resident for
 // 64 rows and Q, dO (or K, V) streamed for 32 keep LDS at 52 KiB at 128/128; the accumulators
 // dK^T and dV^T take 128 VGPRs there. Above 128 the portable kernels serve.
@@ -62,24 +62,24 @@ bool has_wgmma(const KernelSpec& spec, const TargetInfo& t) {
 // Dynamic shared memory of the Hopper kernels: 1 KiB of alignment slack, two resident tiles of
 // 128 rows, STAGES pairs of streamed tiles of 64 rows, the mbarriers, and per stage the streamed
 // queries' lse and D (2 x 64 fp32).
-int64_t sm90_shared_bytes(const KernelSpec& spec, const TileConfig& c) {
+int64_t sm90_shared_bytes(const KernelSpec& spec, const KernelConfig& c) {
   const int64_t d = spec.param("head_dim"), stages = c.at("STAGES");
   return 1024 + 2 * 128 * d * 2 + 2 * stages * 64 * d * 2 + 8 * (1 + 3 * stages) + stages * 2 * 64 * 4;
 }
 }  // namespace
 
-std::string_view AttentionBwdOp::device_template(const TileConfig& c) const {
+std::string_view AttentionBwdOp::device_template(const KernelConfig& c) const {
   if (wgmma(c)) return embedded_file("templates/attention_bwd/attention_bwd_sm90.kernel");
   return embedded_file(mfma(c) ? "templates/attention_bwd/attention_bwd_mfma.kernel"
                                : "templates/attention_bwd/attention_bwd.kernel");
 }
 
-uint32_t AttentionBwdOp::dynamic_shared_bytes(const KernelSpec& spec, const TileConfig& c) const {
+uint32_t AttentionBwdOp::dynamic_shared_bytes(const KernelSpec& spec, const KernelConfig& c) const {
   return wgmma(c) ? static_cast<uint32_t>(sm90_shared_bytes(spec, c)) : 0;
 }
 
-Result<void> AttentionBwdOp::check(const KernelSpec& spec, const TargetInfo&) const {
-  return ah::check(name(), spec, with_defaults(spec));
+Result<void> AttentionBwdOp::validate_rules(const KernelSpec& spec, const TargetInfo&) const {
+  return ah::validate_rules(name(), spec, with_defaults(spec));
 }
 
 // The portable kernels (attention_bwd.kernel): QB query rows and KB keys per tile pair, 256
@@ -93,17 +93,17 @@ Result<void> AttentionBwdOp::check(const KernelSpec& spec, const TargetInfo&) co
 // wavefronts of 32 resident rows each, streamed tiles of 32 rows; MFMA_K 8 (gfx942's 32x32x8) or
 // 16 (gfx950's 32x32x16); THREADS is the D launch's. The portable kernels follow, as in the
 // forward (a tuning candidate), and serve the larger head dims.
-std::vector<TileConfig> AttentionBwdOp::variants(const KernelSpec& spec, const TargetInfo& target) const {
+std::vector<KernelConfig> AttentionBwdOp::variants(const KernelSpec& spec, const TargetInfo& target) const {
   const int64_t dmax = std::max(spec.param("head_dim"), ah::dim_v(spec));
   const int64_t tile = dmax <= 128 ? 32 : 16;
-  TileConfig portable = {{"QB", tile}, {"KB", tile}, {"THREADS", 256}};
+  KernelConfig portable = {{"QB", tile}, {"KB", tile}, {"THREADS", 256}};
   if (has_wgmma(spec, target)) return {{{"WGMMA", 1}, {"STAGES", 2}, {"THREADS", 256}}, portable};
   if (has_mfma(spec, target))
     return {{{"MFMA", 1}, {"WAVES", 2}, {"MFMA_K", target.name == "gfx950" ? 16 : 8}, {"THREADS", 256}}, portable};
   return {portable};
 }
 
-std::string AttentionBwdOp::specialize(const KernelSpec& spec, const TileConfig& c) const {
+std::string AttentionBwdOp::specialize(const KernelSpec& spec, const KernelConfig& c) const {
   if (wgmma(c))
     return ah::specialize_common(spec) +
            fmt::format("constexpr int STAGES = {}, THREADS = {};\nconstexpr bool IN_BF16 = {};\n", c.at("STAGES"),
@@ -116,7 +116,7 @@ std::string AttentionBwdOp::specialize(const KernelSpec& spec, const TileConfig&
                                                    c.at("KB"), c.at("THREADS"));
 }
 
-Plan AttentionBwdOp::plan(const KernelSpec& call, const TileConfig& c) const {
+Plan AttentionBwdOp::plan(const KernelSpec& call, const KernelConfig& c) const {
   Plan p;
   const int64_t batch = call.param("batch"), tq = ah::tokens_q(call), tk = ah::tokens_k(call);
   const int64_t heads = call.param("heads"), threads = c.at("THREADS");
@@ -217,7 +217,7 @@ Plan AttentionBwdOp::plan(const KernelSpec& call, const TileConfig& c) const {
   return p;
 }
 
-std::vector<uint32_t> AttentionBwdOp::base_alignment(const KernelSpec& spec, const TileConfig&) const {
+std::vector<uint32_t> AttentionBwdOp::base_alignment(const KernelSpec& spec, const KernelConfig&) const {
   return ah::alignment(tensors(spec));
 }
 

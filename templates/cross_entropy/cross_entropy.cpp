@@ -37,7 +37,7 @@ const TensorDecl kSignature[] = {
 // A configuration of `threads` threads with `unroll` loads in flight each, and its split form:
 // SPLIT blocks per row (each at least one access per thread, at most 16), used for calls of
 // fewer than SPLIT_BELOW tokens (2 blocks per SM/CU) under split_rows=auto.
-TileConfig config_of(int64_t nvec, int64_t vec, int64_t threads, int64_t unroll, const TargetInfo& target) {
+KernelConfig config_of(int64_t nvec, int64_t vec, int64_t threads, int64_t unroll, const TargetInfo& target) {
   const int64_t split = std::clamp<int64_t>(nvec / threads, 1, 16);
   return {{"THREADS", threads}, {"VEC", vec}, {"UNROLL", unroll}, {"SPLIT", split},
           {"SPLIT_BELOW", split > 1 ? 2 * target.compute_units : 0}};
@@ -46,7 +46,7 @@ TileConfig config_of(int64_t nvec, int64_t vec, int64_t threads, int64_t unroll,
 // Threads per block and loads in flight per thread for rows of `nvec` accesses: up to 512
 // threads with 4 independent 16-byte loads each (32 KiB of a row in flight per block, several
 // blocks per SM/CU), fewer for short rows.
-TileConfig row_config(int64_t vocab, int64_t vec, const TargetInfo& target) {
+KernelConfig row_config(int64_t vocab, int64_t vec, const TargetInfo& target) {
   const int64_t nvec = ceil_div(vocab, vec);
   const int64_t threads = std::clamp<int64_t>(round_up(ceil_div(nvec, 4), target.wave_size), target.wave_size, 512);
   const int64_t unroll = std::clamp<int64_t>(ceil_div(nvec, threads), 1, 4);
@@ -54,7 +54,7 @@ TileConfig row_config(int64_t vocab, int64_t vec, const TargetInfo& target) {
 }
 
 // Workspace of the split form: one normalizer (m, s, sum_x) per token and block.
-uint64_t split_workspace(int64_t tokens, const TileConfig& c) {
+uint64_t split_workspace(int64_t tokens, const KernelConfig& c) {
   return static_cast<uint64_t>(tokens) * static_cast<uint64_t>(c.at("SPLIT")) * 3 * sizeof(float);
 }
 }  // namespace
@@ -63,38 +63,38 @@ std::span<const ParamInfo> CrossEntropyOp::params() const { return kParams; }
 std::span<const ScalarInfo> CrossEntropyOp::scalars() const { return cp::kScalars; }
 std::span<const DType> CrossEntropyOp::dtypes() const { return cp::kDTypes; }
 std::span<const TensorDecl> CrossEntropyOp::signature() const { return kSignature; }
-std::string_view CrossEntropyOp::device_template(const TileConfig&) const {
+std::string_view CrossEntropyOp::device_template(const KernelConfig&) const {
   return embedded_file("templates/cross_entropy/cross_entropy.kernel");
 }
 
-std::vector<TileConfig> CrossEntropyOp::variants(const KernelSpec& spec, const TargetInfo& target) const {
+std::vector<KernelConfig> CrossEntropyOp::variants(const KernelSpec& spec, const TargetInfo& target) const {
   return cp::vector_then_scalar(spec, [&](int64_t vocab, int64_t vec) { return row_config(vocab, vec, target); });
 }
-std::vector<TileConfig> CrossEntropyOp::tuning_candidates(const KernelSpec& spec, const TargetInfo& target) const {
+std::vector<KernelConfig> CrossEntropyOp::tuning_candidates(const KernelSpec& spec, const TargetInfo& target) const {
   // The heuristic's, then 256 / 512 threads with 2 / 4 / 8 loads in flight each and 1024 threads
   // with 2, where a row holds at least one whole chunk of them (`kiln run --bench` times them on
   // the GPU). 1024 threads with 4 or 8 loads exceed the register file (64 registers a thread on
   // sm_90a, 128 VGPRs on gfx950): with 8, 488 bytes of spills on sm_90a and 56 of scratch on
   // gfx950 with smoothing.
-  std::vector<TileConfig> out = {choose_config(spec, target)};
+  std::vector<KernelConfig> out = {choose_config(spec, target)};
   const int64_t vec = out.front().at("VEC"), nvec = ceil_div(spec.param("vocab"), vec);
   for (int64_t threads : {256, 512, 1024})
     for (int64_t unroll : {2, 4, 8}) {
-      TileConfig c = config_of(nvec, vec, threads, unroll, target);
+      KernelConfig c = config_of(nvec, vec, threads, unroll, target);
       if (threads * unroll <= nvec && threads <= target.max_threads_per_block && threads * unroll <= 4096 &&
           std::find(out.begin(), out.end(), c) == out.end())
         out.push_back(std::move(c));
     }
   return out;
 }
-std::vector<uint32_t> CrossEntropyOp::base_alignment(const KernelSpec& spec, const TileConfig& config) const {
+std::vector<uint32_t> CrossEntropyOp::base_alignment(const KernelSpec& spec, const KernelConfig& config) const {
   // Only the logits are read with vector loads; targets, loss and lse one element at a time.
   std::vector<uint32_t> out(tensors(spec).size(), 1);
   out[0] = config.at("VEC") > 1 ? 16 : 1;
   return out;
 }
 
-std::string CrossEntropyOp::specialize(const KernelSpec& spec, const TileConfig& c) const {
+std::string CrossEntropyOp::specialize(const KernelSpec& spec, const KernelConfig& c) const {
   return fmt::format(
       "constexpr int VOCAB = {};\nconstexpr int THREADS = {}, VEC = {}, UNROLL = {}, SPLIT = {};\n"
       "constexpr long long IGNORE_INDEX = {};\n#define SMOOTHING {}\n#define Z_LOSS {}\n"
@@ -104,7 +104,7 @@ std::string CrossEntropyOp::specialize(const KernelSpec& spec, const TileConfig&
       device_type_name(spec.param("target_dtype") == 0 ? DType::i64 : DType::i32));
 }
 
-Plan CrossEntropyOp::plan(const KernelSpec& call, const TileConfig& c) const {
+Plan CrossEntropyOp::plan(const KernelSpec& call, const KernelConfig& c) const {
   Plan p;
   const int64_t n = call.param("tokens"), mode = call.param("split_rows");
   if (n == 0) return p;

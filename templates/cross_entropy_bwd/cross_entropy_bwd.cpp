@@ -41,7 +41,7 @@ constexpr size_t kLogits = 1, kDLogits = 4;  // tensor indices
 
 // Up to 256 threads of up to 4 accesses each per block: many blocks per row even at few tokens,
 // four independent 16-byte loads in flight per thread.
-TileConfig row_config(int64_t vocab, int64_t vec, const TargetInfo& target) {
+KernelConfig row_config(int64_t vocab, int64_t vec, const TargetInfo& target) {
   const int64_t nvec = ceil_div(vocab, vec);
   const int64_t threads = std::clamp<int64_t>(round_up(ceil_div(nvec, 4), target.wave_size), target.wave_size, 256);
   const int64_t items = std::clamp<int64_t>(ceil_div(nvec, threads), 1, 4);
@@ -53,34 +53,34 @@ std::span<const ParamInfo> CrossEntropyBwdOp::params() const { return kParams; }
 std::span<const ScalarInfo> CrossEntropyBwdOp::scalars() const { return cp::kScalars; }
 std::span<const DType> CrossEntropyBwdOp::dtypes() const { return cp::kDTypes; }
 std::span<const TensorDecl> CrossEntropyBwdOp::signature() const { return kSignature; }
-std::string_view CrossEntropyBwdOp::device_template(const TileConfig&) const {
+std::string_view CrossEntropyBwdOp::device_template(const KernelConfig&) const {
   return embedded_file("templates/cross_entropy_bwd/cross_entropy_bwd.kernel");
 }
 
-std::vector<TileConfig> CrossEntropyBwdOp::variants(const KernelSpec& spec, const TargetInfo& target) const {
+std::vector<KernelConfig> CrossEntropyBwdOp::variants(const KernelSpec& spec, const TargetInfo& target) const {
   return cp::vector_then_scalar(spec, [&](int64_t vocab, int64_t vec) { return row_config(vocab, vec, target); });
 }
-std::vector<TileConfig> CrossEntropyBwdOp::tuning_candidates(const KernelSpec& spec, const TargetInfo& target) const {
+std::vector<KernelConfig> CrossEntropyBwdOp::tuning_candidates(const KernelSpec& spec, const TargetInfo& target) const {
   // The heuristic's, then 128 / 256 / 512 threads with 2 / 4 / 8 accesses each, where a row
   // holds at least one whole block of them (`kiln run --bench` times them on the GPU).
-  std::vector<TileConfig> out = {choose_config(spec, target)};
+  std::vector<KernelConfig> out = {choose_config(spec, target)};
   const int64_t vec = out.front().at("VEC"), nvec = ceil_div(spec.param("vocab"), vec);
   for (int64_t threads : {128, 256, 512})
     for (int64_t items : {2, 4, 8}) {
-      TileConfig c = {{"THREADS", threads}, {"VEC", vec}, {"ITEMS", items}};
+      KernelConfig c = {{"THREADS", threads}, {"VEC", vec}, {"ITEMS", items}};
       if (threads * items <= nvec && threads <= target.max_threads_per_block &&
           std::find(out.begin(), out.end(), c) == out.end())
         out.push_back(std::move(c));
     }
   return out;
 }
-std::vector<uint32_t> CrossEntropyBwdOp::base_alignment(const KernelSpec& spec, const TileConfig& config) const {
+std::vector<uint32_t> CrossEntropyBwdOp::base_alignment(const KernelSpec& spec, const KernelConfig& config) const {
   std::vector<uint32_t> out(tensors(spec).size(), 1);  // dloss, targets, lse: one element at a time
   out[kLogits] = out[kDLogits] = config.at("VEC") > 1 ? 16 : 1;
   return out;
 }
 
-std::string CrossEntropyBwdOp::specialize(const KernelSpec& spec, const TileConfig& c) const {
+std::string CrossEntropyBwdOp::specialize(const KernelSpec& spec, const KernelConfig& c) const {
   return fmt::format(
       "constexpr int VOCAB = {};\nconstexpr int THREADS = {}, VEC = {}, ITEMS = {};\n"
       "constexpr long long IGNORE_INDEX = {};\n#define SMOOTHING {}\n#define Z_LOSS {}\n#define INPLACE {}\n"
@@ -90,7 +90,7 @@ std::string CrossEntropyBwdOp::specialize(const KernelSpec& spec, const TileConf
       device_type_name(spec.param("target_dtype") == 0 ? DType::i64 : DType::i32));
 }
 
-Plan CrossEntropyBwdOp::plan(const KernelSpec& call, const TileConfig& c) const {
+Plan CrossEntropyBwdOp::plan(const KernelSpec& call, const KernelConfig& c) const {
   Plan p;
   const int64_t n = call.param("tokens"), vocab = call.param("vocab");
   if (n == 0) return p;

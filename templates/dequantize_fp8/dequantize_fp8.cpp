@@ -32,26 +32,26 @@ std::span<const ParamInfo> DequantizeFp8Op::params() const { return kParams; }
 std::span<const DType> DequantizeFp8Op::dtypes() const { return kDTypes; }
 bool DequantizeFp8Op::supports_out_dtype(DType in, DType out) const { return is_fp8(in) && is_float16_or_32(out); }
 std::span<const TensorDecl> DequantizeFp8Op::signature() const { return kSignature; }
-std::string_view DequantizeFp8Op::device_template(const TileConfig&) const {
+std::string_view DequantizeFp8Op::device_template(const KernelConfig&) const {
   return embedded_file("templates/dequantize_fp8/dequantize_fp8.kernel");
 }
 
-std::vector<TileConfig> DequantizeFp8Op::variants(const KernelSpec& spec, const TargetInfo& target) const {
+std::vector<KernelConfig> DequantizeFp8Op::variants(const KernelSpec& spec, const TargetInfo& target) const {
   // 16 bytes of the output per access (8 fp8 codes in for bf16/fp16, 4 for fp32).
   return elementwise_row_variants(spec.param("cols"), spec.out_dtype, target);
 }
-std::vector<uint32_t> DequantizeFp8Op::base_alignment(const KernelSpec& spec, const TileConfig& config) const {
+std::vector<uint32_t> DequantizeFp8Op::base_alignment(const KernelSpec& spec, const KernelConfig& config) const {
   return vector_variant_alignment(config, tensors(spec).size(), {1});  // scale: scalar loads
 }
 
-std::string DequantizeFp8Op::specialize(const KernelSpec& spec, const TileConfig& c) const {
+std::string DequantizeFp8Op::specialize(const KernelSpec& spec, const KernelConfig& c) const {
   return fmt::format("constexpr int COLS = {};\n#define GRAN {}\nconstexpr int THREADS = {}, VEC = {}, ITEMS = {};\n"
                      "typedef {} in_t;\ntypedef {} out_t;\n",
                      spec.param("cols"), spec.param("granularity"), c.at("THREADS"), c.at("VEC"), c.at("ITEMS"),
                      device_type_name(spec.dtype), device_type_name(spec.out_dtype));
 }
 
-Plan DequantizeFp8Op::plan(const KernelSpec& call, const TileConfig& c) const {
+Plan DequantizeFp8Op::plan(const KernelSpec& call, const KernelConfig& c) const {
   Plan p;
   if (call.param("rows") == 0) return p;
   p.launches.push_back(single_launch(call, c, elementwise_row_geometry(call.param("rows"), call.param("cols"), c)));

@@ -27,18 +27,18 @@ const TensorDecl kSignature[] = {
 std::span<const ParamInfo> EmbeddingOp::params() const { return kParams; }
 std::span<const DType> EmbeddingOp::dtypes() const { return ep::kDTypes; }
 std::span<const TensorDecl> EmbeddingOp::signature() const { return kSignature; }
-std::string_view EmbeddingOp::device_template(const TileConfig&) const {
+std::string_view EmbeddingOp::device_template(const KernelConfig&) const {
   return embedded_file("templates/embedding/embedding.kernel");
 }
 
-std::vector<TileConfig> EmbeddingOp::variants(const KernelSpec& spec, const TargetInfo& target) const {
+std::vector<KernelConfig> EmbeddingOp::variants(const KernelSpec& spec, const TargetInfo& target) const {
   return ep::variants(spec, target);
 }
-std::vector<uint32_t> EmbeddingOp::base_alignment(const KernelSpec& spec, const TileConfig& config) const {
+std::vector<uint32_t> EmbeddingOp::base_alignment(const KernelSpec& spec, const KernelConfig& config) const {
   return vector_variant_alignment(config, tensors(spec).size(), {0});  // ids: one at a time
 }
 
-std::string EmbeddingOp::specialize(const KernelSpec& given, const TileConfig& c) const {
+std::string EmbeddingOp::specialize(const KernelSpec& given, const KernelConfig& c) const {
   const KernelSpec spec = with_defaults(given);
   return fmt::format("constexpr long long VOCAB = {};\nconstexpr int HIDDEN = {};\n"
                      "constexpr int THREADS = {}, VEC = {}, ITEMS = {};\ntypedef {} id_t;\ntypedef {} in_t;\n"
@@ -48,7 +48,7 @@ std::string EmbeddingOp::specialize(const KernelSpec& given, const TileConfig& c
                      device_type_name(spec.out_dtype));
 }
 
-Plan EmbeddingOp::plan(const KernelSpec& call, const TileConfig& c) const {
+Plan EmbeddingOp::plan(const KernelSpec& call, const KernelConfig& c) const {
   Plan p;
   if (call.param("tokens") == 0) return p;
   LaunchGeometry g;

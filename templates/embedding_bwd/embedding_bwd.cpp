@@ -45,21 +45,21 @@ Workspace workspace(int64_t vocab, int64_t tokens) {
 std::span<const ParamInfo> EmbeddingBwdOp::params() const { return kParams; }
 std::span<const DType> EmbeddingBwdOp::dtypes() const { return ep::kDTypes; }
 std::span<const TensorDecl> EmbeddingBwdOp::signature() const { return kSignature; }
-std::string_view EmbeddingBwdOp::device_template(const TileConfig&) const {
+std::string_view EmbeddingBwdOp::device_template(const KernelConfig&) const {
   return embedded_file("templates/embedding_bwd/embedding_bwd.kernel");
 }
 
 // The sum launch's configuration: a block per (id, column chunk), as embedding's row gather.
-std::vector<TileConfig> EmbeddingBwdOp::variants(const KernelSpec& spec, const TargetInfo& target) const {
+std::vector<KernelConfig> EmbeddingBwdOp::variants(const KernelSpec& spec, const TargetInfo& target) const {
   return ep::variants(spec, target);
 }
-std::vector<uint32_t> EmbeddingBwdOp::base_alignment(const KernelSpec& spec, const TileConfig& config) const {
+std::vector<uint32_t> EmbeddingBwdOp::base_alignment(const KernelSpec& spec, const KernelConfig& config) const {
   std::vector<uint32_t> a = vector_variant_alignment(config, tensors(spec).size(), {0});  // ids: one at a time
   if (config.at("VEC") > 1) a[2] = static_cast<uint32_t>(4 * config.at("VEC"));  // dW: VEC fp32 per access
   return a;
 }
 
-std::string EmbeddingBwdOp::specialize(const KernelSpec& given, const TileConfig& c) const {
+std::string EmbeddingBwdOp::specialize(const KernelSpec& given, const KernelConfig& c) const {
   const KernelSpec spec = with_defaults(given);
   return fmt::format("constexpr long long VOCAB = {};\nconstexpr int HIDDEN = {};\n"
                      "constexpr int THREADS = {}, VEC = {}, ITEMS = {}, AUX = {};\ntypedef {} id_t;\ntypedef {} in_t;\n",
@@ -67,7 +67,7 @@ std::string EmbeddingBwdOp::specialize(const KernelSpec& given, const TileConfig
                      spec.param("ids_dtype") ? "long long" : "int", device_type_name(spec.dtype));
 }
 
-Plan EmbeddingBwdOp::plan(const KernelSpec& call, const TileConfig& c) const {
+Plan EmbeddingBwdOp::plan(const KernelSpec& call, const KernelConfig& c) const {
   Plan p;
   const int64_t V = call.param("vocab"), H = call.param("hidden"), T = call.param("tokens");
   const Workspace w = workspace(V, T);

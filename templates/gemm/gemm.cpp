@@ -42,13 +42,13 @@ std::span<const ParamInfo> GemmOp::params() const { return kParams; }
 std::span<const DType> GemmOp::dtypes() const { return kDTypes; }
 std::span<const TensorDecl> GemmOp::signature() const { return kSignature; }
 namespace {
-bool flag(const TileConfig& c, const char* key) {
+bool flag(const KernelConfig& c, const char* key) {
   auto it = c.find(key);
   return it != c.end() && it->second != 0;
 }
 }  // namespace
 
-std::string_view GemmOp::device_template(const TileConfig& c) const {
+std::string_view GemmOp::device_template(const KernelConfig& c) const {
   // The Hopper kernels share their WGMMA pieces (gemm_sm90_common.kernel, on the library's
   // WGMMA), placed before their own text.
   static const std::string tma = std::string(embedded_file("templates/gemm/gemm_sm90_common.kernel")) + "\n" +
@@ -82,7 +82,7 @@ bool tma_strides(const KernelSpec& spec) {
 }
 // Dynamic shared memory of the WGMMA kernels: the stages, 1 KiB to align them to 1024 bytes, and
 // the TMA kernel's mbarriers.
-int64_t wgmma_shared_bytes(const TileConfig& c) {
+int64_t wgmma_shared_bytes(const KernelConfig& c) {
   const int64_t stages = c.at("STAGES") * (c.at("BM") + c.at("BN")) * c.at("BK") * 2 + 1024;
   // The TMA kernel adds two 64 x 128-byte epilogue staging buffers per consumer warpgroup and
   // its mbarriers.
@@ -90,7 +90,7 @@ int64_t wgmma_shared_bytes(const TileConfig& c) {
 }
 }  // namespace
 
-Result<void> GemmOp::check(const KernelSpec& spec, const TargetInfo&) const {
+Result<void> GemmOp::validate_rules(const KernelSpec& spec, const TargetInfo&) const {
   const int64_t M = spec.param("M");
   if (ceil_div(M, 64) > kMaxGridY)
     return make_error(Errc::invalid_argument,
@@ -100,7 +100,7 @@ Result<void> GemmOp::check(const KernelSpec& spec, const TargetInfo&) const {
   return ok();
 }
 
-TileConfig GemmOp::choose_config(const KernelSpec& spec, const TargetInfo& target) const {
+KernelConfig GemmOp::choose_config(const KernelSpec& spec, const TargetInfo& target) const {
   const int64_t M = spec.param("M"), N = spec.param("N");
   if (use_wgmma(spec, target)) {
     // 128 x 256 tiles (two warpgroups of m64n256) when they still fill every SM, else 128 x 128.
@@ -109,7 +109,7 @@ TileConfig GemmOp::choose_config(const KernelSpec& spec, const TargetInfo& targe
     // else the cp.async kernel (gemm_sm90.kernel).
     const bool wide = ceil_div(M, 128) * ceil_div(N, 256) >= target.compute_units;
     const bool tma = tma_strides(spec);
-    TileConfig c = {{"WGMMA", 1}, {"BM", 128}, {"BN", wide ? 256 : 128}, {"BK", 64},
+    KernelConfig c = {{"WGMMA", 1}, {"BM", 128}, {"BN", wide ? 256 : 128}, {"BK", 64},
                     {"STAGES", wide ? 4 : 6}, {"THREADS", tma ? 384 : 256}};
     if (tma) c["TMA"] = 1;
     return c;
@@ -125,25 +125,25 @@ TileConfig GemmOp::choose_config(const KernelSpec& spec, const TargetInfo& targe
           {"THREADS", (bm / tm) * (bn / tn)}};
 }
 
-std::vector<TileConfig> GemmOp::tuning_candidates(const KernelSpec& spec, const TargetInfo& target) const {
-  const TileConfig heuristic = choose_config(spec, target);
+std::vector<KernelConfig> GemmOp::tuning_candidates(const KernelSpec& spec, const TargetInfo& target) const {
+  const KernelConfig heuristic = choose_config(spec, target);
   if (flag(heuristic, "MFMA")) return mfma_candidates(spec, target);
   if (!flag(heuristic, "TMA")) return {heuristic};
-  TileConfig other = heuristic;
+  KernelConfig other = heuristic;
   const bool wide = heuristic.at("BN") == 256;
   other["BN"] = wide ? 128 : 256;
   other["STAGES"] = wide ? 6 : 4;  // the same 192 KiB of stages either way
-  std::vector<TileConfig> out;
-  for (const TileConfig& tile : {heuristic, other})
+  std::vector<KernelConfig> out;
+  for (const KernelConfig& tile : {heuristic, other})
     for (int64_t group : {8, 16}) {
-      TileConfig c = tile;
+      KernelConfig c = tile;
       if (group != 8) c["GROUP_M"] = group;  // 8 is the default: the heuristic leaves it implicit
       out.push_back(std::move(c));
     }
   return out;
 }
 
-std::string GemmOp::specialize(const KernelSpec& spec, const TileConfig& c) const {
+std::string GemmOp::specialize(const KernelSpec& spec, const KernelConfig& c) const {
   const bool wgmma = flag(c, "WGMMA");
   std::string out = fmt::format("constexpr long long M = {}, N = {}, K = {};\n"
                                 "constexpr bool TRANS_A = {}, TRANS_B = {}",
@@ -169,7 +169,7 @@ std::string GemmOp::specialize(const KernelSpec& spec, const TileConfig& c) cons
   return out;
 }
 
-LaunchGeometry GemmOp::geometry(const KernelSpec& spec, const TileConfig& c) const {
+LaunchGeometry GemmOp::geometry(const KernelSpec& spec, const KernelConfig& c) const {
   LaunchGeometry g;
   if (flag(c, "TMA")) {
     // Persistent: one block per tile at most; the launch caps it at one block per SM.
@@ -188,27 +188,27 @@ LaunchGeometry GemmOp::geometry(const KernelSpec& spec, const TileConfig& c) con
   return g;
 }
 
-uint32_t GemmOp::dynamic_shared_bytes(const KernelSpec&, const TileConfig& c) const {
+uint32_t GemmOp::dynamic_shared_bytes(const KernelSpec&, const KernelConfig& c) const {
   return flag(c, "WGMMA") ? static_cast<uint32_t>(wgmma_shared_bytes(c)) : 0;
 }
 
-std::vector<TileConfig> GemmOp::variants(const KernelSpec& spec, const TargetInfo& target) const {
-  TileConfig first = choose_config(spec, target);
+std::vector<KernelConfig> GemmOp::variants(const KernelSpec& spec, const TargetInfo& target) const {
+  KernelConfig first = choose_config(spec, target);
   if (!flag(first, "TMA")) return {first};
   // The cp.async kernel serves what TMA cannot: bases that are not 16-byte aligned.
-  TileConfig fallback = first;
+  KernelConfig fallback = first;
   fallback.erase("TMA");
   fallback.erase("GROUP_M");
   fallback["THREADS"] = 256;
   return {first, fallback};
 }
 
-std::vector<uint32_t> GemmOp::base_alignment(const KernelSpec& spec, const TileConfig& config) const {
+std::vector<uint32_t> GemmOp::base_alignment(const KernelSpec& spec, const KernelConfig& config) const {
   // TMA descriptors need 16-byte aligned bases (cuTensorMapEncodeTiled); cp.async needs none.
   return std::vector<uint32_t>(tensors(spec).size(), flag(config, "TMA") ? 16 : 1);
 }
 
-Plan GemmOp::plan(const KernelSpec& call, const TileConfig& c) const {
+Plan GemmOp::plan(const KernelSpec& call, const KernelConfig& c) const {
   Plan p;
   Launch l;
   l.kernel = "kiln_gemm";
@@ -256,7 +256,7 @@ std::vector<TestSpec> GemmOp::test_specs(const TargetInfo& /*target*/) const {
   return out;
 }
 
-std::vector<TensorMapInfo> GemmOp::tensor_maps(const KernelSpec& spec, const TileConfig& c) const {
+std::vector<TensorMapInfo> GemmOp::tensor_maps(const KernelSpec& spec, const KernelConfig& c) const {
   if (!flag(c, "TMA")) return {};
   const uint64_t M = spec.param("M"), N = spec.param("N"), K = spec.param("K");
   const uint32_t bm = static_cast<uint32_t>(c.at("BM")), bn = static_cast<uint32_t>(c.at("BN"));
@@ -301,7 +301,7 @@ void GemmOp::reference(const KernelSpec& spec, const Scalars&, std::span<const s
   }
 }
 
-std::vector<ModelLine> GemmOp::throughput_model(const KernelSpec& spec, const TileConfig& config,
+std::vector<ModelLine> GemmOp::throughput_model(const KernelSpec& spec, const KernelConfig& config,
                                                 const TargetInfo& target, int registers_per_lane) const {
   if (!config.count("MFMA") || !config.at("MFMA")) return {};
   std::vector<ModelLine> out;
@@ -312,7 +312,7 @@ std::vector<ModelLine> GemmOp::throughput_model(const KernelSpec& spec, const Ti
                                       m.tflops, m.device, m.peak_tflops, m.bound, m.tiles, m.rounds, m.blocks_per_cu,
                                       m.mfma_cycles, m.lds_cycles, m.global_cycles, m.mfma_per_k_tile)});
   std::string all;
-  for (const TileConfig& c : mfma_configs(target)) {
+  for (const KernelConfig& c : mfma_configs(target)) {
     const MfmaModel o = mfma_model(spec, c, target);  // registers estimated
     all += fmt::format("{}{}x{}x{} {} waves {:.4g}", all.empty() ? "" : ", ", c.at("BM"), c.at("BN"), c.at("BK"),
                        c.at("THREADS") / 64, o.tflops);

@@ -28,21 +28,21 @@ class GemmOp final : public OpTemplate {
   std::span<const TensorDecl> signature() const override;
   /// sm_90a with bf16/fp16 and TMA-able strides: the TMA kernel, then the cp.async kernel for
   /// calls whose bases are not 16-byte aligned. Elsewhere the heuristic's kernel only.
-  std::vector<TileConfig> variants(const KernelSpec& spec, const TargetInfo& target) const override;
-  TileConfig choose_config(const KernelSpec& spec, const TargetInfo& target) const override;
+  std::vector<KernelConfig> variants(const KernelSpec& spec, const TargetInfo& target) const override;
+  KernelConfig choose_config(const KernelSpec& spec, const TargetInfo& target) const override;
   /// The TMA kernel (sm_90a): the heuristic's tile, then the other of 128 x 256 (4 stages) and
   /// 128 x 128 (6 stages), each with tile-order groups of 8 row tiles (the kernel's default, no
   /// key) and of 16 (GROUP_M=16). Every other path: the heuristic's configuration only.
-  std::vector<TileConfig> tuning_candidates(const KernelSpec& spec, const TargetInfo& target) const override;
+  std::vector<KernelConfig> tuning_candidates(const KernelSpec& spec, const TargetInfo& target) const override;
   /// gemm_sm90_tma.kernel (TMA=1), gemm_sm90.kernel (WGMMA=1), gemm_mfma.kernel (MFMA=1), else the
   /// portable gemm.kernel; the last two after the shared gemm_common.kernel.
-  std::string_view device_template(const TileConfig& config) const override;
-  std::string specialize(const KernelSpec& spec, const TileConfig& config) const override;
-  uint32_t dynamic_shared_bytes(const KernelSpec& spec, const TileConfig& config) const override;
-  std::string_view kernel_name(const TileConfig&) const override { return "kiln_gemm"; }
-  Plan plan(const KernelSpec& call, const TileConfig& config) const override;
+  std::string_view device_template(const KernelConfig& config) const override;
+  std::string specialize(const KernelSpec& spec, const KernelConfig& config) const override;
+  uint32_t dynamic_shared_bytes(const KernelSpec& spec, const KernelConfig& config) const override;
+  std::string_view kernel_name(const KernelConfig&) const override { return "kiln_gemm"; }
+  Plan plan(const KernelSpec& call, const KernelConfig& config) const override;
   /// The TMA variant needs A, B and C 16-byte aligned.
-  std::vector<uint32_t> base_alignment(const KernelSpec& spec, const TileConfig& config) const override;
+  std::vector<uint32_t> base_alignment(const KernelSpec& spec, const KernelConfig& config) const override;
   /// B is scaled by 1/sqrt(K), so that outputs stay O(1) for any K.
   void init_inputs(const KernelSpec& spec, std::span<const TensorInfo> inputs, std::vector<std::vector<float>>& values,
                    std::mt19937_64& rng) const override;
@@ -55,16 +55,16 @@ class GemmOp final : public OpTemplate {
   /// "MxNxK NT" (transposes of A and B).
   std::string short_form(const KernelSpec& spec) const override;
   /// The MFMA configurations' modelled throughput (gemm_mfma.h, docs/amd-gemm-model.md).
-  std::vector<ModelLine> throughput_model(const KernelSpec& spec, const TileConfig& config, const TargetInfo& target,
+  std::vector<ModelLine> throughput_model(const KernelSpec& spec, const KernelConfig& config, const TargetInfo& target,
                                           int registers_per_lane) const override;
 
   /// The TMA tensor maps of a TMA configuration (A, B, C), in tensor order; empty otherwise.
-  std::vector<TensorMapInfo> tensor_maps(const KernelSpec& spec, const TileConfig& config) const;
+  std::vector<TensorMapInfo> tensor_maps(const KernelSpec& spec, const KernelConfig& config) const;
   /// The launch geometry of a configuration.
-  LaunchGeometry geometry(const KernelSpec& spec, const TileConfig& config) const;
+  LaunchGeometry geometry(const KernelSpec& spec, const KernelConfig& config) const;
 
  protected:
-  Result<void> check(const KernelSpec& spec, const TargetInfo& target) const override;
+  Result<void> validate_rules(const KernelSpec& spec, const TargetInfo& target) const override;
 };
 
 }  // namespace kiln

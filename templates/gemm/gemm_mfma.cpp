@@ -7,7 +7,7 @@ namespace kiln {
 namespace {
 bool is_gfx950(const TargetInfo& target) { return target.name == "gfx950"; }
 
-TileConfig make(const TargetInfo& target, int64_t bm, int64_t bn, int64_t bk, int64_t wm, int64_t wn) {
+KernelConfig make(const TargetInfo& target, int64_t bm, int64_t bn, int64_t bk, int64_t wm, int64_t wn) {
   return {{"MFMA", 1},       {"MFMA_K", is_gfx950(target) ? 16 : 8},
           {"BM", bm},        {"BN", bn},
           {"BK", bk},        {"WAVES_M", wm},
@@ -20,7 +20,7 @@ bool mfma_applies(const KernelSpec& spec, const TargetInfo& target) {
          (spec.dtype == DType::bf16 || spec.dtype == DType::f16);
 }
 
-std::vector<TileConfig> mfma_configs(const TargetInfo& target) {
+std::vector<KernelConfig> mfma_configs(const TargetInfo& target) {
   if (is_gfx950(target))
     // 160 KiB of LDS: 64-deep k-tiles. 256x256 with 8 waves (128x64 per wave) is 144 KiB.
     return {make(target, 256, 256, 64, 2, 4), make(target, 256, 128, 64, 2, 2), make(target, 128, 128, 64, 2, 2),
@@ -30,10 +30,10 @@ std::vector<TileConfig> mfma_configs(const TargetInfo& target) {
           make(target, 64, 64, 32, 2, 2)};
 }
 
-int64_t mfma_lds_bytes(const TileConfig& c) { return 2 * (c.at("BM") + c.at("BN")) * (c.at("BK") + 8) * 2; }
+int64_t mfma_lds_bytes(const KernelConfig& c) { return 2 * (c.at("BM") + c.at("BN")) * (c.at("BK") + 8) * 2; }
 
-std::vector<TileConfig> mfma_usable_configs(const KernelSpec& spec, const TargetInfo& target) {
-  std::vector<TileConfig> configs = mfma_configs(target);
+std::vector<KernelConfig> mfma_usable_configs(const KernelSpec& spec, const TargetInfo& target) {
+  std::vector<KernelConfig> configs = mfma_configs(target);
   // Leading dimensions that are not multiples of 8 elements rule out 16-byte loads: the kernel
   // stages element by element, which needs more registers than the tiles above 128 x 128 have.
   const int64_t lda = spec.param("trans_a") ? spec.param("M") : spec.param("K");
@@ -47,7 +47,7 @@ std::vector<TileConfig> mfma_usable_configs(const KernelSpec& spec, const Target
   // there, the same tile at <= 256 registers passes), so such a kernel would go unproven: excluded
   // until the emulator is fixed (docs/amd-gemm-model.md has the reproducer).
   const bool transposing = spec.param("trans_a") != 0 || spec.param("trans_b") == 0;
-  std::erase_if(configs, [&](const TileConfig& c) {
+  std::erase_if(configs, [&](const KernelConfig& c) {
     const int64_t area = c.at("BM") * c.at("BN");
     if (misaligned && area > 128 * 128) return true;
     return transposing && c.at("MFMA_K") == 8 && area == 256 * 128 && c.at("THREADS") == 256;
@@ -55,13 +55,13 @@ std::vector<TileConfig> mfma_usable_configs(const KernelSpec& spec, const Target
   return configs;
 }
 
-TileConfig mfma_choose_config(const KernelSpec& spec, const TargetInfo& target) {
+KernelConfig mfma_choose_config(const KernelSpec& spec, const TargetInfo& target) {
   // The least modelled time; within 0.1%, the least padded work (tiles x BM x BN), then the
   // larger tile (the earlier configuration).
-  const std::vector<TileConfig> configs = mfma_usable_configs(spec, target);
+  const std::vector<KernelConfig> configs = mfma_usable_configs(spec, target);
   size_t best = 0;
   MfmaModel best_m = mfma_model(spec, configs[0], target);
-  auto padded = [](const MfmaModel& m, const TileConfig& c) { return m.tiles * c.at("BM") * c.at("BN"); };
+  auto padded = [](const MfmaModel& m, const KernelConfig& c) { return m.tiles * c.at("BM") * c.at("BN"); };
   for (size_t i = 1; i < configs.size(); ++i) {
     const MfmaModel m = mfma_model(spec, configs[i], target);
     const bool faster = m.seconds < best_m.seconds * 0.999;
@@ -71,9 +71,9 @@ TileConfig mfma_choose_config(const KernelSpec& spec, const TargetInfo& target) 
   return configs[best];
 }
 
-std::vector<TileConfig> mfma_candidates(const KernelSpec& spec, const TargetInfo& target) {
-  std::vector<TileConfig> out = {mfma_choose_config(spec, target)};
-  for (const TileConfig& c : mfma_usable_configs(spec, target))
+std::vector<KernelConfig> mfma_candidates(const KernelSpec& spec, const TargetInfo& target) {
+  std::vector<KernelConfig> out = {mfma_choose_config(spec, target)};
+  for (const KernelConfig& c : mfma_usable_configs(spec, target))
     if (c != out.front()) out.push_back(c);
   return out;
 }
@@ -89,7 +89,7 @@ const MfmaDevice& mfma_device(const TargetInfo& target) {
   return is_gfx950(target) ? mi355x : mi300x;
 }
 
-MfmaModel mfma_model(const KernelSpec& spec, const TileConfig& c, const TargetInfo& target, int vgprs_per_lane) {
+MfmaModel mfma_model(const KernelSpec& spec, const KernelConfig& c, const TargetInfo& target, int vgprs_per_lane) {
   const MfmaDevice& d = mfma_device(target);
   const double M = static_cast<double>(spec.param("M")), N = static_cast<double>(spec.param("N")),
                K = static_cast<double>(spec.param("K"));

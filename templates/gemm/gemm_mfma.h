@@ -18,23 +18,23 @@ bool mfma_applies(const KernelSpec& spec, const TargetInfo& target);
 
 /// Every MFMA tile configuration of `target` (MFMA=1, MFMA_K, BM, BN, BK, WAVES_M, WAVES_N,
 /// THREADS), largest tile first; each fits the target's LDS (64 KiB gfx942, 160 KiB gfx950).
-std::vector<TileConfig> mfma_configs(const TargetInfo& target);
+std::vector<KernelConfig> mfma_configs(const TargetInfo& target);
 
 /// The configurations of `target` that serve `spec`: leading dimensions that are not multiples of
 /// 8 elements allow at most 128 x 128; an M- or N-contiguous operand (NN, TN) rules out gfx942's
 /// 256 x 128 x 32 on 4 waves (more than 256 registers).
-std::vector<TileConfig> mfma_usable_configs(const KernelSpec& spec, const TargetInfo& target);
+std::vector<KernelConfig> mfma_usable_configs(const KernelSpec& spec, const TargetInfo& target);
 
 /// The configuration with the least modelled time for the exact shape (ties: the less padded
 /// work, then the larger tile). Leading dimensions that are not multiples of 8 elements (no
 /// 16-byte loads) limit the tile to 128 x 128.
-TileConfig mfma_choose_config(const KernelSpec& spec, const TargetInfo& target);
+KernelConfig mfma_choose_config(const KernelSpec& spec, const TargetInfo& target);
 
 /// The heuristic's configuration first, then the other usable configurations.
-std::vector<TileConfig> mfma_candidates(const KernelSpec& spec, const TargetInfo& target);
+std::vector<KernelConfig> mfma_candidates(const KernelSpec& spec, const TargetInfo& target);
 
 /// LDS bytes of a configuration: two stages of [BM + BN][BK + 8] 16-bit elements.
-int64_t mfma_lds_bytes(const TileConfig& config);
+int64_t mfma_lds_bytes(const KernelConfig& config);
 
 /// The device a model speaks of: datasheet figures plus the documented assumptions.
 struct MfmaDevice {
@@ -69,7 +69,7 @@ struct MfmaModel {
 };
 /// `vgprs_per_lane`: the compiled kernel's arch VGPRs + AGPRs (a negative value: estimated from
 /// the accumulator tile).
-MfmaModel mfma_model(const KernelSpec& spec, const TileConfig& config, const TargetInfo& target,
+MfmaModel mfma_model(const KernelSpec& spec, const KernelConfig& config, const TargetInfo& target,
                      int vgprs_per_lane = -1);
 
 }  // namespace kiln

@@ -57,12 +57,12 @@ const TensorDecl kSignature[] = {
     {"C", Role::output, DTypeRule::out, DType::f32, "[M, N]", c_shape, nullptr, "(C_in +) (A*sa) @ (B*sb)^T", "C_in"},
 };
 
-bool flag(const TileConfig& c, const char* key) {
+bool flag(const KernelConfig& c, const char* key) {
   auto it = c.find(key);
   return it != c.end() && it->second != 0;
 }
 
-TileConfig sm90_tma_config(bool dbuf, int64_t bm = 128) {
+KernelConfig sm90_tma_config(bool dbuf, int64_t bm = 128) {
   return {{"WGMMA", 1}, {"TMA", 1},           {"DBUF", dbuf ? 1 : 0},         {"BM", bm}, {"BN", 128}, {"BK", 128},
           {"STAGES", bm == 128 ? 6 : 5}, {"THREADS", 128 * (1 + bm / 64)}};
 }
@@ -74,7 +74,7 @@ bool sm90_tma(const KernelSpec& spec, const TargetInfo& target) {
 
 // Dynamic shared memory of the Hopper kernels: 1024 bytes of alignment slack, the stages (A and B
 // slices; with TMA and block scales also the slice's scales) and the TMA kernel's mbarriers.
-int64_t sm90_shared_bytes(const KernelSpec& spec, const TileConfig& c) {
+int64_t sm90_shared_bytes(const KernelSpec& spec, const KernelConfig& c) {
   const int64_t gran = spec.param("granularity");
   int64_t stage = (c.at("BM") + c.at("BN")) * c.at("BK");
   if (!flag(c, "TMA")) return 1024 + c.at("STAGES") * stage;
@@ -93,7 +93,7 @@ std::span<const ParamInfo> GemmFp8Op::params() const { return kParams; }
 std::span<const DType> GemmFp8Op::dtypes() const { return kDTypes; }
 std::span<const TensorDecl> GemmFp8Op::signature() const { return kSignature; }
 
-Result<void> GemmFp8Op::check(const KernelSpec& spec, const TargetInfo& target) const {
+Result<void> GemmFp8Op::validate_rules(const KernelSpec& spec, const TargetInfo& target) const {
   const KernelSpec s = with_defaults(spec);
   if (mx(s) && !(target.vendor == Vendor::amd && target.cpu == "gfx950"))
     return make_error(
@@ -114,13 +114,13 @@ Result<void> GemmFp8Op::check(const KernelSpec& spec, const TargetInfo& target) 
   return ok();
 }
 
-std::vector<TileConfig> GemmFp8Op::variants(const KernelSpec& spec, const TargetInfo& target) const {
+std::vector<KernelConfig> GemmFp8Op::variants(const KernelSpec& spec, const TargetInfo& target) const {
   const int64_t M = spec.param("M"), N = spec.param("N");
   // 128 x 128 tiles where they still give every compute unit a block, else 64 x 64.
   const bool big = ceil_div(M, 128) * ceil_div(N, 128) >= target.compute_units;
   const int64_t bm = big ? 128 : 64, t = big ? 8 : 4;
   // The portable kernel: a TM x TN = t x t register tile per thread.
-  const TileConfig portable = {{"BM", bm}, {"BN", bm}, {"BK", 16}, {"TM", t}, {"TN", t}, {"THREADS", (bm / t) * (bm / t)}};
+  const KernelConfig portable = {{"BM", bm}, {"BN", bm}, {"BK", 16}, {"TM", t}, {"TN", t}, {"THREADS", (bm / t) * (bm / t)}};
   // sm_90a, K a multiple of 16 (16-byte rows, as TMA's strides need): the TMA warp-specialized
   // persistent kernel (gemm_fp8_sm90_tma.kernel), 128 x 128 tiles in a 6-stage ring of 128-deep
   // slices (about 200 KiB of shared memory) or 192 x 128 in 5; the portable kernel serves
@@ -145,14 +145,14 @@ std::vector<TileConfig> GemmFp8Op::variants(const KernelSpec& spec, const Target
   // 2 stages of 128 x 128 tiles are 40 KiB of LDS); the portable kernel serves A or B views that
   // are not 16-byte aligned (base_alignment).
   // mx (gfx950 only, check()): the scaled 32x32x64 MFMA, MFMA_K 64.
-  const TileConfig mfma = {{"MFMA", 1},      {"MFMA_K", mx(spec) ? 64 : 16},
+  const KernelConfig mfma = {{"MFMA", 1},      {"MFMA_K", mx(spec) ? 64 : 16},
                            {"BM", bm},       {"BN", bm},
                            {"BK", 64},       {"WAVES_M", 2},
                            {"WAVES_N", 2},   {"THREADS", 256}};
   return {mfma, portable};
 }
 
-std::vector<uint32_t> GemmFp8Op::base_alignment(const KernelSpec& spec, const TileConfig& c) const {
+std::vector<uint32_t> GemmFp8Op::base_alignment(const KernelSpec& spec, const KernelConfig& c) const {
   std::vector<uint32_t> out(tensors(spec).size(), 1);
   // The MFMA kernel's 16-byte loads of A and B rows (when K % 16 == 0 makes the rows aligned).
   if (flag(c, "MFMA") && spec.param("K") % 16 == 0) out[0] = out[1] = 16;
@@ -160,18 +160,18 @@ std::vector<uint32_t> GemmFp8Op::base_alignment(const KernelSpec& spec, const Ti
   return out;
 }
 
-uint32_t GemmFp8Op::dynamic_shared_bytes(const KernelSpec& spec, const TileConfig& c) const {
+uint32_t GemmFp8Op::dynamic_shared_bytes(const KernelSpec& spec, const KernelConfig& c) const {
   return flag(c, "WGMMA") ? static_cast<uint32_t>(sm90_shared_bytes(with_defaults(spec), c)) : 0;
 }
 
-std::vector<TileConfig> GemmFp8Op::tuning_candidates(const KernelSpec& spec, const TargetInfo& target) const {
+std::vector<KernelConfig> GemmFp8Op::tuning_candidates(const KernelSpec& spec, const TargetInfo& target) const {
   if (!sm90_tma(spec, target)) return {choose_config(spec, target)};
-  const TileConfig first = choose_config(spec, target);
+  const KernelConfig first = choose_config(spec, target);
   return {first, first.at("BM") == 192 ? sm90_tma_config(false) : sm90_tma_config(false, 192), sm90_tma_config(true),
           {{"WGMMA", 1}, {"BM", 128}, {"BN", 128}, {"BK", 128}, {"STAGES", 4}, {"THREADS", 256}}};
 }
 
-std::string_view GemmFp8Op::device_template(const TileConfig& c) const {
+std::string_view GemmFp8Op::device_template(const KernelConfig& c) const {
   static const std::string portable = std::string(embedded_file("templates/gemm_fp8/gemm_fp8_common.kernel")) + "\n" +
                                       std::string(embedded_file("templates/gemm_fp8/gemm_fp8.kernel"));
   static const std::string mfma = std::string(embedded_file("templates/gemm_fp8/gemm_fp8_common.kernel")) + "\n" +
@@ -183,7 +183,7 @@ std::string_view GemmFp8Op::device_template(const TileConfig& c) const {
   return flag(c, "TMA") ? sm90_tma : flag(c, "WGMMA") ? sm90 : flag(c, "MFMA") ? mfma : portable;
 }
 
-std::string GemmFp8Op::specialize(const KernelSpec& spec, const TileConfig& c) const {
+std::string GemmFp8Op::specialize(const KernelSpec& spec, const KernelConfig& c) const {
   const KernelSpec s = with_defaults(spec);
   std::string out = fmt::format(
       "constexpr long long M = {}, N = {}, K = {}, KB = {};\n"
@@ -213,7 +213,7 @@ std::string GemmFp8Op::specialize(const KernelSpec& spec, const TileConfig& c) c
   return out;
 }
 
-Plan GemmFp8Op::plan(const KernelSpec& call, const TileConfig& c) const {
+Plan GemmFp8Op::plan(const KernelSpec& call, const KernelConfig& c) const {
   Plan p;
   Launch l;
   l.kernel = "kiln_gemm_fp8";
@@ -338,7 +338,7 @@ Gate GemmFp8Op::gate(const KernelSpec&, const TensorInfo&) const {
 // block1x128 add their promotion (16 FMAs per accumulator register per 128 k, VALU at 64 lanes per
 // cycle per SIMD). The kernel's time is the larger of that and the HBM time of A, B, the scales
 // and C; the latency between k-tiles is not modelled (an upper bound).
-std::vector<ModelLine> GemmFp8Op::throughput_model(const KernelSpec& call, const TileConfig& c, const TargetInfo& target,
+std::vector<ModelLine> GemmFp8Op::throughput_model(const KernelSpec& call, const KernelConfig& c, const TargetInfo& target,
                                                    int /*registers_per_lane*/) const {
   if (!flag(c, "MFMA") || target.vendor != Vendor::amd) return {};
   const KernelSpec s = with_defaults(call);

@@ -55,18 +55,18 @@ class GemmFp8Op final : public OpTemplate {
   std::span<const TensorDecl> signature() const override;
   /// gfx942, gfx950: the MFMA kernel (MFMA=1); sm_90a (K % 16 == 0): the TMA kernel (TMA=1);
   /// then the portable kernel for unaligned views. Elsewhere: the portable kernel.
-  std::vector<TileConfig> variants(const KernelSpec& spec, const TargetInfo& target) const override;
-  std::string_view device_template(const TileConfig& config) const override;
-  std::string specialize(const KernelSpec& spec, const TileConfig& config) const override;
-  std::string_view kernel_name(const TileConfig&) const override { return "kiln_gemm_fp8"; }
-  Plan plan(const KernelSpec& call, const TileConfig& config) const override;
-  uint32_t dynamic_shared_bytes(const KernelSpec& spec, const TileConfig& config) const override;
+  std::vector<KernelConfig> variants(const KernelSpec& spec, const TargetInfo& target) const override;
+  std::string_view device_template(const KernelConfig& config) const override;
+  std::string specialize(const KernelSpec& spec, const KernelConfig& config) const override;
+  std::string_view kernel_name(const KernelConfig&) const override { return "kiln_gemm_fp8"; }
+  Plan plan(const KernelSpec& call, const KernelConfig& config) const override;
+  uint32_t dynamic_shared_bytes(const KernelSpec& spec, const KernelConfig& config) const override;
   /// sm_90a with K % 16 == 0: the TMA kernel with and without DBUF, with three consumer
   /// warpgroups (BM 192), and the cp.async WGMMA kernel.
-  std::vector<TileConfig> tuning_candidates(const KernelSpec& spec, const TargetInfo& target) const override;
+  std::vector<KernelConfig> tuning_candidates(const KernelSpec& spec, const TargetInfo& target) const override;
   /// The MFMA kernel needs A and B 16-byte aligned where K % 16 == 0 (16-byte loads); the portable
   /// kernel, its fallback, needs nothing.
-  std::vector<uint32_t> base_alignment(const KernelSpec& spec, const TileConfig& config) const override;
+  std::vector<uint32_t> base_alignment(const KernelSpec& spec, const KernelConfig& config) const override;
   /// fp8 values spread over the format's range, scales about 1 / FP8_MAX (B's also 1 / sqrt(K))
   /// and different per group, so that a wrong scale index shows.
   void init_inputs(const KernelSpec& spec, std::span<const TensorInfo> inputs, std::vector<std::vector<float>>& values,
@@ -82,13 +82,13 @@ class GemmFp8Op final : public OpTemplate {
   std::vector<TestSpec> test_specs(const TargetInfo& target) const override;
   /// The MFMA kernel's modelled throughput on gfx942 / gfx950 (MI300X / MI355X datasheet figures,
   /// docs/gemm-fp8.md): modelled, not measured.
-  std::vector<ModelLine> throughput_model(const KernelSpec& spec, const TileConfig& config, const TargetInfo& target,
+  std::vector<ModelLine> throughput_model(const KernelSpec& spec, const KernelConfig& config, const TargetInfo& target,
                                           int registers_per_lane) const override;
   /// "MxNxK blockwise e5m2xe4m3".
   std::string short_form(const KernelSpec& spec) const override;
 
  protected:
-  Result<void> check(const KernelSpec& spec, const TargetInfo& target) const override;
+  Result<void> validate_rules(const KernelSpec& spec, const TargetInfo& target) const override;
 };
 
 /// B's dtype for a gemm_fp8 spec: b_format in the encoding of dtype.

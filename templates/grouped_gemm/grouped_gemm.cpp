@@ -71,7 +71,7 @@ std::span<const ParamInfo> GroupedGemmOp::params() const { return kParams; }
 std::span<const DType> GroupedGemmOp::dtypes() const { return kDTypes; }
 std::span<const TensorDecl> GroupedGemmOp::signature() const { return kSignature; }
 
-Result<void> GroupedGemmOp::check(const KernelSpec& spec, const TargetInfo& target) const {
+Result<void> GroupedGemmOp::validate_rules(const KernelSpec& spec, const TargetInfo& target) const {
   const KernelSpec s = with_defaults(spec);
   if (accumulate(s) && !tn(s))
     return make_error(Errc::invalid_argument,
@@ -111,11 +111,11 @@ Result<void> GroupedGemmOp::check(const KernelSpec& spec, const TargetInfo& targ
 //  - portable (grouped_gemm.kernel, every target; the fallback on sm_90a): 64 x 64 tiles of c,
 //    16-deep slices through LDS in fp32, 4 x 4 outputs per thread (256 threads).
 namespace {
-bool wgmma(const TileConfig& c) { return c.count("WGMMA") && c.at("WGMMA") != 0; }
-bool tma(const TileConfig& c) { return c.count("TMA") && c.at("TMA") != 0; }
+bool wgmma(const KernelConfig& c) { return c.count("WGMMA") && c.at("WGMMA") != 0; }
+bool tma(const KernelConfig& c) { return c.count("TMA") && c.at("TMA") != 0; }
 constexpr int64_t kTmaMaxGroups = 1024;  // the offsets and row-tile prefix live in shared memory
-bool mfma(const TileConfig& c) { return c.count("MFMA") && c.at("MFMA") != 0; }
-int64_t sm90_shared_bytes(const KernelSpec& s, const TileConfig& c) {
+bool mfma(const KernelConfig& c) { return c.count("MFMA") && c.at("MFMA") != 0; }
+int64_t sm90_shared_bytes(const KernelSpec& s, const KernelConfig& c) {
   const int64_t stages = c.at("STAGES") * (c.at("BM") + c.at("BN")) * c.at("BK") * (fp8(s) ? 1 : 2);
   if (!tma(c)) return 1024 + stages;
   return 1024 + stages + 16 * c.at("STAGES") + 8 * (s.param("groups") + 1);  // + mbarriers, offsets, prefix
@@ -128,14 +128,14 @@ bool tma_applies(const KernelSpec& s, const TargetInfo& target) {
          K % 8 == 0 &&
          (mode == kNt || K % 64 == 0) && G <= kTmaMaxGroups && G * (mode == kNt ? N : K) <= kInt32Max;
 }
-TileConfig tma_config(int64_t bn) {
+KernelConfig tma_config(int64_t bn) {
   return {{"WGMMA", 1}, {"TMA", 1}, {"BM", 128}, {"BN", bn}, {"BK", 64}, {"STAGES", bn == 256 ? 4 : 6}, {"THREADS", 384}};
 }
-const TileConfig kCpAsync = {{"WGMMA", 1}, {"BM", 128}, {"BN", 128}, {"BK", 64}, {"STAGES", 4}, {"THREADS", 256}};
-bool fp8_kernel(const TileConfig& c) { return c.count("FP8") && c.at("FP8") != 0; }
+const KernelConfig kCpAsync = {{"WGMMA", 1}, {"BM", 128}, {"BN", 128}, {"BK", 64}, {"STAGES", 4}, {"THREADS", 256}};
+bool fp8_kernel(const KernelConfig& c) { return c.count("FP8") && c.at("FP8") != 0; }
 }  // namespace
 
-std::vector<TileConfig> GroupedGemmOp::variants(const KernelSpec& spec, const TargetInfo& target) const {
+std::vector<KernelConfig> GroupedGemmOp::variants(const KernelSpec& spec, const TargetInfo& target) const {
   // fp8 blockwise (nt): the cp.async WGMMA kernel on sm_90a (128-deep slices: one scale block
   // each), the MFMA kernel on AMD (2 x 2 waves of the 32x32x16 fp8 MFMA, as gemm_fp8 chooses) on
   // 64 x 64 tiles: at 128 x 128 (378 VGPRs) the CDNA emulator gave NaN rows for K a multiple of
@@ -153,7 +153,7 @@ std::vector<TileConfig> GroupedGemmOp::variants(const KernelSpec& spec, const Ta
              {"THREADS", 256},
              {"MFMA_K", 16}}};
   }
-  TileConfig portable = {{"BM", 64}, {"BN", 64}, {"BK", 16}, {"TM", 4}, {"TN", 4}, {"THREADS", 256}};
+  KernelConfig portable = {{"BM", 64}, {"BN", 64}, {"BK", 16}, {"TM", 4}, {"TN", 4}, {"THREADS", 256}};
   if (tma_applies(spec, target)) return {tma_config(spec.param("N") >= 256 ? 256 : 128), portable};
   if (target.vendor == Vendor::nvidia && target.cpu == "sm_90a" && spec.param("N") % 8 == 0 &&
       spec.param("K") % 8 == 0)
@@ -171,7 +171,7 @@ std::vector<TileConfig> GroupedGemmOp::variants(const KernelSpec& spec, const Ta
   return {portable};
 }
 
-std::vector<uint32_t> GroupedGemmOp::base_alignment(const KernelSpec& spec, const TileConfig& c) const {
+std::vector<uint32_t> GroupedGemmOp::base_alignment(const KernelSpec& spec, const KernelConfig& c) const {
   if (fp8_kernel(c)) {  // a, b, offsets, sa, sb, c: 16-byte rows of a and b (the MFMA kernel: where K % 16 == 0)
     const uint32_t ab = wgmma(c) || spec.param("K") % 16 == 0 ? 16 : 1;
     return {ab, ab, 1, 1, 1, 1};
@@ -184,17 +184,17 @@ std::vector<uint32_t> GroupedGemmOp::base_alignment(const KernelSpec& spec, cons
   return out;
 }
 
-uint32_t GroupedGemmOp::dynamic_shared_bytes(const KernelSpec& spec, const TileConfig& c) const {
+uint32_t GroupedGemmOp::dynamic_shared_bytes(const KernelSpec& spec, const KernelConfig& c) const {
   return wgmma(c) ? static_cast<uint32_t>(sm90_shared_bytes(spec, c)) : 0;
 }
 
-std::vector<TileConfig> GroupedGemmOp::tuning_candidates(const KernelSpec& spec, const TargetInfo& target) const {
+std::vector<KernelConfig> GroupedGemmOp::tuning_candidates(const KernelSpec& spec, const TargetInfo& target) const {
   if (!tma_applies(spec, target)) return {choose_config(spec, target)};
-  const TileConfig first = choose_config(spec, target);
+  const KernelConfig first = choose_config(spec, target);
   return {first, tma_config(first.at("BN") == 256 ? 128 : 256), kCpAsync};
 }
 
-std::string_view GroupedGemmOp::device_template(const TileConfig& c) const {
+std::string_view GroupedGemmOp::device_template(const KernelConfig& c) const {
   if (fp8_kernel(c))
     return embedded_file(wgmma(c) ? "templates/grouped_gemm/grouped_gemm_fp8_sm90.kernel"
                                   : "templates/grouped_gemm/grouped_gemm_fp8_mfma.kernel");
@@ -204,7 +204,7 @@ std::string_view GroupedGemmOp::device_template(const TileConfig& c) const {
                                  : "templates/grouped_gemm/grouped_gemm.kernel");
 }
 
-std::string GroupedGemmOp::specialize(const KernelSpec& spec, const TileConfig& c) const {
+std::string GroupedGemmOp::specialize(const KernelSpec& spec, const KernelConfig& c) const {
   const char* acc = accumulate(with_defaults(spec)) ? "true" : "false";
   if (fp8_kernel(c)) {
     const bool e5m2 = spec.dtype == DType::e5m2 || spec.dtype == DType::e5m2fnuz;
@@ -250,7 +250,7 @@ std::string GroupedGemmOp::specialize(const KernelSpec& spec, const TileConfig& 
 // nt, nn: grid.x covers every group's row tiles (at most ceil(tokens / BM) + G - 1 of them: each
 // group wastes less than one tile), grid.y the column tiles; a block finds its group from the
 // offsets and blocks past the last tile exit. tn: one block per (BM x BN tile of c[g], g).
-Plan GroupedGemmOp::plan(const KernelSpec& call, const TileConfig& c) const {
+Plan GroupedGemmOp::plan(const KernelSpec& call, const KernelConfig& c) const {
   Plan p;
   const int64_t tokens = call.param("tokens"), G = call.param("groups");
   LaunchGeometry g;

@@ -40,16 +40,16 @@ class GroupedGemmOp final : public OpTemplate {
   std::span<const DType> dtypes() const override;
   bool supports_out_dtype(DType, DType out) const override { return is_float16_or_32(out); }
   std::span<const TensorDecl> signature() const override;
-  std::vector<TileConfig> variants(const KernelSpec& spec, const TargetInfo& target) const override;
-  std::string_view device_template(const TileConfig& config) const override;
-  std::string specialize(const KernelSpec& spec, const TileConfig& config) const override;
-  std::string_view kernel_name(const TileConfig&) const override { return "kiln_grouped_gemm"; }
-  Plan plan(const KernelSpec& call, const TileConfig& config) const override;
-  std::vector<uint32_t> base_alignment(const KernelSpec& spec, const TileConfig& config) const override;
-  uint32_t dynamic_shared_bytes(const KernelSpec& spec, const TileConfig& config) const override;
+  std::vector<KernelConfig> variants(const KernelSpec& spec, const TargetInfo& target) const override;
+  std::string_view device_template(const KernelConfig& config) const override;
+  std::string specialize(const KernelSpec& spec, const KernelConfig& config) const override;
+  std::string_view kernel_name(const KernelConfig&) const override { return "kiln_grouped_gemm"; }
+  Plan plan(const KernelSpec& call, const KernelConfig& config) const override;
+  std::vector<uint32_t> base_alignment(const KernelSpec& spec, const KernelConfig& config) const override;
+  uint32_t dynamic_shared_bytes(const KernelSpec& spec, const KernelConfig& config) const override;
   /// sm_90a, m-grouped, where the TMA kernel applies: its 128 x 256 and 128 x 128 tiles and the
   /// cp.async kernel.
-  std::vector<TileConfig> tuning_candidates(const KernelSpec& spec, const TargetInfo& target) const override;
+  std::vector<KernelConfig> tuning_candidates(const KernelSpec& spec, const TargetInfo& target) const override;
   void init_inputs(const KernelSpec& spec, std::span<const TensorInfo> inputs, std::vector<std::vector<float>>& values,
                    std::mt19937_64& rng) const override;
   void reference(const KernelSpec& spec, const Scalars& scalars, std::span<const std::vector<float>> inputs,
@@ -59,7 +59,7 @@ class GroupedGemmOp final : public OpTemplate {
   std::vector<TestSpec> test_specs(const TargetInfo& target) const override;
 
  protected:
-  Result<void> check(const KernelSpec& spec, const TargetInfo& target) const override;
+  Result<void> validate_rules(const KernelSpec& spec, const TargetInfo& target) const override;
 };
 
 }  // namespace kiln

@@ -138,7 +138,7 @@ inline constexpr std::string_view kLseDoc = "[heads, total_q] (bshd: total_q = b
 inline bool supported_dim(int64_t d) { return d == 64 || d == 128 || d == 192 || d == 256; }
 
 // The rules of both ops; `op` names the op in messages.
-inline Result<void> check(std::string_view op, const KernelSpec& given, const KernelSpec& s) {
+inline Result<void> validate_rules(std::string_view op, const KernelSpec& given, const KernelSpec& s) {
   auto bad = [&](std::string msg) { return make_error(Errc::invalid_argument, fmt::format("{}: {}", op, msg)); };
   const int64_t h = s.param("heads"), hkv = s.param("kv_heads");
   if (h % hkv != 0)

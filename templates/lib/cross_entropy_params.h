@@ -66,10 +66,10 @@ constexpr TensorDecl targets_decl(TargetDType t) {
 /// The op's configurations for rows of vocab elements: `row_config(vocab, vec)` with 16-byte
 /// accesses when vocab is a multiple of the vector, then with one element per access.
 template <class RowConfig>
-std::vector<TileConfig> vector_then_scalar(const KernelSpec& spec, RowConfig row_config) {
+std::vector<KernelConfig> vector_then_scalar(const KernelSpec& spec, RowConfig row_config) {
   const int64_t vocab = spec.param("vocab");
   const int64_t vec = 16 / static_cast<int64_t>(dtype_size(spec.dtype));
-  std::vector<TileConfig> out;
+  std::vector<KernelConfig> out;
   if (vocab % vec == 0) out.push_back(row_config(vocab, vec));
   out.push_back(row_config(vocab, 1));
   return out;

@@ -4,7 +4,7 @@
 
 namespace kiln {
 
-TileConfig elementwise_row_config(int64_t columns, int64_t vec, const TargetInfo& target) {
+KernelConfig elementwise_row_config(int64_t columns, int64_t vec, const TargetInfo& target) {
   // Up to 256 threads of 2 accesses each per block: enough blocks for every SM/CU even at few
   // rows, and two independent 16-byte loads in flight per thread and tensor.
   const int64_t nvec = ceil_div(columns, vec);
@@ -13,15 +13,15 @@ TileConfig elementwise_row_config(int64_t columns, int64_t vec, const TargetInfo
   return {{"THREADS", threads}, {"VEC", vec}, {"ITEMS", items}};
 }
 
-std::vector<TileConfig> elementwise_row_variants(int64_t columns, DType t, const TargetInfo& target) {
+std::vector<KernelConfig> elementwise_row_variants(int64_t columns, DType t, const TargetInfo& target) {
   const int64_t vec = 16 / static_cast<int64_t>(dtype_size(t));
-  std::vector<TileConfig> out;
+  std::vector<KernelConfig> out;
   if (columns % vec == 0) out.push_back(elementwise_row_config(columns, vec, target));
   out.push_back(elementwise_row_config(columns, 1, target));
   return out;
 }
 
-LaunchGeometry elementwise_row_geometry(int64_t rows, int64_t columns, const TileConfig& c) {
+LaunchGeometry elementwise_row_geometry(int64_t rows, int64_t columns, const KernelConfig& c) {
   LaunchGeometry g;
   g.grid.x = static_cast<uint32_t>(rows);
   g.grid.y = static_cast<uint32_t>(ceil_div(ceil_div(columns, c.at("VEC")), c.at("THREADS") * c.at("ITEMS")));

@@ -41,16 +41,16 @@ constexpr TensorDecl ids_decl(IdsDType t) {
 
 /// Up to 256 threads of at most 2 accesses each per block (as the elementwise row ops) over rows
 /// of `columns` elements, VEC at a time.
-inline TileConfig row_config(int64_t columns, int64_t vec, const TargetInfo& target) {
+inline KernelConfig row_config(int64_t columns, int64_t vec, const TargetInfo& target) {
   const int64_t nvec = ceil_div(columns, vec);
   const int64_t threads = std::clamp<int64_t>(round_up(ceil_div(nvec, 2), target.wave_size), target.wave_size, 256);
   const int64_t items = std::clamp<int64_t>(ceil_div(nvec, threads), 1, 2);
   return {{"THREADS", threads}, {"VEC", vec}, {"ITEMS", items}};
 }
 /// 16-byte vector accesses when hidden is a multiple of the vector, then one element at a time.
-inline std::vector<TileConfig> variants(const KernelSpec& spec, const TargetInfo& target) {
+inline std::vector<KernelConfig> variants(const KernelSpec& spec, const TargetInfo& target) {
   const int64_t hidden = spec.param("hidden"), vec = 16 / static_cast<int64_t>(dtype_size(spec.dtype));
-  std::vector<TileConfig> out;
+  std::vector<KernelConfig> out;
   if (hidden % vec == 0) out.push_back(row_config(hidden, vec, target));
   out.push_back(row_config(hidden, 1, target));
   return out;

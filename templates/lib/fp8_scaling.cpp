@@ -32,7 +32,7 @@ bool fp8_fused_delayed(const KernelSpec& spec) {
   return spec.param("fp8_out") != 0 && spec.param("fp8_granularity") == kTensorwise;
 }
 
-TileConfig fp8_row_config(int64_t columns, int64_t vec, const TargetInfo& target) {
+KernelConfig fp8_row_config(int64_t columns, int64_t vec, const TargetInfo& target) {
   const int64_t nvec = ceil_div(columns, vec);
   const int64_t unit = vec == 1 ? std::max<int64_t>(128, target.wave_size) : target.wave_size;
   const int64_t threads = std::clamp<int64_t>(round_up(ceil_div(nvec, 4), unit), unit, 1024);
@@ -198,13 +198,13 @@ std::pair<DType, DType> fp8_test_formats(const TargetInfo& target) {
   return {fp8_for_target(DType::e4m3, target), fp8_for_target(DType::e5m2, target)};
 }
 
-std::string fp8_fused_defines(const KernelSpec& spec, const TileConfig& config) {
+std::string fp8_fused_defines(const KernelSpec& spec, const KernelConfig& config) {
   if (!config.count("FP8")) return "";
   return fmt::format("#define FP8_GRAN {}\ntypedef {} fp8_t;\n", spec.param("fp8_granularity"),
                      device_type_name(fp8_out_dtype(spec)));
 }
 
-void fp8_fused_alignment(const TileConfig& config, std::span<const TensorInfo> tensors, std::vector<uint32_t>& out) {
+void fp8_fused_alignment(const KernelConfig& config, std::span<const TensorInfo> tensors, std::vector<uint32_t>& out) {
   if (!config.count("FP8")) return;
   for (size_t i = 0; i < tensors.size(); ++i)
     if (is_fused_scale(tensors[i].name) || tensors[i].name == "amax_history" || tensors[i].name == "amax_history_out")

@@ -98,7 +98,7 @@ bool fp8_fused_delayed(const KernelSpec& spec);
 /// One block per row, the row in registers: VEC elements per access (16 bytes, or 1), about 4
 /// accesses per thread, whole wavefronts (multiples of 128 threads for VEC 1, so that a 1x128
 /// group never straddles the items of a thread), at most 1024 threads; FP8 = 1.
-TileConfig fp8_row_config(int64_t columns, int64_t vec, const TargetInfo& target);
+KernelConfig fp8_row_config(int64_t columns, int64_t vec, const TargetInfo& target);
 /// The reference of a fused fp8 output: `y` holds the listed rows of [rows, cols] as the op stores
 /// them (rounded to its dtype); appends y_fp8 (those rows), y_scale (those rows; [1] with delayed
 /// tensorwise) and, with delayed tensorwise, amax_history_out (whose amax needs every row: `y`
@@ -108,10 +108,10 @@ void fp8_fused_reference(const KernelSpec& spec, std::span<const int64_t> rows, 
 /// The fused fp8 output of a row op (rmsnorm, swiglu, rmsnorm_bwd, swiglu_bwd), shared by them: the
 /// outputs are named after the tensor they quantize (y_fp8, y_scale; dx_fp8, dx_scale). The baked constants
 /// of a configuration with "FP8" (FP8_GRAN and fp8_t; "" without it) ...
-std::string fp8_fused_defines(const KernelSpec& spec_with_defaults, const TileConfig& config);
+std::string fp8_fused_defines(const KernelSpec& spec_with_defaults, const KernelConfig& config);
 /// ... and the base alignment of its tensors: the fp32 scales (*_scale) and amax history are accessed one
 /// element at a time (1), whatever the vector variant asks of the others.
-void fp8_fused_alignment(const TileConfig& config, std::span<const TensorInfo> tensors, std::vector<uint32_t>& out);
+void fp8_fused_alignment(const KernelConfig& config, std::span<const TensorInfo> tensors, std::vector<uint32_t>& out);
 /// Gates of the fused outputs (*_fp8, *_scale, amax_history_out; false for any other output or
 /// without fp8_out): the codes within one code (y's own rounding may differ from the
 /// reference's by one unit, and the code with it); y_scale and the history's new entry within

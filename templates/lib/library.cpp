@@ -135,7 +135,7 @@ std::span<const LibraryPart> library_parts() { return kParts; }
 Result<const LibraryPart*> find_library_part(std::string_view name) {
   for (const LibraryPart& p : kParts)
     if (p.name == name) return &p;
-  return make_error(Errc::unknown, fmt::format("unknown library part '{}'; the library (templates/lib/) has: {}",
+  return make_error(Errc::not_found, fmt::format("unknown library part '{}'; the library (templates/lib/) has: {}",
                                                name, part_names()));
 }
 

@@ -34,7 +34,7 @@ struct LibraryPart {
 /// Every part, in alphabetical order.
 std::span<const LibraryPart> library_parts();
 
-/// A part by name; Errc::unknown lists the parts.
+/// A part by name; Errc::not_found lists the parts.
 Result<const LibraryPart*> find_library_part(std::string_view name);
 
 /// The embedded text of a part (its `#include "lib/..."` lines unexpanded).

@@ -53,7 +53,7 @@ int64_t vector_width(const KernelSpec& spec) {
   return whole ? vec : 1;
 }
 
-TileConfig config_for(const KernelSpec& spec, int64_t vec) {
+KernelConfig config_for(const KernelSpec& spec, int64_t vec) {
   const bool interleaved = spec.param("interleaved") != 0;
   const int64_t pv = interleaved && vec > 1 ? vec / 2 : vec;  // pairs per chunk
   const int64_t chunks = rotary(spec) / 2 / pv;
@@ -119,7 +119,7 @@ std::vector<float> inv_freq(int64_t rotary_dim, int64_t theta, int64_t scaling) 
   return out;
 }
 
-Result<void> check(std::string_view op, const KernelSpec& spec, const KernelSpec& s) {
+Result<void> validate_rules(std::string_view op, const KernelSpec& spec, const KernelSpec& s) {
   const int64_t D = s.param("head_dim"), R = rotary(s);
   if (R > D)
     return make_error(Errc::invalid_argument,
@@ -157,8 +157,8 @@ Result<void> check(std::string_view op, const KernelSpec& spec, const KernelSpec
   return ok();
 }
 
-std::vector<TileConfig> variants(const KernelSpec& s) {
-  std::vector<TileConfig> out = {config_for(s, vector_width(s))};
+std::vector<KernelConfig> variants(const KernelSpec& s) {
+  std::vector<KernelConfig> out = {config_for(s, vector_width(s))};
   if (out.front().at("VEC") > 1) out.push_back(config_for(s, 1));
   return out;
 }
@@ -169,7 +169,7 @@ std::vector<uint32_t> base_alignment(std::vector<uint32_t> a) {
   return a;
 }
 
-std::string specialize(const KernelSpec& spec, const TileConfig& c, int sign) {
+std::string specialize(const KernelSpec& spec, const KernelConfig& c, int sign) {
   std::string s = fmt::format(
       "constexpr int HEADS = {}, KV_HEADS = {}, HEAD_DIM = {}, ROTARY_DIM = {};\n"
       "#define INTERLEAVED {}\n#define POS_TENSOR {}\n#define COS_SIN_CACHE {}\n#define INPLACE {}\n"
@@ -190,7 +190,7 @@ std::string specialize(const KernelSpec& spec, const TileConfig& c, int sign) {
   return s;
 }
 
-LaunchGeometry geometry(const KernelSpec& call, const TileConfig& c) {
+LaunchGeometry geometry(const KernelSpec& call, const KernelConfig& c) {
   LaunchGeometry g;
   g.grid.x = static_cast<uint32_t>(call.param("tokens"));
   g.block.x = static_cast<uint32_t>(c.at("THREADS"));
@@ -347,23 +347,23 @@ std::string short_form(const KernelSpec& s) {
 namespace kiln {
 namespace rp = rope_params;
 
-Result<void> RopeOpBase::check(const KernelSpec& spec, const TargetInfo&) const {
-  return rp::check(name(), spec, with_defaults(spec));
+Result<void> RopeOpBase::validate_rules(const KernelSpec& spec, const TargetInfo&) const {
+  return rp::validate_rules(name(), spec, with_defaults(spec));
 }
 
-std::vector<TileConfig> RopeOpBase::variants(const KernelSpec& spec, const TargetInfo&) const {
+std::vector<KernelConfig> RopeOpBase::variants(const KernelSpec& spec, const TargetInfo&) const {
   return rp::variants(with_defaults(spec));
 }
 
-std::vector<uint32_t> RopeOpBase::base_alignment(const KernelSpec& spec, const TileConfig& config) const {
+std::vector<uint32_t> RopeOpBase::base_alignment(const KernelSpec& spec, const KernelConfig& config) const {
   return rp::base_alignment(vector_variant_alignment(config, tensors(spec).size()));
 }
 
-std::string RopeOpBase::specialize(const KernelSpec& spec, const TileConfig& config) const {
+std::string RopeOpBase::specialize(const KernelSpec& spec, const KernelConfig& config) const {
   return rp::specialize(with_defaults(spec), config, sign());
 }
 
-Plan RopeOpBase::plan(const KernelSpec& call, const TileConfig& config) const {
+Plan RopeOpBase::plan(const KernelSpec& call, const KernelConfig& config) const {
   if (call.param("tokens") == 0) return {};
   Launch l = single_launch(call, config, rp::geometry(call, config));
   l.kernel = std::string(kernel_name(config));

@@ -81,18 +81,18 @@ std::vector<float> inv_freq(int64_t rotary_dim, int64_t theta, int64_t scaling);
 /// op in messages. Errors: rotary_dim above head_dim or
 /// odd, rope_theta or scaling with cos_sin = cache, a row stride below the contiguous row, out of
 /// place, or not a multiple of the 16-byte vector.
-Result<void> check(std::string_view op, const KernelSpec& spec, const KernelSpec& s);
+Result<void> validate_rules(std::string_view op, const KernelSpec& spec, const KernelSpec& s);
 /// The 16-byte vector configuration where every access of a head stays whole, then the scalar
 /// one (VEC, PV pairs per chunk, CTH chunk threads, THREADS).
-std::vector<TileConfig> variants(const KernelSpec& spec);
+std::vector<KernelConfig> variants(const KernelSpec& spec);
 /// The rotated tensors VEC elements at a time; the index tensors and caches one by one.
 std::vector<uint32_t> base_alignment(std::vector<uint32_t> vector_alignment);
 /// The baked constants of lib/rope.kernel's callers: shape, direction `sign`, configuration,
 /// dtypes, and with cos_sin = computed rope_fill_inv_freq (the inverse frequencies as stores of
 /// immediates).
-std::string specialize(const KernelSpec& spec, const TileConfig& config, int sign);
+std::string specialize(const KernelSpec& spec, const KernelConfig& config, int sign);
 /// One block per token, THREADS threads.
-LaunchGeometry geometry(const KernelSpec& call, const TileConfig& config);
+LaunchGeometry geometry(const KernelSpec& call, const KernelConfig& config);
 /// The op's one launch (`single_launch`'s: the tensors, then tokens, batch, max_pos and the row
 /// strides) with the strides resolved (0: the contiguous row).
 Plan plan(const KernelSpec& call, Launch launch);
@@ -123,10 +123,10 @@ class RopeOpBase : public OpTemplate {
  public:
   std::span<const ParamInfo> params() const override { return rope_params::params(); }
   std::span<const DType> dtypes() const override { return rope_params::dtypes(); }
-  std::vector<TileConfig> variants(const KernelSpec& spec, const TargetInfo& target) const override;
-  std::string specialize(const KernelSpec& spec, const TileConfig& config) const override;
-  Plan plan(const KernelSpec& call, const TileConfig& config) const override;
-  std::vector<uint32_t> base_alignment(const KernelSpec& spec, const TileConfig& config) const override;
+  std::vector<KernelConfig> variants(const KernelSpec& spec, const TargetInfo& target) const override;
+  std::string specialize(const KernelSpec& spec, const KernelConfig& config) const override;
+  Plan plan(const KernelSpec& call, const KernelConfig& config) const override;
+  std::vector<uint32_t> base_alignment(const KernelSpec& spec, const KernelConfig& config) const override;
   void init_inputs(const KernelSpec& spec, std::span<const TensorInfo> inputs, std::vector<std::vector<float>>& values,
                    std::mt19937_64& rng) const override;
   void reference(const KernelSpec& spec, const Scalars& scalars, std::span<const std::vector<float>> inputs,
@@ -139,7 +139,7 @@ class RopeOpBase : public OpTemplate {
  protected:
   /// The direction: +1 rotates by the angle (rope), -1 by its negative (rope_bwd).
   virtual int sign() const = 0;
-  Result<void> check(const KernelSpec& spec, const TargetInfo& target) const override;
+  Result<void> validate_rules(const KernelSpec& spec, const TargetInfo& target) const override;
 };
 
 }  // namespace kiln

@@ -58,14 +58,14 @@ Workspace workspace(int64_t slots, int64_t experts) {
 std::span<const ParamInfo> MoePermuteOp::params() const { return kParams; }
 std::span<const DType> MoePermuteOp::dtypes() const { return kDTypes; }
 std::span<const TensorDecl> MoePermuteOp::signature() const { return kSignature; }
-std::string_view MoePermuteOp::device_template(const TileConfig&) const {
+std::string_view MoePermuteOp::device_template(const KernelConfig&) const {
   return embedded_file("templates/moe_permute/moe_permute.kernel");
 }
 
-std::vector<TileConfig> MoePermuteOp::variants(const KernelSpec& spec, const TargetInfo& target) const {
+std::vector<KernelConfig> MoePermuteOp::variants(const KernelSpec& spec, const TargetInfo& target) const {
   return elementwise_row_variants(spec.param("hidden"), spec.dtype, target);
 }
-Result<void> MoePermuteOp::check(const KernelSpec& given, const TargetInfo&) const {
+Result<void> MoePermuteOp::validate_rules(const KernelSpec& given, const TargetInfo&) const {
   const KernelSpec spec = with_defaults(given);
   KILN_TRY(moe::check_slots(name(), spec));
   if (spec.param("scales") && !is_fp8(spec.dtype))
@@ -81,7 +81,7 @@ Result<void> MoePermuteOp::check(const KernelSpec& given, const TargetInfo&) con
   return ok();
 }
 
-std::vector<uint32_t> MoePermuteOp::base_alignment(const KernelSpec& spec, const TileConfig& config) const {
+std::vector<uint32_t> MoePermuteOp::base_alignment(const KernelSpec& spec, const KernelConfig& config) const {
   // Only x and x_sorted take vector accesses; ids, scales, row_map and offsets one element at a time.
   std::vector<uint32_t> a(tensors(spec).size(), 1);
   const uint32_t v = config.at("VEC") > 1 ? 16 : 1;
@@ -91,7 +91,7 @@ std::vector<uint32_t> MoePermuteOp::base_alignment(const KernelSpec& spec, const
   return a;
 }
 
-std::string MoePermuteOp::specialize(const KernelSpec& spec, const TileConfig& c) const {
+std::string MoePermuteOp::specialize(const KernelSpec& spec, const KernelConfig& c) const {
   const KernelSpec full = with_defaults(spec);
   return fmt::format("constexpr int EXPERTS = {}, K = {}, HIDDEN = {};\n"
                      "constexpr int THREADS = {}, VEC = {}, ITEMS = {}, AUX = {}, CHUNK = {};\n#define SCALES {}\n"
@@ -101,7 +101,7 @@ std::string MoePermuteOp::specialize(const KernelSpec& spec, const TileConfig& c
                      device_type_name(spec.dtype));
 }
 
-Plan MoePermuteOp::plan(const KernelSpec& call, const TileConfig& c) const {
+Plan MoePermuteOp::plan(const KernelSpec& call, const KernelConfig& c) const {
   Plan p;
   const int64_t T = call.param("tokens"), K = call.param("k"), E = call.param("experts"), H = call.param("hidden");
   const bool scaled = with_defaults(call).param("scales") != 0;

@@ -30,12 +30,12 @@ class MoePermuteOp final : public OpTemplate {
   std::span<const ParamInfo> params() const override;
   std::span<const DType> dtypes() const override;
   std::span<const TensorDecl> signature() const override;
-  std::vector<TileConfig> variants(const KernelSpec& spec, const TargetInfo& target) const override;
-  std::string_view device_template(const TileConfig& config) const override;
-  std::string specialize(const KernelSpec& spec, const TileConfig& config) const override;
-  std::string_view kernel_name(const TileConfig&) const override { return "kiln_moe_permute_rows"; }
-  Plan plan(const KernelSpec& call, const TileConfig& config) const override;
-  std::vector<uint32_t> base_alignment(const KernelSpec& spec, const TileConfig& config) const override;
+  std::vector<KernelConfig> variants(const KernelSpec& spec, const TargetInfo& target) const override;
+  std::string_view device_template(const KernelConfig& config) const override;
+  std::string specialize(const KernelSpec& spec, const KernelConfig& config) const override;
+  std::string_view kernel_name(const KernelConfig&) const override { return "kiln_moe_permute_rows"; }
+  Plan plan(const KernelSpec& call, const KernelConfig& config) const override;
+  std::vector<uint32_t> base_alignment(const KernelSpec& spec, const KernelConfig& config) const override;
   void init_inputs(const KernelSpec& spec, std::span<const TensorInfo> inputs, std::vector<std::vector<float>>& values,
                    std::mt19937_64& rng) const override;
   void reference(const KernelSpec& spec, const Scalars& scalars, std::span<const std::vector<float>> inputs,
@@ -43,7 +43,7 @@ class MoePermuteOp final : public OpTemplate {
   std::vector<TestSpec> test_specs(const TargetInfo& target) const override;
 
  protected:
-  Result<void> check(const KernelSpec& spec, const TargetInfo& target) const override;
+  Result<void> validate_rules(const KernelSpec& spec, const TargetInfo& target) const override;
 };
 
 }  // namespace kiln

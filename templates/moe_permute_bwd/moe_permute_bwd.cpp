@@ -32,27 +32,27 @@ const TensorDecl kSignature[] = {
 }  // namespace
 
 std::span<const ParamInfo> MoePermuteBwdOp::params() const { return kParams; }
-Result<void> MoePermuteBwdOp::check(const KernelSpec& spec, const TargetInfo&) const {
+Result<void> MoePermuteBwdOp::validate_rules(const KernelSpec& spec, const TargetInfo&) const {
   return moe::check_slots(name(), spec);
 }
 std::span<const DType> MoePermuteBwdOp::dtypes() const { return moe::kFloatDTypes; }
 std::span<const TensorDecl> MoePermuteBwdOp::signature() const { return kSignature; }
-std::string_view MoePermuteBwdOp::device_template(const TileConfig&) const {
+std::string_view MoePermuteBwdOp::device_template(const KernelConfig&) const {
   return embedded_file("templates/moe_permute_bwd/moe_permute_bwd.kernel");
 }
-std::vector<TileConfig> MoePermuteBwdOp::variants(const KernelSpec& spec, const TargetInfo& target) const {
+std::vector<KernelConfig> MoePermuteBwdOp::variants(const KernelSpec& spec, const TargetInfo& target) const {
   return elementwise_row_variants(spec.param("hidden"), spec.dtype, target);
 }
-std::vector<uint32_t> MoePermuteBwdOp::base_alignment(const KernelSpec& spec, const TileConfig& config) const {
+std::vector<uint32_t> MoePermuteBwdOp::base_alignment(const KernelSpec& spec, const KernelConfig& config) const {
   return vector_variant_alignment(config, tensors(spec).size(), {1});  // row_map: scalars
 }
-std::string MoePermuteBwdOp::specialize(const KernelSpec& spec, const TileConfig& c) const {
+std::string MoePermuteBwdOp::specialize(const KernelSpec& spec, const KernelConfig& c) const {
   return fmt::format("constexpr int K = {}, HIDDEN = {};\nconstexpr bool ACCUMULATE = {};\n"
                      "constexpr int THREADS = {}, VEC = {}, ITEMS = {};\ntypedef {} in_t;\n",
                      spec.param("k"), spec.param("hidden"), accumulate(spec) ? "true" : "false", c.at("THREADS"),
                      c.at("VEC"), c.at("ITEMS"), device_type_name(spec.dtype));
 }
-Plan MoePermuteBwdOp::plan(const KernelSpec& call, const TileConfig& c) const {
+Plan MoePermuteBwdOp::plan(const KernelSpec& call, const KernelConfig& c) const {
   Plan p;
   if (call.param("tokens") == 0) return p;
   using A = KernelArg;

@@ -55,19 +55,19 @@ std::span<const ParamInfo> MoeRouterOp::params() const { return kParams; }
 std::span<const ScalarInfo> MoeRouterOp::scalars() const { return kScalars; }
 std::span<const DType> MoeRouterOp::dtypes() const { return moe::kFloatDTypes; }
 std::span<const TensorDecl> MoeRouterOp::signature() const { return kSignature; }
-std::string_view MoeRouterOp::device_template(const TileConfig&) const {
+std::string_view MoeRouterOp::device_template(const KernelConfig&) const {
   return embedded_file("templates/moe_router/moe_router.kernel");
 }
 
-Result<void> MoeRouterOp::check(const KernelSpec& spec, const TargetInfo&) const {
+Result<void> MoeRouterOp::validate_rules(const KernelSpec& spec, const TargetInfo&) const {
   return moe::check_routing(name(), moe::Routing::of(with_defaults(spec)));
 }
 
-std::vector<TileConfig> MoeRouterOp::variants(const KernelSpec&, const TargetInfo& target) const {
+std::vector<KernelConfig> MoeRouterOp::variants(const KernelSpec&, const TargetInfo& target) const {
   return {{{"THREADS", kThreads}, {"WAVES", kThreads / target.wave_size}}};
 }
 
-std::string MoeRouterOp::specialize(const KernelSpec& given, const TileConfig& c) const {
+std::string MoeRouterOp::specialize(const KernelSpec& given, const KernelConfig& c) const {
   const moe::Routing r = moe::Routing::of(with_defaults(given));
   return fmt::format(
       "constexpr int EXPERTS = {}, K = {}, N_GROUP = {}, TOPK_GROUP = {};\nconstexpr bool GROUP_TOP2 = {};\n"
@@ -77,7 +77,7 @@ std::string MoeRouterOp::specialize(const KernelSpec& given, const TileConfig& c
       int(r.selects_by_logits()), c.at("THREADS"), kCountThreads, device_type_name(given.dtype));
 }
 
-Plan MoeRouterOp::plan(const KernelSpec& call, const TileConfig& c) const {
+Plan MoeRouterOp::plan(const KernelSpec& call, const KernelConfig& c) const {
   Plan p;
   const KernelSpec spec = with_defaults(call);
   const int64_t T = spec.param("tokens"), E = spec.param("experts");

@@ -38,11 +38,11 @@ class MoeRouterOp final : public OpTemplate {
   std::span<const ScalarInfo> scalars() const override;
   std::span<const DType> dtypes() const override;
   std::span<const TensorDecl> signature() const override;
-  std::vector<TileConfig> variants(const KernelSpec& spec, const TargetInfo& target) const override;
-  std::string_view device_template(const TileConfig& config) const override;
-  std::string specialize(const KernelSpec& spec, const TileConfig& config) const override;
-  std::string_view kernel_name(const TileConfig&) const override { return "kiln_moe_router"; }
-  Plan plan(const KernelSpec& call, const TileConfig& config) const override;
+  std::vector<KernelConfig> variants(const KernelSpec& spec, const TargetInfo& target) const override;
+  std::string_view device_template(const KernelConfig& config) const override;
+  std::string specialize(const KernelSpec& spec, const KernelConfig& config) const override;
+  std::string_view kernel_name(const KernelConfig&) const override { return "kiln_moe_router"; }
+  Plan plan(const KernelSpec& call, const KernelConfig& config) const override;
   void init_inputs(const KernelSpec& spec, std::span<const TensorInfo> inputs, std::vector<std::vector<float>>& values,
                    std::mt19937_64& rng) const override;
   void reference(const KernelSpec& spec, const Scalars& scalars, std::span<const std::vector<float>> inputs,
@@ -62,7 +62,7 @@ class MoeRouterOp final : public OpTemplate {
                                   std::vector<RefOutput>& refs) const override;
 
  protected:
-  Result<void> check(const KernelSpec& spec, const TargetInfo& target) const override;
+  Result<void> validate_rules(const KernelSpec& spec, const TargetInfo& target) const override;
 };
 
 }  // namespace kiln

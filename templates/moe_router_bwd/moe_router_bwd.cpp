@@ -37,19 +37,19 @@ std::span<const ParamInfo> MoeRouterBwdOp::params() const { return kParams; }
 std::span<const ScalarInfo> MoeRouterBwdOp::scalars() const { return kScalars; }
 std::span<const DType> MoeRouterBwdOp::dtypes() const { return moe::kFloatDTypes; }
 std::span<const TensorDecl> MoeRouterBwdOp::signature() const { return kSignature; }
-std::string_view MoeRouterBwdOp::device_template(const TileConfig&) const {
+std::string_view MoeRouterBwdOp::device_template(const KernelConfig&) const {
   return embedded_file("templates/moe_router_bwd/moe_router_bwd.kernel");
 }
 
-Result<void> MoeRouterBwdOp::check(const KernelSpec& spec, const TargetInfo&) const {
+Result<void> MoeRouterBwdOp::validate_rules(const KernelSpec& spec, const TargetInfo&) const {
   return moe::check_routing(name(), moe::Routing::of(with_defaults(spec)));
 }
 
-std::vector<TileConfig> MoeRouterBwdOp::variants(const KernelSpec&, const TargetInfo& target) const {
+std::vector<KernelConfig> MoeRouterBwdOp::variants(const KernelSpec&, const TargetInfo& target) const {
   return {{{"THREADS", kThreads}, {"WAVES", kThreads / target.wave_size}}};
 }
 
-std::string MoeRouterBwdOp::specialize(const KernelSpec& given, const TileConfig& c) const {
+std::string MoeRouterBwdOp::specialize(const KernelSpec& given, const KernelConfig& c) const {
   const moe::Routing r = moe::Routing::of(with_defaults(given));
   return fmt::format("constexpr int EXPERTS = {}, K = {};\n#define SIGMOID {}\n#define RENORM {}\n"
                      "constexpr int THREADS = {};\ntypedef {} in_t;\n",
@@ -57,7 +57,7 @@ std::string MoeRouterBwdOp::specialize(const KernelSpec& given, const TileConfig
                      device_type_name(given.dtype));
 }
 
-Plan MoeRouterBwdOp::plan(const KernelSpec& call, const TileConfig& c) const {
+Plan MoeRouterBwdOp::plan(const KernelSpec& call, const KernelConfig& c) const {
   Plan p;
   const int64_t T = call.param("tokens");
   if (T == 0) return p;

@@ -19,27 +19,27 @@ const TensorDecl kSignature[] = {
 }  // namespace
 
 std::span<const ParamInfo> MoeUnpermuteOp::params() const { return moe::row_map_params(); }
-Result<void> MoeUnpermuteOp::check(const KernelSpec& spec, const TargetInfo&) const {
+Result<void> MoeUnpermuteOp::validate_rules(const KernelSpec& spec, const TargetInfo&) const {
   return moe::check_slots(name(), spec);
 }
 std::span<const DType> MoeUnpermuteOp::dtypes() const { return moe::kFloatDTypes; }
 std::span<const TensorDecl> MoeUnpermuteOp::signature() const { return kSignature; }
-std::string_view MoeUnpermuteOp::device_template(const TileConfig&) const {
+std::string_view MoeUnpermuteOp::device_template(const KernelConfig&) const {
   return embedded_file("templates/moe_unpermute/moe_unpermute.kernel");
 }
-std::vector<TileConfig> MoeUnpermuteOp::variants(const KernelSpec& spec, const TargetInfo& target) const {
+std::vector<KernelConfig> MoeUnpermuteOp::variants(const KernelSpec& spec, const TargetInfo& target) const {
   return elementwise_row_variants(spec.param("hidden"), spec.dtype, target);
 }
-std::vector<uint32_t> MoeUnpermuteOp::base_alignment(const KernelSpec& spec, const TileConfig& config) const {
+std::vector<uint32_t> MoeUnpermuteOp::base_alignment(const KernelSpec& spec, const KernelConfig& config) const {
   return vector_variant_alignment(config, tensors(spec).size(), {1, 2});  // row_map, topk_weights: scalars
 }
-std::string MoeUnpermuteOp::specialize(const KernelSpec& spec, const TileConfig& c) const {
+std::string MoeUnpermuteOp::specialize(const KernelSpec& spec, const KernelConfig& c) const {
   return fmt::format("constexpr int K = {}, HIDDEN = {};\nconstexpr int THREADS = {}, VEC = {}, ITEMS = {};\n"
                      "typedef {} in_t;\n",
                      spec.param("k"), spec.param("hidden"), c.at("THREADS"), c.at("VEC"), c.at("ITEMS"),
                      device_type_name(spec.dtype));
 }
-Plan MoeUnpermuteOp::plan(const KernelSpec& call, const TileConfig& c) const {
+Plan MoeUnpermuteOp::plan(const KernelSpec& call, const KernelConfig& c) const {
   Plan p;
   if (call.param("tokens") == 0) return p;
   using A = KernelArg;

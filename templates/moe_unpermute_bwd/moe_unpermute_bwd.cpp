@@ -25,25 +25,25 @@ const TensorDecl kSignature[] = {
 }  // namespace
 
 std::span<const ParamInfo> MoeUnpermuteBwdOp::params() const { return moe::row_map_params(); }
-Result<void> MoeUnpermuteBwdOp::check(const KernelSpec& spec, const TargetInfo&) const {
+Result<void> MoeUnpermuteBwdOp::validate_rules(const KernelSpec& spec, const TargetInfo&) const {
   return moe::check_slots(name(), spec);
 }
 std::span<const DType> MoeUnpermuteBwdOp::dtypes() const { return moe::kFloatDTypes; }
 std::span<const TensorDecl> MoeUnpermuteBwdOp::signature() const { return kSignature; }
-std::string_view MoeUnpermuteBwdOp::device_template(const TileConfig&) const {
+std::string_view MoeUnpermuteBwdOp::device_template(const KernelConfig&) const {
   return embedded_file("templates/moe_unpermute_bwd/moe_unpermute_bwd.kernel");
 }
-std::vector<TileConfig> MoeUnpermuteBwdOp::variants(const KernelSpec& spec, const TargetInfo& target) const {
+std::vector<KernelConfig> MoeUnpermuteBwdOp::variants(const KernelSpec& spec, const TargetInfo& target) const {
   return elementwise_row_variants(spec.param("hidden"), spec.dtype, target);
 }
-std::vector<uint32_t> MoeUnpermuteBwdOp::base_alignment(const KernelSpec& spec, const TileConfig& config) const {
+std::vector<uint32_t> MoeUnpermuteBwdOp::base_alignment(const KernelSpec& spec, const KernelConfig& config) const {
   return vector_variant_alignment(config, tensors(spec).size(), {2, 3, 5});  // row_map, weights, dweights
 }
-std::string MoeUnpermuteBwdOp::specialize(const KernelSpec& spec, const TileConfig& c) const {
+std::string MoeUnpermuteBwdOp::specialize(const KernelSpec& spec, const KernelConfig& c) const {
   return fmt::format("constexpr int K = {}, HIDDEN = {};\nconstexpr int THREADS = {}, VEC = {};\ntypedef {} in_t;\n",
                      spec.param("k"), spec.param("hidden"), c.at("THREADS"), c.at("VEC"), device_type_name(spec.dtype));
 }
-Plan MoeUnpermuteBwdOp::plan(const KernelSpec& call, const TileConfig& c) const {
+Plan MoeUnpermuteBwdOp::plan(const KernelSpec& call, const KernelConfig& c) const {
   Plan p;
   if (call.param("tokens") == 0) return p;
   using A = KernelArg;

@@ -76,20 +76,20 @@ std::span<const ParamInfo> QuantizeFp8Op::params() const { return kParams; }
 std::span<const DType> QuantizeFp8Op::dtypes() const { return kDTypes; }
 bool QuantizeFp8Op::supports_out_dtype(DType in, DType out) const { return is_float16_or_32(in) && is_fp8(out); }
 std::span<const TensorDecl> QuantizeFp8Op::signature() const { return kSignature; }
-std::string_view QuantizeFp8Op::device_template(const TileConfig& c) const {
+std::string_view QuantizeFp8Op::device_template(const KernelConfig& c) const {
   // only_qt has its own template: quantize_fp8.kernel, and every other kernel's cache key, stay as
   // they were.
   return embedded_file(c.count("QT") ? "templates/quantize_fp8/quantize_fp8_qt.kernel"
                                      : "templates/quantize_fp8/quantize_fp8.kernel");
 }
-std::string_view QuantizeFp8Op::kernel_name(const TileConfig& c) const {
+std::string_view QuantizeFp8Op::kernel_name(const KernelConfig& c) const {
   // An empty configuration (`kiln ops`) names the kernel of most granularities.
   if (c.count("QT")) return "kiln_quantize_fp8_qt";
   const auto tiled = c.find("TILED");
   return tiled != c.end() && tiled->second == 0 ? "kiln_quantize_fp8_rows" : "kiln_quantize_fp8_tiles";
 }
 
-Result<void> QuantizeFp8Op::check(const KernelSpec& spec, const TargetInfo&) const {
+Result<void> QuantizeFp8Op::validate_rules(const KernelSpec& spec, const TargetInfo&) const {
   const KernelSpec s = with_defaults(spec);
   const int64_t g = s.param("granularity");
   if (delayed(s) && g != kTensorwise)
@@ -117,11 +117,11 @@ Result<void> QuantizeFp8Op::check(const KernelSpec& spec, const TargetInfo&) con
   return ok();
 }
 
-std::vector<TileConfig> QuantizeFp8Op::variants(const KernelSpec& spec, const TargetInfo& target) const {
+std::vector<KernelConfig> QuantizeFp8Op::variants(const KernelSpec& spec, const TargetInfo& target) const {
   const KernelSpec s = with_defaults(spec);
   const int64_t cols = s.param("cols");
   const int64_t vec = 16 / static_cast<int64_t>(dtype_size(s.dtype));
-  std::vector<TileConfig> out;
+  std::vector<KernelConfig> out;
   for (int64_t v : {vec, int64_t{1}}) {
     if (v > 1 && cols % 8 != 0) continue;  // whole 8-element chunks: 16-byte loads, 8-byte fp8 stores
     if (s.param("granularity") == kRowwise) {
@@ -139,14 +139,14 @@ std::vector<TileConfig> QuantizeFp8Op::variants(const KernelSpec& spec, const Ta
   return out;
 }
 
-std::vector<uint32_t> QuantizeFp8Op::base_alignment(const KernelSpec& spec, const TileConfig& config) const {
+std::vector<uint32_t> QuantizeFp8Op::base_alignment(const KernelSpec& spec, const KernelConfig& config) const {
   // scale and the history: scalar accesses.
   const size_t n = tensors(spec).size();
   return delayed(with_defaults(spec)) ? vector_variant_alignment(config, n, {1, 3, n - 1})
                                       : vector_variant_alignment(config, n, {2});
 }
 
-std::string QuantizeFp8Op::specialize(const KernelSpec& spec, const TileConfig& c) const {
+std::string QuantizeFp8Op::specialize(const KernelSpec& spec, const KernelConfig& c) const {
   const KernelSpec s = with_defaults(spec);
   // GRAN, TRANSPOSE and VECTOR (VEC > 1) are macros: the template selects code with #if.
   return fmt::format("constexpr int COLS = {};\n#define GRAN {}\n#define TRANSPOSE {}\n#define DELAYED {}\n"
@@ -157,7 +157,7 @@ std::string QuantizeFp8Op::specialize(const KernelSpec& spec, const TileConfig& 
                      c.at("THREADS"), c.at("VEC"), c.at("ITEMS"), device_type_name(s.dtype), device_type_name(s.out_dtype));
 }
 
-Plan QuantizeFp8Op::plan(const KernelSpec& call, const TileConfig& c) const {
+Plan QuantizeFp8Op::plan(const KernelSpec& call, const KernelConfig& c) const {
   Plan p;
   const int64_t rows = call.param("rows"), cols = call.param("cols"), g = call.param("granularity");
   // 0 rows: nothing to quantize; tensorwise still writes its scale (amax 0 gives scale 1), with

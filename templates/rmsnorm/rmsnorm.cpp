@@ -60,16 +60,16 @@ std::span<const ParamInfo> RmsNormOp::params() const { return kParams; }
 std::span<const ScalarInfo> RmsNormOp::scalars() const { return kScalars; }
 std::span<const DType> RmsNormOp::dtypes() const { return kDTypes; }
 std::span<const TensorDecl> RmsNormOp::signature() const { return kSignature; }
-std::string_view RmsNormOp::device_template(const TileConfig& c) const {
+std::string_view RmsNormOp::device_template(const KernelConfig& c) const {
   // With an fp8 output, its own template: the one without stays byte for byte what it was, and so
   // do the cache keys of every rmsnorm kernel without fp8_out.
   return embedded_file(c.count("FP8") ? "templates/rmsnorm/rmsnorm_fp8.kernel" : "templates/rmsnorm/rmsnorm.kernel");
 }
-std::string_view RmsNormOp::kernel_name(const TileConfig& c) const {
+std::string_view RmsNormOp::kernel_name(const KernelConfig& c) const {
   return c.count("FP8") ? "kiln_rmsnorm_fp8" : "kiln_rmsnorm";
 }
 
-Result<void> RmsNormOp::check(const KernelSpec& spec, const TargetInfo&) const {
+Result<void> RmsNormOp::validate_rules(const KernelSpec& spec, const TargetInfo&) const {
   const KernelSpec s = with_defaults(spec);
   if (!fp8_fused(s) && s.param("fp8_granularity") != kRowwise)
     return make_error(Errc::invalid_argument, "rmsnorm: fp8_granularity applies to the fp8 output: set fp8_out (an fp8 "
@@ -80,31 +80,31 @@ Result<void> RmsNormOp::check(const KernelSpec& spec, const TargetInfo&) const {
 // Each thread loads ITEMS vectors of VEC elements (16 bytes when VEC > 1) and keeps them in
 // registers between the sum-of-squares pass and the scaling pass. About 4 vectors per thread give
 // the memory system enough loads in flight; whole wavefronts, at most 1024 threads.
-TileConfig norm_row_config(int64_t hidden, int64_t vec, const TargetInfo& target) {
+KernelConfig norm_row_config(int64_t hidden, int64_t vec, const TargetInfo& target) {
   const int64_t nvec = ceil_div(hidden, vec);
   const int64_t threads = std::clamp<int64_t>(round_up(ceil_div(nvec, 4), target.wave_size), target.wave_size, 1024);
   return {{"THREADS", threads}, {"VEC", vec}, {"ITEMS", ceil_div(nvec, threads)}};
 }
 
-std::vector<TileConfig> RmsNormOp::variants(const KernelSpec& spec, const TargetInfo& target) const {
+std::vector<KernelConfig> RmsNormOp::variants(const KernelSpec& spec, const TargetInfo& target) const {
   const KernelSpec s = with_defaults(spec);
   const int64_t hidden = s.param("hidden");
   const int64_t vec = 16 / static_cast<int64_t>(dtype_size(s.dtype));
   auto config = fp8_fused(s) ? fp8_row_config : norm_row_config;
-  std::vector<TileConfig> out;
+  std::vector<KernelConfig> out;
   if (hidden % vec == 0 && hidden >= vec) out.push_back(config(hidden, vec, target));
   out.push_back(config(hidden, 1, target));
   return out;
 }
 
-std::vector<uint32_t> RmsNormOp::base_alignment(const KernelSpec& spec, const TileConfig& config) const {
+std::vector<uint32_t> RmsNormOp::base_alignment(const KernelSpec& spec, const KernelConfig& config) const {
   const std::vector<TensorInfo> ts = tensors(spec);
   std::vector<uint32_t> out = vector_variant_alignment(config, ts.size());
   fp8_fused_alignment(config, ts, out);
   return out;
 }
 
-std::string RmsNormOp::specialize(const KernelSpec& given, const TileConfig& c) const {
+std::string RmsNormOp::specialize(const KernelSpec& given, const KernelConfig& c) const {
   const KernelSpec spec = with_defaults(given);
   return fp8_fused_defines(spec, c) + fmt::format("constexpr int HIDDEN = {};\nconstexpr int THREADS = {}, VEC = {}, ITEMS = {};\n"
                      "#define RESIDUAL {}\n#define SAVE_RSTD {}\n"
@@ -113,7 +113,7 @@ std::string RmsNormOp::specialize(const KernelSpec& given, const TileConfig& c) 
                      spec.param("save_rstd"), device_type_name(spec.dtype), device_type_name(spec.out_dtype));
 }
 
-Plan RmsNormOp::plan(const KernelSpec& given, const TileConfig& c) const {
+Plan RmsNormOp::plan(const KernelSpec& given, const KernelConfig& c) const {
   Plan p;
   const KernelSpec call = with_defaults(given);
   const int64_t rows = call.param("rows");

@@ -29,7 +29,7 @@ namespace kiln {
 /// every base is 16-byte aligned; else scalar loads (the fallback, any alignment).
 /// The row configuration of the norms (rmsnorm, rmsnorm_bwd): one block per row, about 4 accesses
 /// of VEC elements per thread (VEC: 16 bytes, or 1), whole wavefronts, at most 1024 threads.
-TileConfig norm_row_config(int64_t hidden, int64_t vec, const TargetInfo& target);
+KernelConfig norm_row_config(int64_t hidden, int64_t vec, const TargetInfo& target);
 
 class RmsNormOp final : public OpTemplate {
  public:
@@ -41,12 +41,12 @@ class RmsNormOp final : public OpTemplate {
   std::span<const ScalarInfo> scalars() const override;
   std::span<const DType> dtypes() const override;
   std::span<const TensorDecl> signature() const override;
-  std::vector<TileConfig> variants(const KernelSpec& spec, const TargetInfo& target) const override;
-  std::string_view device_template(const TileConfig& config) const override;
-  std::string specialize(const KernelSpec& spec, const TileConfig& config) const override;
-  std::string_view kernel_name(const TileConfig& config) const override;
-  Plan plan(const KernelSpec& call, const TileConfig& config) const override;
-  std::vector<uint32_t> base_alignment(const KernelSpec& spec, const TileConfig& config) const override;
+  std::vector<KernelConfig> variants(const KernelSpec& spec, const TargetInfo& target) const override;
+  std::string_view device_template(const KernelConfig& config) const override;
+  std::string specialize(const KernelSpec& spec, const KernelConfig& config) const override;
+  std::string_view kernel_name(const KernelConfig& config) const override;
+  Plan plan(const KernelSpec& call, const KernelConfig& config) const override;
+  std::vector<uint32_t> base_alignment(const KernelSpec& spec, const KernelConfig& config) const override;
   void init_inputs(const KernelSpec& spec, std::span<const TensorInfo> inputs, std::vector<std::vector<float>>& values,
                    std::mt19937_64& rng) const override;
   void reference(const KernelSpec& spec, const Scalars& scalars, std::span<const std::vector<float>> inputs,
@@ -55,7 +55,7 @@ class RmsNormOp final : public OpTemplate {
   std::vector<TestSpec> test_specs(const TargetInfo& target) const override;
 
  protected:
-  Result<void> check(const KernelSpec& spec, const TargetInfo& target) const override;
+  Result<void> validate_rules(const KernelSpec& spec, const TargetInfo& target) const override;
 };
 
 }  // namespace kiln

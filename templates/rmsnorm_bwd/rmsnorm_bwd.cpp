@@ -67,7 +67,7 @@ constexpr int64_t kReduceCols = 16, kReduceLanes = 16;
 
 // Blocks of the first launch for `rows` rows: at most BLOCKS, and no more than needed for the
 // same number of row slots per block (fewer partial sums, the same time).
-int64_t row_blocks(int64_t rows, const TileConfig& c) {
+int64_t row_blocks(int64_t rows, const KernelConfig& c) {
   if (rows == 0) return 0;
   const int64_t per_slot = c.at("ROWS");
   const int64_t slots = ceil_div(rows, per_slot);                 // row slots of ROWS rows
@@ -80,16 +80,16 @@ std::span<const ParamInfo> RmsNormBwdOp::params() const { return kParams; }
 std::span<const ScalarInfo> RmsNormBwdOp::scalars() const { return kScalars; }
 std::span<const DType> RmsNormBwdOp::dtypes() const { return kDTypes; }
 std::span<const TensorDecl> RmsNormBwdOp::signature() const { return kSignature; }
-std::string_view RmsNormBwdOp::device_template(const TileConfig& c) const {
+std::string_view RmsNormBwdOp::device_template(const KernelConfig& c) const {
   // With an fp8 output, its own template: the one without stays byte for byte what it was, and so
   // do the cache keys of every rmsnorm_bwd kernel without fp8_out.
   return embedded_file(c.count("FP8") ? "templates/rmsnorm_bwd/rmsnorm_bwd_fp8.kernel"
                                       : "templates/rmsnorm_bwd/rmsnorm_bwd.kernel");
 }
-std::string_view RmsNormBwdOp::kernel_name(const TileConfig& c) const {
+std::string_view RmsNormBwdOp::kernel_name(const KernelConfig& c) const {
   return c.count("FP8") ? "kiln_rmsnorm_bwd_fp8" : "kiln_rmsnorm_bwd";
 }
-Result<void> RmsNormBwdOp::check(const KernelSpec& spec, const TargetInfo&) const {
+Result<void> RmsNormBwdOp::validate_rules(const KernelSpec& spec, const TargetInfo&) const {
   const KernelSpec s = with_defaults(spec);
   if (!fp8_fused(s) && s.param("fp8_granularity") != kRowwise)
     return make_error(Errc::invalid_argument, "rmsnorm_bwd: fp8_granularity applies to the fp8 output: set fp8_out (an "
@@ -156,7 +156,7 @@ int64_t blocks_that_fit(int64_t threads, int64_t regs, const TargetInfo& target)
   return std::min<int64_t>(32 * target.wave_size / threads, 4 * target.wave_size * 512 / (lanes * regs));
 }
 
-TileConfig bwd_config(int64_t hidden, int64_t vec, DType dtype, bool dres, const TargetInfo& target,
+KernelConfig bwd_config(int64_t hidden, int64_t vec, DType dtype, bool dres, const TargetInfo& target,
                       const BwdKnobs& k) {
   const int64_t in_size = static_cast<int64_t>(dtype_size(dtype));
   const int64_t nvec = ceil_div(hidden, vec);
@@ -195,46 +195,46 @@ int64_t vector_width(const KernelSpec& spec) {
 }  // namespace
 
 // The fp8 kernel (rmsnorm_bwd_fp8.kernel): one row per block at a time, the row in registers.
-TileConfig fp8_config(const KernelSpec& spec, int64_t vec, const TargetInfo& target) {
-  TileConfig c = fp8_row_config(spec.param("hidden"), vec, target);
+KernelConfig fp8_config(const KernelSpec& spec, int64_t vec, const TargetInfo& target) {
+  KernelConfig c = fp8_row_config(spec.param("hidden"), vec, target);
   c["BLOCKS"] = kFp8BlocksPerCu * target.compute_units;
   return c;
 }
 
-std::vector<TileConfig> RmsNormBwdOp::variants(const KernelSpec& given, const TargetInfo& target) const {
+std::vector<KernelConfig> RmsNormBwdOp::variants(const KernelSpec& given, const TargetInfo& target) const {
   const KernelSpec spec = with_defaults(given);
   if (fp8_fused(spec)) {
-    std::vector<TileConfig> out = {fp8_config(spec, vector_width(spec), target)};
+    std::vector<KernelConfig> out = {fp8_config(spec, vector_width(spec), target)};
     if (out.front().at("VEC") > 1) out.push_back(fp8_config(spec, 1, target));
     return out;
   }
-  std::vector<TileConfig> out = {choose_config(spec, target)};
+  std::vector<KernelConfig> out = {choose_config(spec, target)};
   if (out.front().at("VEC") > 1)
     out.push_back(bwd_config(spec.param("hidden"), 1, spec.dtype, adds_dres(spec), target, kDefaultKnobs));
   return out;
 }
-TileConfig RmsNormBwdOp::choose_config(const KernelSpec& given, const TargetInfo& target) const {
+KernelConfig RmsNormBwdOp::choose_config(const KernelSpec& given, const TargetInfo& target) const {
   const KernelSpec spec = with_defaults(given);
   if (fp8_fused(spec)) return fp8_config(spec, vector_width(spec), target);
   return bwd_config(spec.param("hidden"), vector_width(spec), spec.dtype, adds_dres(spec), target, kDefaultKnobs);
 }
-std::vector<TileConfig> RmsNormBwdOp::tuning_candidates(const KernelSpec& spec, const TargetInfo& target) const {
-  std::vector<TileConfig> out = {choose_config(spec, target)};
+std::vector<KernelConfig> RmsNormBwdOp::tuning_candidates(const KernelSpec& spec, const TargetInfo& target) const {
+  std::vector<KernelConfig> out = {choose_config(spec, target)};
   if (fp8_fused(with_defaults(spec))) return out;
   for (const BwdKnobs& k : kTuningKnobs) {
-    TileConfig c = bwd_config(spec.param("hidden"), vector_width(spec), spec.dtype, adds_dres(spec), target, k);
+    KernelConfig c = bwd_config(spec.param("hidden"), vector_width(spec), spec.dtype, adds_dres(spec), target, k);
     if (std::find(out.begin(), out.end(), c) == out.end()) out.push_back(std::move(c));
   }
   return out;
 }
-std::vector<uint32_t> RmsNormBwdOp::base_alignment(const KernelSpec& spec, const TileConfig& config) const {
+std::vector<uint32_t> RmsNormBwdOp::base_alignment(const KernelSpec& spec, const KernelConfig& config) const {
   const std::vector<TensorInfo> ts = tensors(spec);
   std::vector<uint32_t> out = vector_variant_alignment(config, ts.size());
   fp8_fused_alignment(config, ts, out);
   return out;
 }
 
-std::string RmsNormBwdOp::specialize(const KernelSpec& given, const TileConfig& c) const {
+std::string RmsNormBwdOp::specialize(const KernelSpec& given, const KernelConfig& c) const {
   const KernelSpec spec = with_defaults(given);
   if (c.count("FP8"))
     return fp8_fused_defines(spec, c) +
@@ -257,7 +257,7 @@ namespace {
 // The fp8 kernel's plan. Tensors: dy, x, gamma, rstd?, dres?, amax_history? -> dx, dgamma, dx_fp8,
 // dx_scale, amax_history_out?. Workspace: with delayed scaling each row's max |dx| (offset 0, as
 // kiln_fp8_amax_history reads it), then the blocks' dgamma partials.
-Plan fp8_plan(const KernelSpec& call, const std::vector<TensorInfo>& ts, const TileConfig& c) {
+Plan fp8_plan(const KernelSpec& call, const std::vector<TensorInfo>& ts, const KernelConfig& c) {
   Plan p;
   const int64_t n_rows = call.param("rows"), H = call.param("hidden");
   const int64_t blocks = std::min<int64_t>(n_rows, c.at("BLOCKS"));
@@ -298,7 +298,7 @@ Plan fp8_plan(const KernelSpec& call, const std::vector<TensorInfo>& ts, const T
 }
 }  // namespace
 
-Plan RmsNormBwdOp::plan(const KernelSpec& given, const TileConfig& c) const {
+Plan RmsNormBwdOp::plan(const KernelSpec& given, const KernelConfig& c) const {
   if (c.count("FP8")) {
     const KernelSpec call = with_defaults(given);
     return fp8_plan(call, tensors(call), c);

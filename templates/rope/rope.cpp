@@ -8,7 +8,7 @@ constexpr auto kSignature = rope_params::signature("q", "k", "q_out", "k_out");
 }  // namespace
 
 std::span<const TensorDecl> RopeOp::signature() const { return kSignature; }
-std::string_view RopeOp::device_template(const TileConfig&) const {
+std::string_view RopeOp::device_template(const KernelConfig&) const {
   return embedded_file("templates/rope/rope.kernel");
 }
 

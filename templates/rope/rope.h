@@ -27,8 +27,8 @@ class RopeOp final : public RopeOpBase {
     return "rotary position embedding of q [tokens, Hq, D] and k [tokens, Hkv, D] in one launch (forward)";
   }
   std::span<const TensorDecl> signature() const override;
-  std::string_view device_template(const TileConfig& config) const override;
-  std::string_view kernel_name(const TileConfig&) const override { return "kiln_rope"; }
+  std::string_view device_template(const KernelConfig& config) const override;
+  std::string_view kernel_name(const KernelConfig&) const override { return "kiln_rope"; }
 
  protected:
   int sign() const override { return 1; }

@@ -23,8 +23,8 @@ class RopeBwdOp final : public RopeOpBase {
     return "backward of rope: dq, dk from dq_out, dk_out by the inverse rotation, in one launch";
   }
   std::span<const TensorDecl> signature() const override;
-  std::string_view device_template(const TileConfig& config) const override;
-  std::string_view kernel_name(const TileConfig&) const override { return "kiln_rope_bwd"; }
+  std::string_view device_template(const KernelConfig& config) const override;
+  std::string_view kernel_name(const KernelConfig&) const override { return "kiln_rope_bwd"; }
 
  protected:
   int sign() const override { return -1; }

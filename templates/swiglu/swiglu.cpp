@@ -48,16 +48,16 @@ const TensorDecl kSignature[] = {
 std::span<const ParamInfo> SwiGluOp::params() const { return kParams; }
 std::span<const DType> SwiGluOp::dtypes() const { return kDTypes; }
 std::span<const TensorDecl> SwiGluOp::signature() const { return kSignature; }
-std::string_view SwiGluOp::device_template(const TileConfig& c) const {
+std::string_view SwiGluOp::device_template(const KernelConfig& c) const {
   // With an fp8 output, its own template (one block per row): the one without stays byte for byte
   // what it was, and so do the cache keys of every swiglu kernel without fp8_out.
   return embedded_file(c.count("FP8") ? "templates/swiglu/swiglu_fp8.kernel" : "templates/swiglu/swiglu.kernel");
 }
-std::string_view SwiGluOp::kernel_name(const TileConfig& c) const {
+std::string_view SwiGluOp::kernel_name(const KernelConfig& c) const {
   return c.count("FP8") ? "kiln_swiglu_fp8" : "kiln_swiglu";
 }
 
-Result<void> SwiGluOp::check(const KernelSpec& spec, const TargetInfo&) const {
+Result<void> SwiGluOp::validate_rules(const KernelSpec& spec, const TargetInfo&) const {
   const KernelSpec s = with_defaults(spec);
   if (!fp8_fused(s) && s.param("fp8_granularity") != kRowwise)
     return make_error(Errc::invalid_argument, "swiglu: fp8_granularity applies to the fp8 output: set fp8_out (an fp8 "
@@ -70,23 +70,23 @@ Result<void> SwiGluOp::check(const KernelSpec& spec, const TargetInfo&) const {
   return ok();
 }
 
-std::vector<TileConfig> SwiGluOp::variants(const KernelSpec& spec, const TargetInfo& target) const {
+std::vector<KernelConfig> SwiGluOp::variants(const KernelSpec& spec, const TargetInfo& target) const {
   const KernelSpec s = with_defaults(spec);
   if (!fp8_fused(s)) return elementwise_row_variants(s.param("intermediate"), s.dtype, target);
   const int64_t I = s.param("intermediate"), vec = 16 / static_cast<int64_t>(dtype_size(s.dtype));
-  std::vector<TileConfig> out;
+  std::vector<KernelConfig> out;
   if (I % vec == 0) out.push_back(fp8_row_config(I, vec, target));
   out.push_back(fp8_row_config(I, 1, target));
   return out;
 }
-std::vector<uint32_t> SwiGluOp::base_alignment(const KernelSpec& spec, const TileConfig& config) const {
+std::vector<uint32_t> SwiGluOp::base_alignment(const KernelSpec& spec, const KernelConfig& config) const {
   const std::vector<TensorInfo> ts = tensors(spec);
   std::vector<uint32_t> out = vector_variant_alignment(config, ts.size());
   fp8_fused_alignment(config, ts, out);
   return out;
 }
 
-std::string SwiGluOp::specialize(const KernelSpec& given, const TileConfig& c) const {
+std::string SwiGluOp::specialize(const KernelSpec& given, const KernelConfig& c) const {
   const KernelSpec spec = with_defaults(given);
   return fp8_fused_defines(spec, c) + fmt::format("constexpr int INTERMEDIATE = {};\nconstexpr int THREADS = {}, VEC = {}, ITEMS = {};\n"
                      "typedef {} in_t;\ntypedef {} out_t;\n",
@@ -94,7 +94,7 @@ std::string SwiGluOp::specialize(const KernelSpec& given, const TileConfig& c) c
                      device_type_name(spec.dtype), device_type_name(spec.out_dtype));
 }
 
-Plan SwiGluOp::plan(const KernelSpec& given, const TileConfig& c) const {
+Plan SwiGluOp::plan(const KernelSpec& given, const KernelConfig& c) const {
   Plan p;
   const KernelSpec call = with_defaults(given);
   const int64_t rows = call.param("rows");

@@ -51,17 +51,17 @@ const TensorDecl kSignature[] = {
 std::span<const ParamInfo> SwiGluBwdOp::params() const { return kParams; }
 std::span<const DType> SwiGluBwdOp::dtypes() const { return kDTypes; }
 std::span<const TensorDecl> SwiGluBwdOp::signature() const { return kSignature; }
-std::string_view SwiGluBwdOp::device_template(const TileConfig& c) const {
+std::string_view SwiGluBwdOp::device_template(const KernelConfig& c) const {
   // With an fp8 output, its own template (one block per row): the one without stays byte for byte
   // what it was, and so do the cache keys of every swiglu_bwd kernel without fp8_out.
   return embedded_file(c.count("FP8") ? "templates/swiglu_bwd/swiglu_bwd_fp8.kernel"
                                       : "templates/swiglu_bwd/swiglu_bwd.kernel");
 }
-std::string_view SwiGluBwdOp::kernel_name(const TileConfig& c) const {
+std::string_view SwiGluBwdOp::kernel_name(const KernelConfig& c) const {
   return c.count("FP8") ? "kiln_swiglu_bwd_fp8" : "kiln_swiglu_bwd";
 }
 
-Result<void> SwiGluBwdOp::check(const KernelSpec& spec, const TargetInfo&) const {
+Result<void> SwiGluBwdOp::validate_rules(const KernelSpec& spec, const TargetInfo&) const {
   const KernelSpec s = with_defaults(spec);
   if (!fp8_fused(s) && s.param("fp8_granularity") != kRowwise)
     return make_error(Errc::invalid_argument, "swiglu_bwd: fp8_granularity applies to the fp8 output: set fp8_out (an "
@@ -74,23 +74,23 @@ Result<void> SwiGluBwdOp::check(const KernelSpec& spec, const TargetInfo&) const
   return ok();
 }
 
-std::vector<TileConfig> SwiGluBwdOp::variants(const KernelSpec& spec, const TargetInfo& target) const {
+std::vector<KernelConfig> SwiGluBwdOp::variants(const KernelSpec& spec, const TargetInfo& target) const {
   const KernelSpec s = with_defaults(spec);
   if (!fp8_fused(s)) return elementwise_row_variants(s.param("intermediate"), s.dtype, target);
   // The row of dx is dgate | dup: a vector must not straddle the halves, so VEC divides I.
   const int64_t I = s.param("intermediate"), vec = 16 / static_cast<int64_t>(dtype_size(s.dtype));
-  std::vector<TileConfig> out;
+  std::vector<KernelConfig> out;
   if (I % vec == 0) out.push_back(fp8_row_config(2 * I, vec, target));
   out.push_back(fp8_row_config(2 * I, 1, target));
   return out;
 }
-std::vector<uint32_t> SwiGluBwdOp::base_alignment(const KernelSpec& spec, const TileConfig& config) const {
+std::vector<uint32_t> SwiGluBwdOp::base_alignment(const KernelSpec& spec, const KernelConfig& config) const {
   const std::vector<TensorInfo> ts = tensors(spec);
   std::vector<uint32_t> out = vector_variant_alignment(config, ts.size());
   fp8_fused_alignment(config, ts, out);
   return out;
 }
-std::string SwiGluBwdOp::specialize(const KernelSpec& given, const TileConfig& c) const {
+std::string SwiGluBwdOp::specialize(const KernelSpec& given, const KernelConfig& c) const {
   const KernelSpec spec = with_defaults(given);
   return fp8_fused_defines(spec, c) +
          fmt::format("constexpr int INTERMEDIATE = {};\nconstexpr int THREADS = {}, VEC = {}, ITEMS = {};\n"
@@ -98,7 +98,7 @@ std::string SwiGluBwdOp::specialize(const KernelSpec& given, const TileConfig& c
                      spec.param("intermediate"), c.at("THREADS"), c.at("VEC"), c.at("ITEMS"),
                      device_type_name(spec.dtype), device_type_name(spec.out_dtype));
 }
-Plan SwiGluBwdOp::plan(const KernelSpec& given, const TileConfig& c) const {
+Plan SwiGluBwdOp::plan(const KernelSpec& given, const KernelConfig& c) const {
   Plan p;
   const KernelSpec call = with_defaults(given);
   const int64_t rows = call.param("rows");

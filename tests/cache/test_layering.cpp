@@ -1,8 +1,14 @@
-// Layering:
+// Layering, from the bottom: the op contract (templates/), codegen/, compile/, cache/, runtime/.
 //   - cache/ sits below runtime/. Its files include nothing from runtime/ and not the public
 //     kiln/runtime.h, directly or through another header of the tree; the code-object types and
-//     the Compiler interface it needs are in codegen/code_object.h, the autotuner's types in
-//     kiln/tune.h.
+//     the Compiler interface it needs are in compile/, the autotuner's types in kiln/tune.h.
+//   - cache/ stores what the op layer produced without seeing the op contract: nothing in it
+//     reaches templates/op_template.h (or its parts, or the registry). What a key needs of an op
+//     comes through codegen's KernelSource and TuningSubject.
+//   - compile/ sits below cache/: it reaches nothing from cache/ or runtime/.
+//   - The device layer (runtime/device_impl.h: load a code object, launch a kernel) sees the code
+//     object (compile/code_object.h) and the launch types (templates/plan.h), not the compilers
+//     (compile/compiler.h) nor the op contract.
 //   - An op folder (templates/<op>/) includes no other op's folder; what several ops share lives
 //     in the library, templates/lib/, which includes no op folder.
 //   - Nothing outside templates/ includes an op's header: the rest of Kiln reaches ops through
@@ -30,8 +36,28 @@ fs::path root() {
   return other && *other ? fs::path(other) : fs::path(KILN_SOURCE_DIR);
 }
 
-bool forbidden_in_cache(const std::string& include) {
+using Rule = bool (*)(const std::string& include);
+
+bool runtime_include(const std::string& include) {
   return include.starts_with("runtime/") || include == "kiln/runtime.h";
+}
+
+// The op contract: op_template.h, its three parts and the registry (templates/plan.h, the launch
+// types, is a leaf below it).
+bool op_contract_include(const std::string& include) {
+  return include == "templates/op_template.h" || include == "templates/op_interface.h" ||
+         include == "templates/op_codegen.h" || include == "templates/op_testing.h" ||
+         include == "templates/registry.h";
+}
+
+bool forbidden_in_cache(const std::string& include) { return runtime_include(include) || op_contract_include(include); }
+
+bool forbidden_in_compile(const std::string& include) {
+  return runtime_include(include) || include.starts_with("cache/");
+}
+
+bool forbidden_in_device_layer(const std::string& include) {
+  return include == "compile/compiler.h" || op_contract_include(include);
 }
 
 // The quoted includes of a file of the tree ("x/y.h"), resolved against the source root and then
@@ -59,8 +85,9 @@ fs::path resolve(const std::string& inc) {
   return fs::exists(direct) ? fs::path(inc) : fs::path("include") / inc;
 }
 
-// Every forbidden include reachable from `start`, each with the chain of files that leads to it.
-std::vector<std::string> violations_from(const std::string& start) {
+// Every include reachable from `start` that `forbidden` refuses, each with the chain of files that
+// leads to it.
+std::vector<std::string> violations_from(const std::string& start, Rule forbidden = forbidden_in_cache) {
   std::vector<std::string> found;
   std::map<std::string, std::string> chain{{start, start}};  // file -> "a -> b -> file"
   std::vector<std::string> todo{start};
@@ -69,36 +96,69 @@ std::vector<std::string> violations_from(const std::string& start) {
     todo.pop_back();
     for (const std::string& inc : includes_of(file)) {
       const std::string path = resolve(inc).string();
-      if (forbidden_in_cache(inc)) found.push_back(chain[file] + " -> " + inc);
+      if (forbidden(inc)) found.push_back(chain[file] + " -> " + inc);
       if (chain.emplace(path, chain[file] + " -> " + inc).second) todo.push_back(path);
     }
   }
   return found;
 }
 
-TEST(Layering, CacheIncludesNothingFromRuntime) {
-  int files = 0;
-  for (const auto& e : fs::directory_iterator(root() / "cache")) {
+// The .cpp and .h files of a top-level folder, relative to the root (none when it is missing).
+std::vector<std::string> files_of(const std::string& folder) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(root() / folder, ec)) {
     const std::string ext = e.path().extension().string();
-    if (!e.is_regular_file() || (ext != ".cpp" && ext != ".h")) continue;
-    ++files;
-    const std::string rel = fs::relative(e.path(), root()).string();
-    for (const std::string& v : violations_from(rel))
-      ADD_FAILURE() << v << ": cache/ may not include runtime/ or kiln/runtime.h (put the type in a leaf header, "
-                    << "as codegen/code_object.h and kiln/tune.h are)";
+    if (e.is_regular_file() && (ext == ".cpp" || ext == ".h")) out.push_back(fs::relative(e.path(), root()).string());
   }
-  EXPECT_GE(files, 10);
+  return out;
 }
 
-// The walk finds what it looks for: runtime/runtime.cpp reaches both kinds of include.
+TEST(Layering, CacheIncludesNothingFromRuntimeNorTheOpContract) {
+  const std::vector<std::string> files = files_of("cache");
+  for (const std::string& rel : files)
+    for (const std::string& v : violations_from(rel))
+      ADD_FAILURE() << v << ": cache/ may not include runtime/, kiln/runtime.h or the op contract (put the type in a "
+                    << "leaf header, as compile/code_object.h and kiln/tune.h are, or pass what a key needs, as "
+                    << "codegen's TuningSubject does)";
+  EXPECT_GE(files.size(), 12u);
+}
+
+TEST(Layering, CompileIsOneFolderBelowCache) {
+  const std::vector<std::string> files = files_of("compile");
+  for (const std::string& rel : files)
+    for (const std::string& v : violations_from(rel, forbidden_in_compile))
+      ADD_FAILURE() << v << ": compile/ sits below cache/ and runtime/ and includes neither";
+  EXPECT_GE(files.size(), 14u);
+  // The whole compile stage is there: no compiler, NVRTC loader or code-object type elsewhere.
+  for (const char* gone : {"runtime/compile", "runtime/driver/nvrtc_api.h", "codegen/code_object.h"})
+    EXPECT_FALSE(fs::exists(root() / gone)) << gone << ": the compile stage lives in compile/";
+}
+
+TEST(Layering, TheDeviceLayerSeesNeitherTheCompilersNorTheOpContract) {
+  for (const std::string& v : violations_from("runtime/device_impl.h", forbidden_in_device_layer))
+    ADD_FAILURE() << v << ": runtime/device_impl.h loads a CodeObject (compile/code_object.h) and launches the "
+                  << "launch types (templates/plan.h); it includes neither the compilers nor the op contract";
+}
+
+// The walks find what they look for: runtime/runtime.cpp reaches every kind of include.
 TEST(Layering, TheIncludeWalkSeesRuntimeIncludes) {
-  bool private_header = false, public_header = false;
+  bool private_header = false, public_header = false, contract = false;
   for (const std::string& v : violations_from("runtime/runtime.cpp")) {
-    private_header |= v.ends_with("-> runtime/compile/compiler.h");
+    private_header |= v.ends_with("-> runtime/runtime_impl.h");
     public_header |= v.ends_with("-> kiln/runtime.h");
+    contract |= v.ends_with("-> templates/op_template.h");
   }
   EXPECT_TRUE(private_header);
   EXPECT_TRUE(public_header);
+  EXPECT_TRUE(contract);
+  bool compiler = false, cache = false;
+  for (const std::string& v : violations_from("runtime/runtime.cpp", forbidden_in_device_layer))
+    compiler |= v.ends_with("-> compile/compiler.h");
+  for (const std::string& v : violations_from("runtime/runtime.cpp", forbidden_in_compile))
+    cache |= v.ends_with("-> cache/tiers.h");
+  EXPECT_TRUE(compiler);
+  EXPECT_TRUE(cache);
 }
 
 // ---- op folders -----------------------------------------------------------------------------
@@ -187,9 +247,9 @@ TEST(Layering, TheOpRulesSeeOpIncludes) {
   EXPECT_EQ(op_folder_of("templates/op_template.h"), "");
   EXPECT_EQ(op_folder_of("kiln/runtime.h"), "");
   bool seen = false;
-  for (const std::string& inc : written_includes(root() / "tests/runtime/test_compile.cpp"))
+  for (const std::string& inc : written_includes(root() / "tests/compile/test_compile.cpp"))
     seen |= op_folder_of(inc) == "gemm";
-  EXPECT_TRUE(seen) << "tests/runtime/test_compile.cpp includes the MFMA GEMM's header (allowed in tests/)";
+  EXPECT_TRUE(seen) << "tests/compile/test_compile.cpp includes the MFMA GEMM's header (allowed in tests/)";
 }
 
 }  // namespace

@@ -28,10 +28,10 @@ const OpTemplate& gemm() { return **find_op("gemm"); }
 
 TuningKey key_for(const std::string& device = "NVIDIA H200", const std::string& compiler = "nvrtc",
                   const KernelSpec& spec = gemm_spec(1024, 1024, 1024, false, true)) {
-  return TuningKey::make(gemm(), spec, target("sm_90a"), device, compiler);
+  return TuningKey::make(tuning_subject(gemm(), spec, target("sm_90a")), target("sm_90a"), device, compiler);
 }
 
-std::vector<TileConfig> candidates(const KernelSpec& spec = gemm_spec(1024, 1024, 1024, false, true)) {
+std::vector<KernelConfig> candidates(const KernelSpec& spec = gemm_spec(1024, 1024, 1024, false, true)) {
   return gemm().tuning_candidates(spec, target("sm_90a"));
 }
 
@@ -39,7 +39,7 @@ std::vector<TileConfig> candidates(const KernelSpec& spec = gemm_spec(1024, 1024
 TuningRecord record_for(const TuningKey& key) {
   TuningRecord r;
   r.key = key;
-  const std::vector<TileConfig> c = candidates();
+  const std::vector<KernelConfig> c = candidates();
   for (size_t i = 0; i < c.size(); ++i) {
     TuneCandidate t;
     t.config = c[i];
@@ -256,12 +256,14 @@ TEST(Tuning, InspectFindsRecordsOfEveryDevice) {
   for (const char* device : {"NVIDIA H100 80GB HBM3", "NVIDIA H200"})
     ASSERT_TRUE(store_tuning(*cache, record_for(key_for(device))).ok());
   ASSERT_TRUE(store_tuning(*cache, record_for(key_for("NVIDIA H200", "clang"))).ok());
-  const auto found = tunings_of(*cache, gemm(), gemm_spec(1024, 1024, 1024, false, true), target("sm_90a"), "nvrtc");
+  const auto found = tunings_of(*cache, tuning_subject(gemm(), gemm_spec(1024, 1024, 1024, false, true), target("sm_90a")),
+                                target("sm_90a"), "nvrtc");
   ASSERT_EQ(found.size(), 2u);
   std::set<std::string> devices;
   for (const FoundTuning& f : found) devices.insert(f.record.key.device);
   EXPECT_EQ(devices, (std::set<std::string>{"NVIDIA H100 80GB HBM3", "NVIDIA H200"}));
-  EXPECT_TRUE(tunings_of(*cache, gemm(), gemm_spec(64, 64, 64, false, true), target("sm_90a"), "nvrtc").empty());
+  EXPECT_TRUE(tunings_of(*cache, tuning_subject(gemm(), gemm_spec(64, 64, 64, false, true), target("sm_90a")),
+                         target("sm_90a"), "nvrtc").empty());
 }
 
 TEST(Tuning, TimestampsAreUtc) {

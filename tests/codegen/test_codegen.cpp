@@ -8,7 +8,7 @@
 #include "templates/registry.h"
 #include "cache/cache_key.h"
 #include "codegen/codegen.h"
-#include "runtime/compile/compiler.h"
+#include "compile/compiler.h"
 #include "support/embedded.h"
 #include "support/sha256.h"
 #include "test_util.h"
@@ -141,7 +141,7 @@ TEST(Library, AnUnknownPartIsAClearError) {
     EXPECT_NE(e.error().message.find(what), std::string::npos) << what << " in: " << e.error().message;
   auto found = find_library_part("nosuch");
   ASSERT_FALSE(found.ok());
-  EXPECT_EQ(found.error().code, Errc::unknown);
+  EXPECT_EQ(found.error().code, Errc::not_found);
 }
 
 TEST(Library, APartOfAnotherVendorAndOtherIncludesAreRefused) {
@@ -171,7 +171,7 @@ TEST(Codegen, InvalidSpecsAreRejectedBeforeCodegen) {
   EXPECT_EQ(bad.error().code, Errc::invalid_argument);
   auto unknown = generate(KernelSpec{"no_such_op", DType::bf16, DType::bf16, {}}, target("sm_90a"));
   ASSERT_FALSE(unknown.ok());
-  EXPECT_EQ(unknown.error().code, Errc::unknown);
+  EXPECT_EQ(unknown.error().code, Errc::not_found);
 }
 
 TEST(Codegen, GeneratesEveryTuningCandidateAndRefusesOtherConfigs) {
@@ -183,7 +183,7 @@ TEST(Codegen, GeneratesEveryTuningCandidateAndRefusesOtherConfigs) {
   // The heuristic's tile-order group is the default, 8.
   EXPECT_NE(heuristic->text.find("GROUP_M = 8;"), std::string::npos);
   std::set<std::string> texts;
-  for (const TileConfig& c : gemm->tuning_candidates(spec, sm90)) {
+  for (const KernelConfig& c : gemm->tuning_candidates(spec, sm90)) {
     auto src = generate(spec, sm90, &c);
     ASSERT_TRUE(src.ok()) << src.error().message;
     EXPECT_EQ(src->config, c);
@@ -196,7 +196,7 @@ TEST(Codegen, GeneratesEveryTuningCandidateAndRefusesOtherConfigs) {
   EXPECT_TRUE(texts.count(heuristic->text)) << "the heuristic's config given explicitly generates the same text";
 
   // A configuration the op does not offer: refused, naming it and listing the valid ones.
-  TileConfig foreign = heuristic->config;
+  KernelConfig foreign = heuristic->config;
   foreign["BK"] = 32;
   auto bad = generate(spec, sm90, &foreign);
   ASSERT_FALSE(bad.ok());
@@ -207,7 +207,7 @@ TEST(Codegen, GeneratesEveryTuningCandidateAndRefusesOtherConfigs) {
             std::string::npos)
       << bad.error().message;
   // Another target's configuration is foreign too.
-  const TileConfig amd = gemm->choose_config(spec, target("gfx942"));
+  const KernelConfig amd = gemm->choose_config(spec, target("gfx942"));
   EXPECT_FALSE(generate(spec, sm90, &amd).ok());
 }
 
@@ -297,8 +297,8 @@ TEST(CacheKey, CoversTheFullGeneratedSource) {
   edited.source_sha256 = sha256_hex(edited.text);
   const CacheKey after = CacheKey::make(edited, *clang);
 
-  EXPECT_EQ(before.op, after.op);
-  EXPECT_EQ(before.params, after.params);
+  EXPECT_EQ(before.spec.op, after.spec.op);
+  EXPECT_EQ(before.spec.params, after.spec.params);
   EXPECT_EQ(before.config, after.config);
   EXPECT_EQ(before.template_sha256, after.template_sha256);
   EXPECT_NE(before.digest(), after.digest()) << "the key must change with any emitted byte";

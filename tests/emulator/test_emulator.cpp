@@ -75,7 +75,7 @@ Runtime* emulator(const std::string& target, std::string& why) {
 struct Case {
   std::string target;
   KernelSpec spec;
-  TileConfig forced = {};  ///< Not empty: this configuration, through a tuning record, not the heuristic's.
+  KernelConfig forced = {};  ///< Not empty: this configuration, through a tuning record, not the heuristic's.
 };
 
 // gemm: every (M, N, K) in {1, 7, 64, 129}^3 in every layout (NT, NN, TN), each with one
@@ -138,7 +138,7 @@ std::vector<Case> cases() {
     for (const KernelSpec& s : {gemm_spec(256, 128, 72, false, true, DType::bf16, DType::f16),
                                 gemm_spec(256, 128, 72, true, false, DType::bf16, DType::f16),
                                 gemm_spec(264, 136, 40, false, false, DType::f16, DType::bf16)})
-      for (const TileConfig& c : gemm->tuning_candidates(s, **find_target(t)))
+      for (const KernelConfig& c : gemm->tuning_candidates(s, **find_target(t)))
         if (c.count("MFMA") && c.at("BM") == 256 && c.at("BN") == 128) {
           Case forced{t, s, c};
           if (names.insert(case_name(::testing::TestParamInfo<Case>(forced, 0))).second) out.push_back(forced);
@@ -170,7 +170,8 @@ TEST_P(Emulator, MatchesTheReference) {
     // A tuning record of this spec on the emulated device makes kernel() compile `forced`.
     const OpTemplate* op = *find_op(c.spec.op);
     TuningRecord record;
-    record.key = TuningKey::make(*op, c.spec, rt->device()->target(), rt->device()->name(), "clang");
+    record.key = TuningKey::make(tuning_subject(*op, c.spec, rt->device()->target()), rt->device()->target(),
+                                 rt->device()->name(), "clang");
     record.winner = c.forced;
     record.candidates.push_back({c.forced, 1.0, 1.0, 1.0, ""});
     record.reps = 1;

@@ -14,7 +14,7 @@
 #include "fake_driver/fake_cuda.h"
 #include "kiln/runtime.h"
 #include "runtime/device_impl.h"
-#include "runtime/driver/nvrtc_api.h"
+#include "compile/nvrtc_api.h"
 
 namespace kiln::testing {
 

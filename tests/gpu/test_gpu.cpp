@@ -344,7 +344,7 @@ TEST(GpuTuning, TheWinnerIsKeptForTheNextProcess) {
     EXPECT_LE(c.median_ms, c.max_ms);
     EXPECT_LE(report->candidates[report->winner].median_ms, c.median_ms) << "the winner is the fastest";
   }
-  const TileConfig winner = report->candidates[report->winner].config;
+  const KernelConfig winner = report->candidates[report->winner].config;
   ASSERT_FALSE(report->record.empty());
   EXPECT_TRUE(std::filesystem::exists(report->record)) << report->record;
   EXPECT_EQ(rt->stats().tunings, 1u);
@@ -396,10 +396,11 @@ TEST(GpuTuning, EveryCandidateMatchesTheReference) {
   auto cache = std::move(DiskCache::open(scratch.path())).value();
   for (const KernelSpec& spec : {gemm_spec(1000, 2056, 4104, false, true), gemm_spec(3000, 5000, 264, false, false),
                                  gemm_spec(1024, 1024, 1024, true, false, DType::f16, DType::f32)}) {
-    for (const TileConfig& c : gemm.tuning_candidates(spec, probe->device()->target())) {
+    for (const KernelConfig& c : gemm.tuning_candidates(spec, probe->device()->target())) {
       SCOPED_TRACE(to_string(spec) + ": " + config_string(c));
       TuningRecord r;
-      r.key = TuningKey::make(gemm, spec, probe->device()->target(), device, "nvrtc");
+      r.key = TuningKey::make(tuning_subject(gemm, spec, probe->device()->target()), probe->device()->target(), device,
+                                "nvrtc");
       r.winner = c;
       r.candidates = {TuneCandidate{c, 1.0, 1.0, 1.0, ""}};
       r.reps = 1;

@@ -39,11 +39,11 @@ TEST(Runtime, BadRequestsAreErrorsNotCrashes) {
   auto rt = compile_only_runtime(dir.path());
   auto unknown_target = rt->compile(rmsnorm_spec(1, 128), "gfx1100");
   ASSERT_FALSE(unknown_target.ok());
-  EXPECT_EQ(unknown_target.error().code, Errc::unknown);
+  EXPECT_EQ(unknown_target.error().code, Errc::not_found);
   EXPECT_NE(unknown_target.error().message.find("known targets: gfx942, gfx950, sm_90a"), std::string::npos);
   auto unknown_op = rt->compile(KernelSpec{"conv", DType::bf16, DType::bf16, {}}, "sm_90a");
   ASSERT_FALSE(unknown_op.ok());
-  EXPECT_EQ(unknown_op.error().code, Errc::unknown);
+  EXPECT_EQ(unknown_op.error().code, Errc::not_found);
   auto bad_shape = rt->compile(gemm_spec(1, 1, 0, false, false), "sm_90a");
   ASSERT_FALSE(bad_shape.ok());
   EXPECT_EQ(bad_shape.error().code, Errc::invalid_argument);
@@ -100,11 +100,11 @@ TEST(Runtime, CompileKeepsTheHeuristicWhenATuningRecordExists) {
   const KernelSpec spec = gemm_spec(1024, 1024, 1024, false, true);
   const OpTemplate& gemm = **find_op("gemm");
   const TargetInfo& sm90 = testing::target("sm_90a");
-  const std::vector<TileConfig> candidates = gemm.tuning_candidates(spec, sm90);
+  const std::vector<KernelConfig> candidates = gemm.tuning_candidates(spec, sm90);
   {
     auto cache = std::move(DiskCache::open(dir.path())).value();
     TuningRecord r;
-    r.key = TuningKey::make(gemm, spec, sm90, "NVIDIA H200", "nvrtc");
+    r.key = TuningKey::make(tuning_subject(gemm, spec, sm90), sm90, "NVIDIA H200", "nvrtc");
     r.winner = candidates.back();
     r.candidates = {TuneCandidate{candidates.back(), 0.01, 0.009, 0.011, ""}};
     r.reps = 1;

@@ -61,7 +61,7 @@ TEST(GemmFp8, SignatureFollowsTheGranularityAndTheFormats) {
 // there; gfx950 takes it, with the scaled 32x32x64 MFMA.
 TEST(GemmFp8, MxIsServedOnGfx950AndRefusedElsewhere) {
   EXPECT_TRUE(op().validate(spec(96, 72, 80, kGemmMx, DType::e5m2, 0, DType::f32), target("gfx950")).ok());
-  const TileConfig c = op().choose_config(spec(96, 72, 80, kGemmMx, DType::e5m2, 0, DType::f32), target("gfx950"));
+  const KernelConfig c = op().choose_config(spec(96, 72, 80, kGemmMx, DType::e5m2, 0, DType::f32), target("gfx950"));
   EXPECT_EQ(c.at("MFMA_K"), 64);
   for (const char* name : {"gfx942", "sm_90a"}) {
     const DType e4 = fp8_for_target(DType::e4m3, target(name));

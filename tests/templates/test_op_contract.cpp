@@ -26,7 +26,7 @@ TEST(OpContract, RegistryNamesAreUniqueAndFound) {
   }
   auto missing = find_op("conv2d");
   ASSERT_FALSE(missing.ok());
-  EXPECT_EQ(missing.error().code, Errc::unknown);
+  EXPECT_EQ(missing.error().code, Errc::not_found);
   for (const std::string& n : names) EXPECT_NE(missing.error().message.find(n), std::string::npos) << "lists " << n;
 }
 
@@ -64,10 +64,10 @@ TEST(OpContract, TestSpecsValidateAndPlansMatchTheSignature) {
       }
     }
     EXPECT_TRUE(seen_output) << "an op writes something";
-    const std::vector<TileConfig> variants = op.variants(op.baked_spec(spec), t);
+    const std::vector<KernelConfig> variants = op.variants(op.baked_spec(spec), t);
     ASSERT_FALSE(variants.empty());
     EXPECT_EQ(variants.front(), op.choose_config(op.baked_spec(spec), t)) << "the heuristic's variant comes first";
-    for (const TileConfig& c : variants) {
+    for (const KernelConfig& c : variants) {
       const Plan plan = op.plan(full, c);
       for (const Launch& l : plan.launches) {
         EXPECT_LE(l.args.size(), 32u);
@@ -137,7 +137,7 @@ TEST(OpContract, ReferencesFillEveryOutputWithFiniteValues) {
 TEST(OpContract, SourcesHoldEveryKernelTheirPlansLaunch) {
   for_each_test_spec([](const OpTemplate& op, const TargetInfo& t, const KernelSpec& spec) {
     const KernelSpec full = op.with_defaults(spec);
-    for (const TileConfig& c : op.variants(op.baked_spec(spec), t)) {
+    for (const KernelConfig& c : op.variants(op.baked_spec(spec), t)) {
       auto src = generate(spec, t, &c);
       ASSERT_TRUE(src.ok()) << src.error().message;
       EXPECT_NE(src->text.find(fmt::format("constexpr unsigned KILN_DYNAMIC_SHARED_BYTES = {};",

@@ -78,7 +78,7 @@ TEST(Templates, GeometryCoversEveryOutput) {
   const OpTemplate* gemm = *find_op("gemm");
   for (const char* t : {"gfx942", "sm_90a"}) {
     const KernelSpec s = gemm_spec(1000, 3000, 64, false, true);
-    const TileConfig c = gemm->choose_config(s, target(t));
+    const KernelConfig c = gemm->choose_config(s, target(t));
     const Plan plan = gemm->plan(s, c);
     ASSERT_EQ(plan.launches.size(), 1u);
     const LaunchGeometry g = plan.launches[0].geometry;
@@ -93,7 +93,7 @@ TEST(Templates, GeometryCoversEveryOutput) {
     EXPECT_GE(int64_t(g.grid.y) * c.at("BM"), 1000);
   }
   const OpTemplate* norm = *find_op("rmsnorm");
-  const TileConfig c = norm->choose_config(rmsnorm_spec(77, 4096), target("gfx942"));
+  const KernelConfig c = norm->choose_config(rmsnorm_spec(77, 4096), target("gfx942"));
   EXPECT_EQ(c.at("THREADS") % 64, 0) << "whole wavefronts on AMD";
   EXPECT_EQ(norm->plan(norm->with_defaults(rmsnorm_spec(77, 4096)), c).launches.at(0).geometry.grid.x, 77u);
   EXPECT_TRUE(norm->plan(norm->with_defaults(rmsnorm_spec(0, 4096)), c).launches.empty()) << "0 rows launch nothing";
@@ -105,15 +105,15 @@ TEST(Templates, TuningCandidatesStartWithTheHeuristicAndAreDistinct) {
   // The TMA path: the heuristic's tile width and the other one, each with groups of 8 and 16.
   for (const KernelSpec& s : {gemm_spec(1024, 1024, 1024, false, true), gemm_spec(8192, 6144, 4096, false, true)}) {
     SCOPED_TRACE(to_string(s));
-    const TileConfig heuristic = gemm->choose_config(s, sm90);
+    const KernelConfig heuristic = gemm->choose_config(s, sm90);
     ASSERT_EQ(heuristic.at("TMA"), 1);
-    const std::vector<TileConfig> c = gemm->tuning_candidates(s, sm90);
+    const std::vector<KernelConfig> c = gemm->tuning_candidates(s, sm90);
     ASSERT_EQ(c.size(), 4u);
     EXPECT_EQ(c.front(), heuristic);
     for (size_t i = 0; i < c.size(); ++i)
       for (size_t j = i + 1; j < c.size(); ++j) EXPECT_NE(c[i], c[j]) << i << " and " << j;
     std::set<std::pair<int64_t, int64_t>> tiles;
-    for (const TileConfig& t : c) {
+    for (const KernelConfig& t : c) {
       tiles.insert({t.at("BN"), t.at("STAGES")});
       // GROUP_M only where it differs from the default 8, which the heuristic leaves implicit.
       if (t.count("GROUP_M")) {
@@ -133,7 +133,7 @@ TEST(Templates, TuningCandidatesStartWithTheHeuristicAndAreDistinct) {
   EXPECT_EQ(gemm->tuning_candidates(gemm_spec(64, 64, 64, false, true, DType::f32, DType::f32), target("gfx942")).size(), 1u);
   EXPECT_EQ(gemm->tuning_candidates(gemm_spec(1024, 1024, 1024, false, true, DType::f32, DType::f32), sm90).size(), 1u);
   const KernelSpec cp_async = gemm_spec(100, 70, 33, false, true);
-  EXPECT_EQ(gemm->tuning_candidates(cp_async, sm90), std::vector<TileConfig>{gemm->choose_config(cp_async, sm90)});
+  EXPECT_EQ(gemm->tuning_candidates(cp_async, sm90), std::vector<KernelConfig>{gemm->choose_config(cp_async, sm90)});
   const OpTemplate* norm = *find_op("rmsnorm");
   EXPECT_EQ(norm->tuning_candidates(rmsnorm_spec(8, 4096), sm90).size(), 1u);
 }
@@ -149,14 +149,14 @@ TEST(Templates, RmsNormBwdConfigAndPlanCoverEveryRow) {
   const TargetInfo& sm90 = target("sm_90a");
   for (int64_t h : {4096, 8192, 16384}) {
     SCOPED_TRACE(h);
-    const TileConfig c = op->choose_config(spec(8192, h), sm90);
+    const KernelConfig c = op->choose_config(spec(8192, h), sm90);
     EXPECT_EQ(c.at("VEC"), 8);
     EXPECT_EQ(c.at("ITEMS"), 4);
     EXPECT_EQ(c.at("PREFETCH"), 1);
     EXPECT_EQ(c.at("GAMMA_LDS"), 1);
     EXPECT_EQ(c.at("ROW_THREADS") * c.at("ROWS"), 512);
     EXPECT_EQ(c.at("BLOCKS"), sm90.compute_units);
-    const std::vector<TileConfig> candidates = op->tuning_candidates(spec(8192, h), sm90);
+    const std::vector<KernelConfig> candidates = op->tuning_candidates(spec(8192, h), sm90);
     ASSERT_GE(candidates.size(), 3u);
     EXPECT_EQ(candidates.front(), c);
     for (size_t i = 0; i < candidates.size(); ++i)
@@ -164,7 +164,7 @@ TEST(Templates, RmsNormBwdConfigAndPlanCoverEveryRow) {
   }
   for (const char* t : {"sm_90a", "gfx942", "gfx950"}) {
     for (int64_t h : {1, 7, 1000, 4096, 5120}) {
-      for (const TileConfig& c : op->tuning_candidates(spec(8, h), target(t))) {
+      for (const KernelConfig& c : op->tuning_candidates(spec(8, h), target(t))) {
         SCOPED_TRACE(fmt::format("{} hidden {} {}", t, h, config_string(c)));
         const int64_t threads = c.at("ROW_THREADS") * c.at("ROWS");
         EXPECT_LE(threads, 1024);
@@ -204,7 +204,7 @@ TEST(Templates, RmsNormBwdResidualGradPassesDresAndKeepsThePrefetch) {
     ASSERT_EQ(tensors.size(), recompute ? 6u : 7u);
     const uint32_t dres = recompute ? 3 : 4;
     EXPECT_EQ(tensors[dres].name, "dres");
-    const TileConfig c = op->choose_config(spec, sm90);
+    const KernelConfig c = op->choose_config(spec, sm90);
     const Plan p = op->plan(op->with_defaults(spec), c);
     ASSERT_EQ(p.launches.size(), 2u);
     std::vector<uint32_t> row_tensors;
@@ -221,7 +221,7 @@ TEST(Templates, RmsNormBwdResidualGradPassesDresAndKeepsThePrefetch) {
   for (int64_t h : {4096, 8192}) {
     SCOPED_TRACE(h);
     const KernelSpec spec{"rmsnorm_bwd", DType::bf16, DType::bf16, {{"rows", 8192}, {"hidden", h}, {"residual_grad", 1}}};
-    const TileConfig c = op->choose_config(spec, sm90);
+    const KernelConfig c = op->choose_config(spec, sm90);
     EXPECT_EQ(c.at("PREFETCH"), 1);
     EXPECT_EQ(c.at("ITEMS"), 4);
     EXPECT_EQ(c.at("ROW_THREADS") * c.at("ROWS"), 256);

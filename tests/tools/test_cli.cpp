@@ -929,9 +929,9 @@ TEST_F(CliTest, InspectMetaListsTuningRecords) {
                               {{"M", 1024}, {"N", 1024}, {"K", 1024}, {"trans_a", 0}, {"trans_b", 1}}};
   const kiln::OpTemplate& gemm = **kiln::find_op("gemm");
   const kiln::TargetInfo& sm90 = kiln::testing::target("sm_90a");
-  const kiln::TileConfig winner = gemm.tuning_candidates(spec, sm90).back();
+  const kiln::KernelConfig winner = gemm.tuning_candidates(spec, sm90).back();
   kiln::TuningRecord r;
-  r.key = kiln::TuningKey::make(gemm, spec, sm90, "NVIDIA H200", "nvrtc");
+  r.key = kiln::TuningKey::make(kiln::tuning_subject(gemm, spec, sm90), sm90, "NVIDIA H200", "nvrtc");
   r.winner = winner;
   r.candidates = {kiln::TuneCandidate{winner, 0.0123, 0.012, 0.013, ""}};
   r.reps = 20;

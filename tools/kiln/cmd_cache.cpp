@@ -17,6 +17,7 @@
 #include "support/fs.h"
 #include "support/json_read.h"
 #include "support/log.h"
+#include "support/spec_json.h"
 #include "templates/registry.h"
 #include "tools/kiln/cli.h"
 
@@ -261,24 +262,12 @@ Result<std::pair<KernelSpec, std::string>> spec_from_meta(const EntryStatus& e, 
   auto str = [&](const char* k) -> std::string {
     return kf.is_object() && kf.contains(k) && kf[k].is_string() ? kf[k].get<std::string>() : std::string();
   };
-  const std::string op_name = str("op"), dtype = str("dtype"), out = str("out_dtype"), target = str("target");
+  const std::string target = str("target");
   compiler = str("compiler");
-  if (op_name.empty() || dtype.empty() || target.empty() || compiler.empty() || !kf.contains("params") ||
-      !kf["params"].is_object())
-    return make_error(Errc::corrupt, "meta.json's key fields are incomplete");
-  KILN_ASSIGN_OR_RETURN(const OpTemplate* op, find_op(op_name));
-  KernelSpec spec;
-  spec.op = op_name;
-  KILN_ASSIGN_OR_RETURN(spec.dtype, parse_dtype(dtype));
-  spec.out_dtype = spec.dtype;
-  if (!out.empty()) {
-    KILN_ASSIGN_OR_RETURN(spec.out_dtype, parse_dtype(out));
-  }
-  for (const auto& [k, v] : kf["params"].items()) {
-    if (!v.is_number_integer())
-      return make_error(Errc::corrupt, fmt::format("meta.json's params.{} is not an integer", k));
-    spec.params[k] = v.get<int64_t>();
-  }
+  if (target.empty() || compiler.empty())
+    return make_error(Errc::corrupt, "meta.json's key fields are incomplete (no target or compiler)");
+  KILN_ASSIGN_OR_RETURN(KernelSpec spec, spec_from_json(kf, "meta.json's key fields"));
+  KILN_ASSIGN_OR_RETURN(const OpTemplate* op, find_op(spec.op));
   for (const ParamInfo& p : op->params())
     if (!p.baked && !spec.params.count(std::string(p.name)))
       spec.params[std::string(p.name)] = std::max<int64_t>(1, p.min_value);

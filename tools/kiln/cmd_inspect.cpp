@@ -15,8 +15,8 @@
 
 #include "cache/tuning.h"
 #include "codegen/codegen.h"
-#include "runtime/compile/amdgpu_code_report.h"
-#include "runtime/compile/compiler.h"
+#include "compile/amdgpu_code_report.h"
+#include "compile/compiler.h"
 #include "templates/registry.h"
 #include "tools/kiln/cli.h"
 
@@ -138,7 +138,7 @@ void print_tunings(const KernelSpec& spec, const TargetInfo& target, const std::
   const std::string compiler = target.vendor == Vendor::nvidia ? nvidia_compiler(o.nvidia_compiler) : "clang";
   std::vector<FoundTuning> found;
   if (!cache_dir.empty())
-    if (auto cache = DiskCache::open(cache_dir, /*read_only=*/true)) found = tunings_of(**cache, *op, spec, target, compiler);
+    if (auto cache = DiskCache::open(cache_dir, /*read_only=*/true)) found = tunings_of(**cache, tuning_subject(*op, spec, target), target, compiler);
   if (found.empty()) line("tuned", "not yet ('kiln run --bench' or 'kiln prewarm --tune' on the GPU tunes it)");
   for (const FoundTuning& f : found) {
     const TuneCandidate& w = *std::find_if(f.record.candidates.begin(), f.record.candidates.end(),
@@ -153,7 +153,7 @@ void print_tunings(const KernelSpec& spec, const TargetInfo& target, const std::
 // AMD targets: AGPRs, the hot loop's instruction mix (the code object disassembled), occupancy,
 // and the op's throughput model where it has one (modelled, not measured: the MFMA GEMM's).
 template <class Line>
-void print_amd_report(const KernelSpec& spec, const TargetInfo& target, const TileConfig& config,
+void print_amd_report(const KernelSpec& spec, const TargetInfo& target, const KernelConfig& config,
                       const LaunchGeometry& g, std::span<const uint8_t> code, const std::string& kernel,
                       const Line& line) {
   auto report = amdgpu_code_report(code, kernel, target, static_cast<int>(g.block.x));
@@ -210,7 +210,7 @@ int print_meta(const KernelSpec& spec, const TargetInfo& target, const InspectOp
   // The plan of the heuristic's configuration: what one call of this spec launches.
   const OpTemplate* op = *find_op(spec.op);
   const KernelSpec call = op->with_defaults(spec);
-  const std::vector<TileConfig> variants = op->variants(op->baked_spec(spec), target);
+  const std::vector<KernelConfig> variants = op->variants(op->baked_spec(spec), target);
   const Plan plan = op->plan(call, variants.front());
   const std::vector<TensorInfo> tensors = op->tensors(call);
   if (plan.launches.empty()) line("launch", "none (a call of size 0 launches nothing)");
@@ -275,7 +275,7 @@ int print_meta_json(const KernelSpec& spec, const TargetInfo& target, const Insp
   auto known_or_null = [](int v) { return v < 0 ? nlohmann::json(nullptr) : nlohmann::json(v); };
   const OpTemplate* op = *find_op(spec.op);
   const KernelSpec call = op->with_defaults(spec);
-  const TileConfig config = op->choose_config(op->baked_spec(spec), target);
+  const KernelConfig config = op->choose_config(op->baked_spec(spec), target);
   const Plan plan = op->plan(call, config);
   const std::vector<TensorInfo> tensors = op->tensors(call);
   nlohmann::json maps = nlohmann::json::array();

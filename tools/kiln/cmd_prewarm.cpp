@@ -13,7 +13,7 @@
 #include <thread>
 
 #include "cache/disk_cache.h"
-#include "runtime/compile/compiler.h"
+#include "compile/compiler.h"
 #include "support/env.h"
 #include "support/fs.h"
 #include "tools/kiln/cli.h"

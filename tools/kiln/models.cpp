@@ -149,7 +149,7 @@ Result<Model> find_model(const ModelTable& table, const std::string& name) {
     if (m.name == name) return m;
     names += (names.empty() ? "" : ", ") + m.name;
   }
-  return make_error(Errc::unknown, fmt::format("unknown model '{}'; known models: {}", name, names));
+  return make_error(Errc::not_found, fmt::format("unknown model '{}'; known models: {}", name, names));
 }
 
 Manifest training_manifest(const Model& m, const std::vector<int64_t>& micro_batches, int64_t seq, DType dtype,

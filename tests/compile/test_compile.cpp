@@ -8,14 +8,14 @@
 #include "templates/lib/library.h"
 #include "templates/registry.h"
 #include "codegen/codegen.h"
-#include "runtime/compile/compiler.h"
+#include "compile/compiler.h"
 #include "templates/gemm/gemm_mfma.h"
 #include "test_util.h"
 
 #if KILN_WITH_LLVM
 #include <llvm/Object/ELFObjectFile.h>
 
-#include "runtime/compile/amdgpu_metadata.h"
+#include "compile/amdgpu_metadata.h"
 #endif
 
 namespace kiln {
@@ -76,7 +76,7 @@ TEST_P(CompileEveryTarget, ProducesAValidCodeObject) {
     auto out = (*compiler)->compile(*src);
     ASSERT_TRUE(out.ok()) << out.error().message;
     const CodeObject& code = out->code;
-    EXPECT_TRUE(check_code_object(code, target).ok());
+    EXPECT_TRUE(validate_code_object(code, target).ok());
     EXPECT_EQ(code.format, target.vendor == Vendor::amd ? "hsaco" : "cubin");
     const auto& b = code.bytes;
     ASSERT_GT(b.size(), 64u);
@@ -172,7 +172,7 @@ TEST(Compile, EveryTuningCandidateCompilesWithItsTileOrderGroup) {
     auto compiler = compiler_for(target, name);
     if (!compiler && compiler.error().code == Errc::driver_unavailable) GTEST_SKIP() << compiler.error().message;
     ASSERT_TRUE(compiler.ok()) << compiler.error().message;
-    for (const TileConfig& c : gemm->tuning_candidates(spec, target)) {
+    for (const KernelConfig& c : gemm->tuning_candidates(spec, target)) {
       SCOPED_TRACE(std::string(name) + ": " + config_string(c));
       auto src = generate(spec, target, &c);
       ASSERT_TRUE(src.ok()) << src.error().message;
@@ -237,9 +237,9 @@ TEST(Compile, CompilerErrorsCarryTheLogAndTheSource) {
 
 TEST(Compile, WrongTargetCodeObjectsAreCaught) {
   CodeObject fake{"cubin", std::vector<uint8_t>(128, 0)};
-  EXPECT_FALSE(check_code_object(fake, **find_target("sm_90a")).ok());
+  EXPECT_FALSE(validate_code_object(fake, **find_target("sm_90a")).ok());
   fake.format = "hsaco";
-  EXPECT_FALSE(check_code_object(fake, **find_target("sm_90a")).ok()) << "an hsaco cannot serve sm_90a";
+  EXPECT_FALSE(validate_code_object(fake, **find_target("sm_90a")).ok()) << "an hsaco cannot serve sm_90a";
 }
 
 TEST(Compile, EmitsIsaPtxAndLlvmIr) {

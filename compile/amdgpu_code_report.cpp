@@ -1,11 +1,11 @@
-#include "runtime/compile/amdgpu_code_report.h"
+#include "compile/amdgpu_code_report.h"
 
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <vector>
 
-#include "runtime/compile/amdgpu_metadata.h"
+#include "compile/amdgpu_metadata.h"
 
 #if KILN_WITH_LLVM
 #include <llvm/MC/MCAsmInfo.h>

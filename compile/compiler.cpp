@@ -1,7 +1,7 @@
 #include <fmt/format.h>
 
-#include "runtime/compile/clang_options.h"
-#include "runtime/compile/compiler.h"
+#include "compile/clang_options.h"
+#include "compile/compiler.h"
 
 namespace kiln {
 
@@ -38,7 +38,7 @@ Result<Compiler*> compiler_for(const TargetInfo& target, std::string_view nvidia
   }
   if (nvidia_compiler == "clang") return clang_compiler();
   if (nvidia_compiler == "nvrtc" || nvidia_compiler.empty()) return nvrtc_compiler();
-  return make_error(Errc::unknown, fmt::format("unknown NVIDIA compiler '{}'; use nvrtc or clang", nvidia_compiler));
+  return make_error(Errc::not_found, fmt::format("unknown NVIDIA compiler '{}'; use nvrtc or clang", nvidia_compiler));
 }
 
 }  // namespace kiln

@@ -1,4 +1,4 @@
-#include "runtime/compile/amdgpu_metadata.h"
+#include "compile/amdgpu_metadata.h"
 
 #include <fmt/format.h>
 #include <llvm/BinaryFormat/ELF.h>

@@ -1,4 +1,4 @@
-#include "runtime/driver/nvrtc_api.h"
+#include "compile/nvrtc_api.h"
 
 #include "support/env.h"
 

@@ -1,4 +1,4 @@
-#include "runtime/compile/clang_options.h"
+#include "compile/clang_options.h"
 
 #ifndef KILN_CLANG_VERSION
 #error "KILN_CLANG_VERSION must be defined by the build"

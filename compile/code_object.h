@@ -1,8 +1,8 @@
-// The compile stage's types: what a compiler produces (CodeObject, CodeObjectInfo, CompiledCode),
-// the interface every compiler implements (Compiler) and the check of a code object against its
-// target (check_code_object, which cache/ runs on every load). The implementations (clang/LLVM
-// in-process, NVRTC) live in runtime/compile/; this header depends on codegen's KernelSource only,
-// so that cache/ (keys and entries) builds on it without including anything from runtime/.
+// The compile stage's product: what a compiler produces (CodeObject, CodeObjectInfo, CompiledCode)
+// and the check of a code object against its target (validate_code_object, which cache/ runs on every
+// load). A leaf header (the standard library and kiln/target.h): the device layer
+// (runtime/device_impl.h) loads a CodeObject without seeing the compilers, and cache/ stores one.
+// The Compiler interface and the compilers are in compile/compiler.h.
 #pragma once
 
 #include <cstdint>
@@ -10,8 +10,8 @@
 #include <string_view>
 #include <vector>
 
-#include "codegen/codegen.h"
 #include "kiln/result.h"
+#include "kiln/target.h"
 
 namespace kiln {
 
@@ -43,27 +43,9 @@ struct CompiledCode {
   double compile_ms = 0;
 };
 
-/// What `kiln inspect --emit` can ask a compiler for besides the code object.
-enum class Emit { llvm_ir, assembly };
-
-class Compiler {
- public:
-  virtual ~Compiler() = default;
-  /// "clang" or "nvrtc".
-  virtual std::string_view name() const = 0;
-  /// Exact version ("22.1.8", "13.0"); part of the cache key.
-  virtual std::string version() const = 0;
-  /// The options that shape the code, as one string; part of the cache key.
-  virtual std::string flags(const TargetInfo& target) const = 0;
-  virtual bool supports(const TargetInfo& target) const = 0;
-  virtual Result<CompiledCode> compile(const KernelSource& source) = 0;
-  /// LLVM IR (clang only) or assembly: AMDGPU ISA, or PTX for NVIDIA.
-  virtual Result<std::string> emit(const KernelSource& source, Emit what) = 0;
-};
-
 /// Checks that a code object is what its target loads: a 64-bit little-endian ELF for EM_AMDGPU
 /// (hsaco, a shared object) or EM_CUDA (cubin), or PTX text. Catches a wrong-target or truncated
 /// object before a driver sees it.
-Result<void> check_code_object(const CodeObject& code, const TargetInfo& target);
+Result<void> validate_code_object(const CodeObject& code, const TargetInfo& target);
 
 }  // namespace kiln

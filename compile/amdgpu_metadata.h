@@ -7,7 +7,7 @@
 #include <string>
 
 #include "kiln/result.h"
-#include "runtime/compile/compiler.h"
+#include "compile/compiler.h"
 
 namespace kiln {
 /// Checks that `hsaco` is an EM_AMDGPU shared object and returns the metadata of `kernel`.

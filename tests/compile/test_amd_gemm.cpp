@@ -6,8 +6,8 @@
 
 #include "codegen/codegen.h"
 #include "kiln/manifest.h"
-#include "runtime/compile/amdgpu_code_report.h"
-#include "runtime/compile/compiler.h"
+#include "compile/amdgpu_code_report.h"
+#include "compile/compiler.h"
 #include "templates/gemm/gemm_mfma.h"
 #include "templates/registry.h"
 #include "test_util.h"
@@ -17,14 +17,14 @@ namespace {
 
 using testing::gemm_spec;
 
-bool has(const TileConfig& c, const char* key) { return c.count(key) && c.at(key) != 0; }
+bool has(const KernelConfig& c, const char* key) { return c.count(key) && c.at(key) != 0; }
 
 TEST(AmdGemm, HeuristicChoosesMatrixCoresFor16BitInputsOnly) {
   const OpTemplate* gemm = *find_op("gemm");
   for (const char* arch : {"gfx942", "gfx950"}) {
     const TargetInfo& target = **find_target(arch);
     for (DType dt : {DType::bf16, DType::f16}) {
-      const TileConfig c = gemm->choose_config(gemm_spec(8192, 4096, 4096, false, true, dt, dt), target);
+      const KernelConfig c = gemm->choose_config(gemm_spec(8192, 4096, 4096, false, true, dt, dt), target);
       EXPECT_TRUE(has(c, "MFMA")) << arch;
       EXPECT_EQ(c.at("MFMA_K"), std::string(arch) == "gfx950" ? 16 : 8);
       EXPECT_EQ(c.at("THREADS"), 64 * c.at("WAVES_M") * c.at("WAVES_N"));
@@ -41,7 +41,7 @@ TEST(AmdGemm, HeuristicChoosesMatrixCoresFor16BitInputsOnly) {
 TEST(AmdGemm, SmallShapesGetSmallTiles) {
   const OpTemplate* gemm = *find_op("gemm");
   for (const char* arch : {"gfx942", "gfx950"}) {
-    const TileConfig c = gemm->choose_config(gemm_spec(7, 129, 64, false, false), **find_target(arch));
+    const KernelConfig c = gemm->choose_config(gemm_spec(7, 129, 64, false, false), **find_target(arch));
     EXPECT_EQ(c.at("BM"), 64) << arch;
     EXPECT_EQ(c.at("BN"), 64) << arch;
   }
@@ -52,10 +52,10 @@ TEST(AmdGemm, MisalignedLeadingDimensionsGetAtMost128x128) {
   for (const char* arch : {"gfx942", "gfx950"}) {
     const TargetInfo& target = **find_target(arch);
     // K = 4095: rows of A and B (NT) are not 16-byte aligned.
-    const TileConfig c = gemm->choose_config(gemm_spec(8192, 8192, 4095, false, true), target);
+    const KernelConfig c = gemm->choose_config(gemm_spec(8192, 8192, 4095, false, true), target);
     EXPECT_LE(c.at("BM") * c.at("BN"), 128 * 128) << arch;
     // Aligned, gfx942's model prefers a larger tile (gfx950's prefers 128 x 128 at 2 blocks per CU).
-    const TileConfig aligned = gemm->choose_config(gemm_spec(8192, 8192, 4096, false, true), target);
+    const KernelConfig aligned = gemm->choose_config(gemm_spec(8192, 8192, 4096, false, true), target);
     if (std::string(arch) == "gfx942") {
       EXPECT_GT(aligned.at("BM") * aligned.at("BN"), 128 * 128);
     }
@@ -66,7 +66,7 @@ TEST(AmdGemm, TransposingLayoutsSkipGfx942s256x128) {
   const OpTemplate* gemm = *find_op("gemm");
   const TargetInfo& target = **find_target("gfx942");
   for (auto [ta, tb] : {std::pair{false, false}, std::pair{true, false}})
-    for (const TileConfig& c : gemm->tuning_candidates(gemm_spec(8192, 8192, 8192, ta, tb), target))
+    for (const KernelConfig& c : gemm->tuning_candidates(gemm_spec(8192, 8192, 8192, ta, tb), target))
       EXPECT_FALSE(c.at("BM") == 256 && c.at("BN") == 128) << config_string(c);
   EXPECT_EQ(gemm->tuning_candidates(gemm_spec(8192, 8192, 8192, false, true), target).size(), 4u);
 }
@@ -91,7 +91,7 @@ TEST(AmdGemm, ModelStaysUnderThePeakAndCountsTheHotLoop) {
   for (const char* arch : {"gfx942", "gfx950"}) {
     const TargetInfo& target = **find_target(arch);
     const KernelSpec spec = gemm_spec(8192, 8192, 8192, false, true);
-    for (const TileConfig& c : mfma_configs(target)) {
+    for (const KernelConfig& c : mfma_configs(target)) {
       SCOPED_TRACE(std::string(arch) + " " + config_string(c));
       const MfmaModel m = mfma_model(spec, c, target);
       EXPECT_GT(m.tflops, 0.2 * m.peak_tflops);
@@ -135,7 +135,7 @@ TEST(AmdGemm, ManifestGemmsHaveMfmaHotLoopsAndNoScratch) {
       // The k-loop: exactly the tile's MFMAs per wave per k-tile, its LDS traffic, one barrier.
       EXPECT_EQ(loop.mfma, mfma_model(e.spec, src->config, target).mfma_per_k_tile);
       // Fragment reads (a 16-byte read per 32-row block per 16 k) and the staging writes.
-      const TileConfig& c = src->config;
+      const KernelConfig& c = src->config;
       const int64_t threads = c.at("THREADS"), bk = c.at("BK");
       const int64_t reads = (c.at("BM") / c.at("WAVES_M") / 32 + c.at("BN") / c.at("WAVES_N") / 32) * (bk / 16);
       auto writes = [&](int64_t rows, bool kmajor) {

@@ -4,8 +4,8 @@
 #include <chrono>
 #include <regex>
 
-#include "runtime/compile/compiler.h"
-#include "runtime/driver/nvrtc_api.h"
+#include "compile/compiler.h"
+#include "compile/nvrtc_api.h"
 #include "support/log.h"
 
 namespace kiln {

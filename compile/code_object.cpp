@@ -1,4 +1,4 @@
-#include "codegen/code_object.h"
+#include "compile/code_object.h"
 
 #include <fmt/format.h>
 
@@ -6,7 +6,7 @@
 
 namespace kiln {
 
-Result<void> check_code_object(const CodeObject& code, const TargetInfo& target) {
+Result<void> validate_code_object(const CodeObject& code, const TargetInfo& target) {
   const auto& b = code.bytes;
   if (code.format == "ptx") {
     const std::string_view text(reinterpret_cast<const char*>(b.data()), b.size());

@@ -26,10 +26,10 @@
 #include <fstream>
 #include <mutex>
 
-#include "runtime/compile/amdgpu_metadata.h"
-#include "runtime/compile/clang_options.h"
-#include "runtime/compile/compiler.h"
-#include "runtime/driver/nvrtc_api.h"
+#include "compile/amdgpu_metadata.h"
+#include "compile/clang_options.h"
+#include "compile/compiler.h"
+#include "compile/nvrtc_api.h"
 #include "support/log.h"
 
 LLD_HAS_DRIVER(elf)
