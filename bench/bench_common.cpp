@@ -12,6 +12,10 @@ DeviceBuffer::~DeviceBuffer() {
 }
 
 Result<void> DeviceBuffer::allocate(kiln::Device& d, size_t n) {
+  if (ptr) {  // a larger buffer replaces this one
+    (void)device->free(ptr);
+    ptr = nullptr;
+  }
   device = &d;
   bytes = n;
   KILN_ASSIGN_OR_RETURN(ptr, d.malloc(std::max<size_t>(n, 256)));

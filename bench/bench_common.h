@@ -26,6 +26,7 @@ struct DeviceBuffer {
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
   ~DeviceBuffer();
+  /// (Re)allocates n bytes (at least 256 are allocated), freeing the previous buffer.
   Result<void> allocate(kiln::Device& d, size_t n);
   /// 0xff bytes: NaN in bf16 (0xffff) and fp32.
   Result<void> poison();
