@@ -224,13 +224,41 @@ std::vector<uint32_t> AttentionBwdOp::base_alignment(const KernelSpec& spec, con
 // dout, q, k, v random; out and lse from q, k, v by the fp64 forward (out rounded to the dtype,
 // lse to fp32). A row that sees no key keeps a random out (the backward never reads it: P = 0)
 // and gets lse = -inf.
+// Above kExactWork multiply-adds that forward would keep the host busy for minutes to hours (the
+// tuner's inputs at model sizes: Runtime::tune, bench_attention --tune), so there out stays
+// random and lse is an upper bound of the row's scores instead, scale |q_i| max_j |k_j| (at most
+// the softcap): P = exp(S - lse) then lies in (0, 1] as in real use, but its rows do not sum to
+// 1. The backward's reference follows whatever lse and out it is given, so a check still holds;
+// such sizes are for timing.
 void AttentionBwdOp::init_inputs(const KernelSpec& spec, std::span<const TensorInfo> inputs,
                                  std::vector<std::vector<float>>& values, std::mt19937_64& rng) const {
   ah::init_qkv(spec, inputs, values, rng);
+  constexpr double kExactWork = 4e9;
+  const int64_t d = spec.param("head_dim"), heads = spec.param("heads"), kv_heads = spec.param("kv_heads");
+  if (ah::pairs(spec) * static_cast<double>(heads) * static_cast<double>(d + ah::dim_v(spec)) > kExactWork) {
+    const int64_t tq = ah::tokens_q(spec), tk = ah::tokens_k(spec), qs = ah::q_stride(spec), ks = ah::k_stride(spec);
+    auto norm = [d](const float* x) {
+      double n = 0;
+      for (int64_t c = 0; c < d; ++c) n += double(x[c]) * x[c];
+      return std::sqrt(n);
+    };
+    std::vector<double> kmax(static_cast<size_t>(kv_heads), 0.0);
+    for (int64_t u = 0; u < tk; ++u)
+      for (int64_t hk = 0; hk < kv_heads; ++hk)
+        kmax[size_t(hk)] = std::max(kmax[size_t(hk)], norm(&values[2][size_t(u * ks + hk * d)]));
+    const double scale = ah::softmax_scale(spec, 0.0f), cap = static_cast<double>(spec.param("softcap"));
+    for (int64_t t = 0; t < tq; ++t)
+      for (int64_t h = 0; h < heads; ++h) {
+        double bound = scale * norm(&values[1][size_t(t * qs + h * d)]) * kmax[size_t(h / (heads / kv_heads))];
+        if (cap > 0) bound = std::min(bound, cap);
+        values[5][size_t(h * tq + t)] = static_cast<float>(bound);
+      }
+    return;
+  }
   std::vector<double> out, lse;
   ah::forward(spec, ah::softmax_scale(spec, 0.0f), values[1], values[2], values[3],
               ah::input(values, inputs, "cu_seqlens_q"), ah::input(values, inputs, "cu_seqlens_k"), out, lse);
-  const int64_t per_row = ah::dim_v(spec), heads = spec.param("heads"), tq = ah::tokens_q(spec);
+  const int64_t per_row = ah::dim_v(spec), tq = ah::tokens_q(spec);
   for (int64_t h = 0; h < heads; ++h)
     for (int64_t t = 0; t < tq; ++t) {
       const size_t li = static_cast<size_t>(h * tq + t);

@@ -2,6 +2,7 @@
 // the backward against finite differences of the forward), and the two folders' shared host header.
 #include <fmt/format.h>
 
+#include <chrono>
 #include <cmath>
 #include <fstream>
 #include <random>
@@ -179,6 +180,44 @@ TEST(Attention, ReferencesWithRowStridesMatchTheContiguousOnes) {
           nonzero += got != 0.0;
         }
       EXPECT_GT(nonzero, 0);
+    }
+  }
+}
+
+// attention_bwd's inputs at a model size (the tuner's, bench_attention --tune's) come without the
+// fp64 forward, which took minutes per spec there: lse bounds every visible score, so P = exp(S -
+// lse) lies in (0, 1]. A small spec keeps the exact lse (a row's P sums to 1).
+TEST(Attention, BackwardInputsAtModelSizeAreQuickAndBoundP) {
+  const OpTemplate* op = *find_op("attention_bwd");
+  for (const int64_t seq : {int64_t{8192}, int64_t{24}}) {
+    SCOPED_TRACE(seq);
+    KernelSpec s = op->with_defaults(bshd("attention_bwd", 1, seq, seq, 8, 2, 128));
+    s.params["causal"] = 1;
+    std::vector<TensorInfo> ins;
+    for (const TensorInfo& t : op->tensors(s))
+      if (!t.output) ins.push_back(t);
+    std::mt19937_64 rng(5);
+    std::vector<std::vector<float>> v;
+    const auto t0 = std::chrono::steady_clock::now();
+    op->init_inputs(s, ins, v, rng);
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 20.0);
+    const double scale = 1.0 / std::sqrt(128.0);
+    std::uniform_int_distribution<int64_t> pick(0, seq - 1);
+    for (int n = 0; n < 64; ++n) {  // sampled rows: every visible key's P, and their sum
+      const int64_t t = pick(rng), h = n % 8;
+      const double lse = v[5][size_t(h * seq + t)];
+      ASSERT_TRUE(std::isfinite(lse)) << "row " << t << " head " << h;
+      double sum = 0;
+      for (int64_t j = 0; j <= t; ++j) {
+        double dot = 0;
+        for (int64_t c = 0; c < 128; ++c) dot += double(v[1][size_t((t * 8 + h) * 128 + c)]) * v[2][size_t((j * 2 + h / 4) * 128 + c)];
+        const double p = std::exp(dot * scale - lse);
+        ASSERT_LE(p, 1.0 + 1e-6) << "row " << t << " key " << j;
+        sum += p;
+      }
+      if (seq == 24) {  // the exact forward's lse
+        EXPECT_NEAR(sum, 1.0, 1e-5) << "row " << t;
+      }
     }
   }
 }
