@@ -255,6 +255,39 @@ auto guarded(const KernelSpec& spec, F&& body) -> decltype(body()) {
   }
 }
 
+// What reference() and check_outputs() both start from: the op, the spec with its defaults, and its
+// tensors, with `inputs` checked against the op's inputs (one vector of values per input, in order).
+struct ReferenceCall {
+  const OpTemplate* op = nullptr;
+  KernelSpec full;
+  std::vector<TensorInfo> tensors;
+};
+
+Result<ReferenceCall> reference_call(const KernelSpec& spec, std::span<const std::vector<float>> inputs) {
+  ReferenceCall call;
+  KILN_ASSIGN_OR_RETURN(call.op, find_op(spec.op));
+  // Any target will do: the reference does not depend on it (an fp8 spec picks one that converts it).
+  const TargetInfo* target = &all_targets().front();
+  for (const TargetInfo& t : all_targets())
+    if (call.op->validate(spec, t)) {
+      target = &t;
+      break;
+    }
+  KILN_TRY(call.op->validate(spec, *target));
+  call.full = call.op->with_defaults(spec);
+  call.tensors = call.op->tensors(call.full);
+  size_t n_inputs = 0;
+  for (const TensorInfo& t : call.tensors) {
+    if (t.output) continue;
+    if (n_inputs >= inputs.size() || static_cast<int64_t>(inputs[n_inputs].size()) != t.elements())
+      return make_error(Errc::invalid_argument, fmt::format("{}: input '{}' needs {} values", spec.op, t.name, t.elements()));
+    ++n_inputs;
+  }
+  if (n_inputs != inputs.size())
+    return make_error(Errc::invalid_argument, fmt::format("{}: takes {} inputs, got {}", spec.op, n_inputs, inputs.size()));
+  return call;
+}
+
 }  // namespace
 
 Result<CheckReport> check_on_device(Runtime& rt, const KernelSpec& spec, const CheckOptions& options) {
@@ -264,41 +297,22 @@ Result<CheckReport> check_on_device(Runtime& rt, const KernelSpec& spec, const C
 Result<std::vector<ReferenceOutput>> reference(const KernelSpec& spec, const std::map<std::string, float>& scalars,
                                                std::span<const std::vector<float>> inputs, std::span<const int64_t> rows) {
   return guarded(spec, [&]() -> Result<std::vector<ReferenceOutput>> {
-    KILN_ASSIGN_OR_RETURN(const OpTemplate* op, find_op(spec.op));
-    // Any target will do: the reference does not depend on it (an fp8 spec picks one that converts it).
-    const TargetInfo* target = &all_targets().front();
-    for (const TargetInfo& t : all_targets())
-      if (op->validate(spec, t)) {
-        target = &t;
-        break;
-      }
-    KILN_TRY(op->validate(spec, *target));
-    const KernelSpec full = op->with_defaults(spec);
-    const auto tensors = op->tensors(full);
-    size_t n_inputs = 0;
-    std::vector<std::string> outputs;
-    for (const auto& t : tensors) {
-      if (t.output) {
-        outputs.push_back(t.name);
-        continue;
-      }
-      if (n_inputs >= inputs.size() || static_cast<int64_t>(inputs[n_inputs].size()) != t.elements())
-        return make_error(Errc::invalid_argument, fmt::format("{}: input '{}' needs {} values", spec.op, t.name, t.elements()));
-      ++n_inputs;
-    }
-    if (n_inputs != inputs.size())
-      return make_error(Errc::invalid_argument, fmt::format("{}: takes {} inputs, got {}", spec.op, n_inputs, inputs.size()));
-    const int64_t out_rows = op->sample_dimension(full);
+    KILN_ASSIGN_OR_RETURN(const ReferenceCall call, reference_call(spec, inputs));
+    const int64_t out_rows = call.op->sample_dimension(call.full);
     for (int64_t r : rows)
       if (r < 0 || r >= out_rows)
         return make_error(Errc::invalid_argument, fmt::format("{}: row {} is outside [0, {})", spec.op, r, out_rows));
     std::vector<int64_t> sorted(rows.begin(), rows.end());
     std::sort(sorted.begin(), sorted.end());
     std::vector<RefOutput> refs;
-    op->reference(full, scalars, inputs, sorted, refs);
-    std::vector<ReferenceOutput> out;
-    for (size_t i = 0; i < refs.size() && i < outputs.size(); ++i)
-      out.push_back({outputs[i], std::move(refs[i].rows), std::move(refs[i].values)});
+    call.op->reference(call.full, scalars, inputs, sorted, refs);
+    std::vector<ReferenceOutput> out;  // the op's outputs in order, named
+    for (const TensorInfo& t : call.tensors) {
+      if (!t.output) continue;
+      if (out.size() >= refs.size()) break;
+      RefOutput& ref = refs[out.size()];
+      out.push_back({t.name, std::move(ref.rows), std::move(ref.values)});
+    }
     return out;
   });
 }
@@ -307,46 +321,30 @@ Result<CheckReport> check_outputs(const KernelSpec& spec, const std::map<std::st
                                   std::span<const std::vector<float>> inputs,
                                   std::span<const std::vector<uint8_t>> outputs) {
   return guarded(spec, [&]() -> Result<CheckReport> {
-    KILN_ASSIGN_OR_RETURN(const OpTemplate* op, find_op(spec.op));
-    const TargetInfo* target = &all_targets().front();  // as reference(): any target that takes the spec
-    for (const TargetInfo& t : all_targets())
-      if (op->validate(spec, t)) {
-        target = &t;
-        break;
-      }
-    KILN_TRY(op->validate(spec, *target));
-    const KernelSpec full = op->with_defaults(spec);
-    const auto tensors = op->tensors(full);
-    size_t n_inputs = 0, n_outputs = 0;
-    std::vector<size_t> output_of(tensors.size());  // tensor index -> position in `outputs`
-    for (size_t i = 0; i < tensors.size(); ++i) {
-      const TensorInfo& t = tensors[i];
-      if (t.output) {
-        if (n_outputs < outputs.size() && outputs[n_outputs].size() != t.bytes())
-          return make_error(Errc::invalid_argument, fmt::format("{}: output '{}' needs {} bytes ({} values), got {}",
-                                                                spec.op, t.name, t.bytes(), t.elements(),
-                                                                outputs[n_outputs].size()));
-        output_of[i] = n_outputs++;
-        continue;
-      }
-      if (n_inputs >= inputs.size() || static_cast<int64_t>(inputs[n_inputs].size()) != t.elements())
-        return make_error(Errc::invalid_argument, fmt::format("{}: input '{}' needs {} values", spec.op, t.name, t.elements()));
-      ++n_inputs;
+    KILN_ASSIGN_OR_RETURN(const ReferenceCall call, reference_call(spec, inputs));
+    std::vector<size_t> output_of(call.tensors.size());  // tensor index -> position in `outputs`
+    size_t n_outputs = 0;
+    for (size_t i = 0; i < call.tensors.size(); ++i) {
+      const TensorInfo& t = call.tensors[i];
+      if (!t.output) continue;
+      if (n_outputs < outputs.size() && outputs[n_outputs].size() != t.bytes())
+        return make_error(Errc::invalid_argument, fmt::format("{}: output '{}' needs {} bytes ({} values), got {}",
+                                                              spec.op, t.name, t.bytes(), t.elements(),
+                                                              outputs[n_outputs].size()));
+      output_of[i] = n_outputs++;
     }
-    if (n_inputs != inputs.size())
-      return make_error(Errc::invalid_argument, fmt::format("{}: takes {} inputs, got {}", spec.op, n_inputs, inputs.size()));
     if (n_outputs != outputs.size())
       return make_error(Errc::invalid_argument,
                         fmt::format("{}: has {} outputs, got {}", spec.op, n_outputs, outputs.size()));
     std::vector<RefOutput> refs;
-    op->reference(full, scalars, inputs, {}, refs);
+    call.op->reference(call.full, scalars, inputs, {}, refs);
     CheckReport report;
     report.spec = to_string(spec);
     const auto read = [&](size_t i, const std::vector<int64_t>*, std::vector<uint8_t>& bytes) -> Result<void> {
       bytes = outputs[output_of[i]];
       return ok();
     };
-    KILN_TRY(compare_all(*op, full, scalars, inputs, tensors, refs, read, report));
+    KILN_TRY(compare_all(*call.op, call.full, scalars, inputs, call.tensors, refs, read, report));
     return report;
   });
 }

@@ -67,16 +67,10 @@ namespace {
 #if KILN_WITH_LLVM
 Result<AmdgpuCodeReport> amdgpu_code_report(std::span<const uint8_t> hsaco, const std::string& kernel,
                                             const TargetInfo& target, int threads) {
-  KILN_ASSIGN_OR_RETURN(const CodeObjectInfo meta, read_amdgpu_metadata(hsaco, kernel));
   AmdgpuCodeReport r;
-  r.vgprs = meta.registers;
-  r.agprs = meta.agprs;
-  r.sgprs = meta.sgprs;
-  r.lds_bytes = meta.shared_bytes;
-  r.scratch_bytes = meta.scratch_bytes;
-  r.spills = meta.spill_stores;
-  r.waves_per_simd = occupancy_waves_per_simd(r.vgprs, r.agprs, r.lds_bytes, threads, amd_lds_bytes_per_cu(target),
-                                              &r.occupancy_limit);
+  KILN_ASSIGN_OR_RETURN(r.meta, read_amdgpu_metadata(hsaco, kernel));
+  r.waves_per_simd = occupancy_waves_per_simd(r.meta.registers, r.meta.agprs, r.meta.shared_bytes, threads,
+                                              amd_lds_bytes_per_cu(target), &r.occupancy_limit);
 
   // The kernel's code: its function symbol's bytes in .text.
   llvm::StringRef data(reinterpret_cast<const char*>(hsaco.data()), hsaco.size());

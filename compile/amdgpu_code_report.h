@@ -7,6 +7,7 @@
 #include <span>
 #include <string>
 
+#include "compile/code_object.h"
 #include "kiln/result.h"
 #include "kiln/target.h"
 
@@ -36,8 +37,9 @@ struct HotLoop {
 struct AmdgpuCodeReport {
   InstructionMix kernel;  ///< the whole kernel
   HotLoop hot_loop;
-  int vgprs = -1, agprs = -1, sgprs = -1;  ///< from the metadata note
-  int lds_bytes = -1, scratch_bytes = -1, spills = -1;
+  /// The kernel's metadata note, as the compiler reports it (read_amdgpu_metadata): registers (arch
+  /// VGPRs), agprs, sgprs, shared_bytes (LDS), scratch_bytes, spill_stores (VGPR+SGPR spill count).
+  CodeObjectInfo meta;
   int waves_per_simd = -1;                 ///< occupancy; see occupancy_waves_per_simd
   std::string occupancy_limit;             ///< "VGPRs+AGPRs", "LDS", "waves" or "workgroup size"
 };

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <iterator>
 
+#include "support/embedded.h"
 #include "templates/op_template.h"
 
 namespace kiln {
@@ -39,8 +40,23 @@ KernelConfig fp8_row_config(int64_t columns, int64_t vec, const TargetInfo& targ
   return {{"FP8", 1}, {"THREADS", threads}, {"VEC", vec}, {"ITEMS", ceil_div(nvec, threads)}};
 }
 
-void fp8_fused_reference(const KernelSpec& spec, std::span<const int64_t> rows, int64_t cols, const std::vector<double>& y,
-                         std::span<const float> history, std::vector<RefOutput>& outputs) {
+std::vector<int64_t> fp8_fused_reference_rows(const KernelSpec& spec, std::span<const int64_t> sampled) {
+  if (!sampled.empty() && !fp8_fused_delayed(spec)) return {sampled.begin(), sampled.end()};
+  std::vector<int64_t> rows;
+  for (int64_t r = 0; r < spec.param("rows"); ++r) rows.push_back(r);
+  return rows;
+}
+
+void fp8_fused_reference(const KernelSpec& spec, int64_t cols, std::span<const std::vector<float>> inputs,
+                         std::vector<RefOutput>& outputs) {
+  if (!fp8_fused(spec)) return;
+  // The tensor as the op stores it (copied: the outputs appended below may move outputs[0]).
+  const std::vector<int64_t> rows = outputs[0].rows;
+  std::vector<double> y(outputs[0].values.size());
+  for (size_t i = 0; i < y.size(); ++i)
+    y[i] = round_to_dtype(static_cast<float>(outputs[0].values[i]), spec.out_dtype);
+  const std::span<const float> history =
+      fp8_fused_delayed(spec) ? std::span<const float>(inputs.back()) : std::span<const float>{};
   const int64_t g = spec.param("fp8_granularity");
   const DType fp8 = fp8_out_dtype(spec);
   const float fp8_max_f = static_cast<float>(fp8_max(fp8));
@@ -84,24 +100,21 @@ bool ends_with(std::string_view s, std::string_view suffix) {
 bool is_fused_scale(std::string_view name) { return ends_with(name, "_scale"); }
 }  // namespace
 
-bool fp8_fused_gate(const KernelSpec& spec, std::string_view output, DType y_dtype, Gate& gate) {
-  if (!fp8_fused(spec)) return false;
-  if (ends_with(output, "_fp8")) {
-    gate = Gate::for_dtype(fp8_out_dtype(spec));
+Gate fp8_fused_gate(const KernelSpec& spec, const TensorInfo& output) {
+  if (!fp8_fused(spec)) return Gate::for_dtype(output.dtype);
+  if (ends_with(output.name, "_fp8")) {
+    Gate gate = Gate::for_dtype(fp8_out_dtype(spec));
     gate.max_code_diff = 1;
-    return true;
+    return gate;
   }
-  if (is_fused_scale(output) && fp8_fused_delayed(spec)) {  // bitwise
-    gate = Gate{};
+  if (is_fused_scale(output.name) && fp8_fused_delayed(spec)) {  // bitwise
+    Gate gate;
     gate.atol = gate.rtol = 0;
     gate.max_rel_fro = -1;
-    return true;
+    return gate;
   }
-  if (is_fused_scale(output) || output == "amax_history_out") {
-    gate = Gate::for_dtype(y_dtype);
-    return true;
-  }
-  return false;
+  if (is_fused_scale(output.name) || output.name == "amax_history_out") return Gate::for_dtype(spec.out_dtype);
+  return Gate::for_dtype(output.dtype);
 }
 
 std::span<const std::string_view> fp8_scaling_names() { return kScalings; }
@@ -204,11 +217,47 @@ std::string fp8_fused_defines(const KernelSpec& spec, const KernelConfig& config
                      device_type_name(fp8_out_dtype(spec)));
 }
 
-void fp8_fused_alignment(const KernelConfig& config, std::span<const TensorInfo> tensors, std::vector<uint32_t>& out) {
-  if (!config.count("FP8")) return;
+std::vector<uint32_t> fp8_fused_alignment(const KernelConfig& config, std::span<const TensorInfo> tensors) {
+  std::vector<uint32_t> out = vector_variant_alignment(config, tensors.size());
+  if (!config.count("FP8")) return out;
   for (size_t i = 0; i < tensors.size(); ++i)
     if (is_fused_scale(tensors[i].name) || tensors[i].name == "amax_history" || tensors[i].name == "amax_history_out")
       out[i] = 1;
+  return out;
+}
+
+std::string_view fp8_fused_device_template(const Fp8FusedRowOp& op, const KernelConfig& config) {
+  return embedded_file(config.count("FP8") ? op.fp8_device_template : op.device_template);
+}
+
+std::string_view fp8_fused_kernel_name(const Fp8FusedRowOp& op, const KernelConfig& config) {
+  return config.count("FP8") ? op.fp8_kernel : op.kernel;
+}
+
+Result<void> fp8_fused_validate(const Fp8FusedRowOp& op, const KernelSpec& spec) {
+  if (!fp8_fused(spec) && spec.param("fp8_granularity") != kRowwise)
+    return make_error(Errc::invalid_argument, fmt::format("{}: fp8_granularity applies to the fp8 output: set fp8_out "
+                                                          "(an fp8 dtype of the target) or leave fp8_granularity out",
+                                                          op.name));
+  return ok();
+}
+
+void fp8_fused_init_history(const Fp8FusedRowOp& op, const KernelSpec& spec, std::vector<std::vector<float>>& values,
+                            std::mt19937_64& rng) {
+  if (fp8_fused_delayed(spec)) fp8_init_history(op.test_amax, values.back(), rng);
+}
+
+void fp8_fused_delayed_args(const KernelSpec& call, uint32_t history, std::vector<KernelArg>& args) {
+  if (!fp8_fused_delayed(call)) return;
+  args.insert(args.end(), {KernelArg::tensor(history), KernelArg::workspace(0),
+                           KernelArg::i32(call.param("history_len")), KernelArg::i32(call.param("margin"))});
+}
+
+void fp8_fused_delayed_push(const KernelSpec& call, int64_t rows, uint32_t history, uint32_t scale, Plan& plan) {
+  if (!fp8_fused_delayed(call)) return;
+  plan.launches.push_back(fp8_history_launch(rows, history, scale, call.param("history_len"), call.param("margin")));
+  plan.workspace_bytes =
+      std::max(plan.workspace_bytes, static_cast<uint64_t>(std::max<int64_t>(rows, 1)) * sizeof(float));
 }
 
 }  // namespace kiln

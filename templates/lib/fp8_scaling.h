@@ -99,24 +99,64 @@ bool fp8_fused_delayed(const KernelSpec& spec);
 /// accesses per thread, whole wavefronts (multiples of 128 threads for VEC 1, so that a 1x128
 /// group never straddles the items of a thread), at most 1024 threads; FP8 = 1.
 KernelConfig fp8_row_config(int64_t columns, int64_t vec, const TargetInfo& target);
-/// The reference of a fused fp8 output: `y` holds the listed rows of [rows, cols] as the op stores
-/// them (rounded to its dtype); appends y_fp8 (those rows), y_scale (those rows; [1] with delayed
-/// tensorwise) and, with delayed tensorwise, amax_history_out (whose amax needs every row: `y`
-/// must then hold them all), quantized as quantize_fp8 defines it.
-void fp8_fused_reference(const KernelSpec& spec, std::span<const int64_t> rows, int64_t cols, const std::vector<double>& y,
-                         std::span<const float> history, std::vector<RefOutput>& outputs);
-/// The fused fp8 output of a row op (rmsnorm, swiglu, rmsnorm_bwd, swiglu_bwd), shared by them: the
-/// outputs are named after the tensor they quantize (y_fp8, y_scale; dx_fp8, dx_scale). The baked constants
-/// of a configuration with "FP8" (FP8_GRAN and fp8_t; "" without it) ...
+
+/// What a row op with a fused fp8 output (rmsnorm, swiglu, rmsnorm_bwd, swiglu_bwd) declares once
+/// for the helpers below, which serve all four. Its fused outputs are named after the tensor they
+/// quantize, its first output: y_fp8 and y_scale (rmsnorm, swiglu), dx_fp8 and dx_scale (the
+/// backward ops); configurations with "FP8" (fp8_row_config) are the fused ones.
+struct Fp8FusedRowOp {
+  std::string_view name;                 ///< The op's name, for messages: "swiglu".
+  std::string_view device_template;      ///< Its template without fp8_out: "templates/swiglu/swiglu.kernel".
+  std::string_view fp8_device_template;  ///< With fp8_out: "templates/swiglu/swiglu_fp8.kernel".
+  std::string_view kernel;               ///< The kernel of each: "kiln_swiglu" ...
+  std::string_view fp8_kernel;           ///< ... and "kiln_swiglu_fp8".
+  /// About the largest |value| of the quantized tensor for the default test inputs (uniform in
+  /// [-1, 1]): the scale of the test amax history (fp8_init_history).
+  float test_amax;
+};
+/// The device template of a configuration: with "FP8" the op's fp8 template, so that the one
+/// without stays byte for byte what it was, and so do the cache keys of every kernel without fp8_out.
+std::string_view fp8_fused_device_template(const Fp8FusedRowOp& op, const KernelConfig& config);
+/// The kernel of a configuration (fp8_kernel with "FP8").
+std::string_view fp8_fused_kernel_name(const Fp8FusedRowOp& op, const KernelConfig& config);
+/// The rule of the fused output's parameters (`spec` with its defaults): fp8_granularity only with
+/// fp8_out (Errc::invalid_argument naming both).
+Result<void> fp8_fused_validate(const Fp8FusedRowOp& op, const KernelSpec& spec);
+/// The test inputs of a spec with delayed tensorwise scaling (`spec` with its defaults): the amax
+/// history, the last input, for values whose max |x| is about op.test_amax. Nothing otherwise.
+void fp8_fused_init_history(const Fp8FusedRowOp& op, const KernelSpec& spec, std::vector<std::vector<float>>& values,
+                            std::mt19937_64& rng);
+/// The base alignment of a configuration's tensors: 16 bytes for a vector variant
+/// (vector_variant_alignment), but the fp32 scales (*_scale) and amax history are accessed one
+/// element at a time (1).
+std::vector<uint32_t> fp8_fused_alignment(const KernelConfig& config, std::span<const TensorInfo> tensors);
+/// The baked constants of a configuration with "FP8" (FP8_GRAN and fp8_t; "" without it).
 std::string fp8_fused_defines(const KernelSpec& spec_with_defaults, const KernelConfig& config);
-/// ... and the base alignment of its tensors: the fp32 scales (*_scale) and amax history are accessed one
-/// element at a time (1), whatever the vector variant asks of the others.
-void fp8_fused_alignment(const KernelConfig& config, std::span<const TensorInfo> tensors, std::vector<uint32_t>& out);
-/// Gates of the fused outputs (*_fp8, *_scale, amax_history_out; false for any other output or
-/// without fp8_out): the codes within one code (y's own rounding may differ from the
-/// reference's by one unit, and the code with it); y_scale and the history's new entry within
-/// y's dtype gate, the delayed scale bitwise (it depends on the history alone).
-bool fp8_fused_gate(const KernelSpec& spec, std::string_view output, DType y_dtype, Gate& gate);
+/// Delayed scaling's arguments of the fused row kernel, after its tensors (nothing without delayed
+/// scaling): the history (tensor `history`), the workspace (each row's max |y|, one fp32 a row, at
+/// offset 0), history_len, margin.
+void fp8_fused_delayed_args(const KernelSpec& call, uint32_t history, std::vector<KernelArg>& args);
+/// ... and after the row kernel, kiln_fp8_amax_history over the `rows` partials (fp8_history_launch;
+/// `scale` the *_scale tensor), with the workspace of those partials at least (nothing without
+/// delayed scaling).
+void fp8_fused_delayed_push(const KernelSpec& call, int64_t rows, uint32_t history, uint32_t scale, Plan& plan);
+/// The rows a fused op's reference computes: `sampled`, or every row (the `rows` parameter) where
+/// none is asked for or delayed scaling needs them all (max |y| of every row enters the history).
+std::vector<int64_t> fp8_fused_reference_rows(const KernelSpec& spec, std::span<const int64_t> sampled);
+/// The reference of the fused outputs, appended to `outputs` (nothing without fp8_out). outputs[0]
+/// holds the tensor quantized (y or dx, [rows, cols]; the rows of outputs[0].rows) in fp64: it is
+/// rounded to out_dtype as the op stores it, then quantized as quantize_fp8 defines it: *_fp8
+/// (those rows), *_scale (those rows; [1] with delayed tensorwise) and, with delayed tensorwise,
+/// amax_history_out from the history, the last input (its amax needs every row:
+/// fp8_fused_reference_rows).
+void fp8_fused_reference(const KernelSpec& spec, int64_t cols, std::span<const std::vector<float>> inputs,
+                         std::vector<RefOutput>& outputs);
+/// The gate of an output (`spec` with its defaults): of the fused outputs (*_fp8, *_scale,
+/// amax_history_out; with fp8_out) the codes within one code (the stored value's own rounding may
+/// differ from the reference's by one unit, and the code with it); *_scale and the history's new
+/// entry within out_dtype's gate, the delayed scale bitwise (it depends on the history alone).
+/// Any other output: Gate::for_dtype.
+Gate fp8_fused_gate(const KernelSpec& spec, const TensorInfo& output);
 
 /// The MX scale of a group whose max |x| is `amax`, for elements of fp8 format `fp8` (OCP MX spec
 /// v1.0, section 6.3): the e8m0 code of 2^(floor(log2(amax)) - emax), emax the exponent of the

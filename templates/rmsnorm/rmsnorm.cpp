@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cmath>
 
-#include "support/embedded.h"
 #include "templates/lib/fp8_scaling.h"
 
 namespace kiln {
@@ -54,6 +53,9 @@ const TensorDecl kSignature[] = {
      fp8_fused_delayed, "the history with this call's max |y| pushed at [0] (written over amax_history)",
      "amax_history"},
 };
+// |y| = |h| / rms(h) * |gamma| reaches about sqrt(3) for uniform inputs.
+constexpr Fp8FusedRowOp kFused = {"rmsnorm", "templates/rmsnorm/rmsnorm.kernel", "templates/rmsnorm/rmsnorm_fp8.kernel",
+                                  "kiln_rmsnorm", "kiln_rmsnorm_fp8", 1.7f};
 }  // namespace
 
 std::span<const ParamInfo> RmsNormOp::params() const { return kParams; }
@@ -61,20 +63,12 @@ std::span<const ScalarInfo> RmsNormOp::scalars() const { return kScalars; }
 std::span<const DType> RmsNormOp::dtypes() const { return kDTypes; }
 std::span<const TensorDecl> RmsNormOp::signature() const { return kSignature; }
 std::string_view RmsNormOp::device_template(const KernelConfig& c) const {
-  // With an fp8 output, its own template: the one without stays byte for byte what it was, and so
-  // do the cache keys of every rmsnorm kernel without fp8_out.
-  return embedded_file(c.count("FP8") ? "templates/rmsnorm/rmsnorm_fp8.kernel" : "templates/rmsnorm/rmsnorm.kernel");
+  return fp8_fused_device_template(kFused, c);
 }
-std::string_view RmsNormOp::kernel_name(const KernelConfig& c) const {
-  return c.count("FP8") ? "kiln_rmsnorm_fp8" : "kiln_rmsnorm";
-}
+std::string_view RmsNormOp::kernel_name(const KernelConfig& c) const { return fp8_fused_kernel_name(kFused, c); }
 
 Result<void> RmsNormOp::validate_rules(const KernelSpec& spec, const TargetInfo&) const {
-  const KernelSpec s = with_defaults(spec);
-  if (!fp8_fused(s) && s.param("fp8_granularity") != kRowwise)
-    return make_error(Errc::invalid_argument, "rmsnorm: fp8_granularity applies to the fp8 output: set fp8_out (an fp8 "
-                                              "dtype of the target) or leave fp8_granularity out");
-  return ok();
+  return fp8_fused_validate(kFused, with_defaults(spec));
 }
 
 // Each thread loads ITEMS vectors of VEC elements (16 bytes when VEC > 1) and keeps them in
@@ -98,10 +92,7 @@ std::vector<KernelConfig> RmsNormOp::variants(const KernelSpec& spec, const Targ
 }
 
 std::vector<uint32_t> RmsNormOp::base_alignment(const KernelSpec& spec, const KernelConfig& config) const {
-  const std::vector<TensorInfo> ts = tensors(spec);
-  std::vector<uint32_t> out = vector_variant_alignment(config, ts.size());
-  fp8_fused_alignment(config, ts, out);
-  return out;
+  return fp8_fused_alignment(config, tensors(spec));
 }
 
 std::string RmsNormOp::specialize(const KernelSpec& given, const KernelConfig& c) const {
@@ -131,51 +122,35 @@ Plan RmsNormOp::plan(const KernelSpec& given, const KernelConfig& c) const {
     if (ts[i].name == "y_scale") scale = i;
     if (ts[i].name != "amax_history" && ts[i].name != "amax_history_out") l.args.push_back(KernelArg::tensor(i));
   }
-  if (delayed) {  // the history's scale, each row's max |y| into the workspace, then the push
-    l.args.push_back(KernelArg::tensor(history));
-    l.args.push_back(KernelArg::workspace(0));
-    l.args.push_back(KernelArg::i32(call.param("history_len")));
-    l.args.push_back(KernelArg::i32(call.param("margin")));
-  }
+  fp8_fused_delayed_args(call, history, l.args);
   l.args.push_back(KernelArg::i32(rows));
   l.args.push_back(KernelArg::scalar(0));
   if (rows > 0) p.launches.push_back(l);
-  if (delayed) {
-    p.launches.push_back(fp8_history_launch(rows, history, scale, call.param("history_len"), call.param("margin")));
-    p.workspace_bytes = static_cast<uint64_t>(std::max<int64_t>(rows, 1)) * sizeof(float);
-  }
+  fp8_fused_delayed_push(call, rows, history, scale, p);
   return p;
 }
 
 void RmsNormOp::init_inputs(const KernelSpec& spec, std::span<const TensorInfo> inputs,
                             std::vector<std::vector<float>>& values, std::mt19937_64& rng) const {
   OpTemplate::init_inputs(spec, inputs, values, rng);
-  // |y| = |h| / rms(h) * |gamma| reaches about sqrt(3) for uniform inputs.
-  if (fp8_fused_delayed(with_defaults(spec))) fp8_init_history(1.7f, values.back(), rng);
+  fp8_fused_init_history(kFused, with_defaults(spec), values, rng);
 }
 
 Gate RmsNormOp::gate(const KernelSpec& spec, const TensorInfo& output) const {
-  Gate g;
-  if (fp8_fused_gate(with_defaults(spec), output.name, spec.out_dtype, g)) return g;
-  return Gate::for_dtype(output.dtype);
+  return fp8_fused_gate(with_defaults(spec), output);
 }
 
 void RmsNormOp::reference(const KernelSpec& given, const Scalars& scalars, std::span<const std::vector<float>> inputs,
                           std::span<const int64_t> sampled, std::vector<RefOutput>& outputs) const {
   const KernelSpec spec = with_defaults(given);
-  const bool fp8 = fp8_fused(spec);
-  // Delayed scaling pushes max |y| over every row into the history: every row is computed.
-  const std::span<const int64_t> sample = fp8_fused_delayed(spec) ? std::span<const int64_t>{} : sampled;
-  const int64_t n_rows = spec.param("rows"), H = spec.param("hidden");
+  const int64_t H = spec.param("hidden");
   const bool residual = with_residual(spec), save = with_rstd(spec);
   const double eps = scalar(scalars, "eps");
   const std::vector<float>& x = inputs[0];
   const std::vector<float>* res = residual ? &inputs[1] : nullptr;
   const std::vector<float>& gamma = inputs[residual ? 2 : 1];
   outputs.assign(1 + residual + save, {});
-  std::vector<int64_t> rows(sample.begin(), sample.end());
-  if (rows.empty())
-    for (int64_t r = 0; r < n_rows; ++r) rows.push_back(r);
+  const std::vector<int64_t> rows = fp8_fused_reference_rows(spec, sampled);
   for (RefOutput& o : outputs) o.rows = rows;
   std::vector<double> h(static_cast<size_t>(H));
   for (int64_t row : rows) {
@@ -191,12 +166,7 @@ void RmsNormOp::reference(const KernelSpec& given, const Scalars& scalars, std::
     if (residual) outputs[1].values.insert(outputs[1].values.end(), h.begin(), h.end());
     if (save) outputs.back().values.push_back(inv_rms);
   }
-  if (!fp8) return;
-  // y as the kernel stores it, then quantized.
-  std::vector<double> y(outputs[0].values.size());
-  for (size_t i = 0; i < y.size(); ++i) y[i] = round_to_dtype(static_cast<float>(outputs[0].values[i]), spec.out_dtype);
-  fp8_fused_reference(spec, rows, H, y, fp8_fused_delayed(spec) ? std::span<const float>(inputs.back()) : std::span<const float>{},
-                      outputs);
+  fp8_fused_reference(spec, H, inputs, outputs);
 }
 
 std::vector<TestSpec> RmsNormOp::test_specs(const TargetInfo& target) const {

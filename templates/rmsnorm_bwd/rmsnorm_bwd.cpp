@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cmath>
 
-#include "support/embedded.h"
 #include "templates/lib/fp8_scaling.h"
 
 namespace kiln {
@@ -58,6 +57,10 @@ const TensorDecl kSignature[] = {
      fp8_fused_delayed, "the history with this call's max |dx| pushed at [0] (written over amax_history)",
      "amax_history"},
 };
+// |dx| stays below about 3 for inputs in [-1, 1] (rstd about sqrt(3)).
+constexpr Fp8FusedRowOp kFused = {"rmsnorm_bwd", "templates/rmsnorm_bwd/rmsnorm_bwd.kernel",
+                                  "templates/rmsnorm_bwd/rmsnorm_bwd_fp8.kernel", "kiln_rmsnorm_bwd",
+                                  "kiln_rmsnorm_bwd_fp8", 3.0f};
 // The fp8 kernel's row blocks per compute unit (persistent; each writes a row of dgamma partials).
 constexpr int64_t kFp8BlocksPerCu = 4;
 
@@ -81,20 +84,11 @@ std::span<const ScalarInfo> RmsNormBwdOp::scalars() const { return kScalars; }
 std::span<const DType> RmsNormBwdOp::dtypes() const { return kDTypes; }
 std::span<const TensorDecl> RmsNormBwdOp::signature() const { return kSignature; }
 std::string_view RmsNormBwdOp::device_template(const KernelConfig& c) const {
-  // With an fp8 output, its own template: the one without stays byte for byte what it was, and so
-  // do the cache keys of every rmsnorm_bwd kernel without fp8_out.
-  return embedded_file(c.count("FP8") ? "templates/rmsnorm_bwd/rmsnorm_bwd_fp8.kernel"
-                                      : "templates/rmsnorm_bwd/rmsnorm_bwd.kernel");
+  return fp8_fused_device_template(kFused, c);
 }
-std::string_view RmsNormBwdOp::kernel_name(const KernelConfig& c) const {
-  return c.count("FP8") ? "kiln_rmsnorm_bwd_fp8" : "kiln_rmsnorm_bwd";
-}
+std::string_view RmsNormBwdOp::kernel_name(const KernelConfig& c) const { return fp8_fused_kernel_name(kFused, c); }
 Result<void> RmsNormBwdOp::validate_rules(const KernelSpec& spec, const TargetInfo&) const {
-  const KernelSpec s = with_defaults(spec);
-  if (!fp8_fused(s) && s.param("fp8_granularity") != kRowwise)
-    return make_error(Errc::invalid_argument, "rmsnorm_bwd: fp8_granularity applies to the fp8 output: set fp8_out (an "
-                                              "fp8 dtype of the target) or leave fp8_granularity out");
-  return ok();
+  return fp8_fused_validate(kFused, with_defaults(spec));
 }
 
 namespace {
@@ -228,10 +222,7 @@ std::vector<KernelConfig> RmsNormBwdOp::tuning_candidates(const KernelSpec& spec
   return out;
 }
 std::vector<uint32_t> RmsNormBwdOp::base_alignment(const KernelSpec& spec, const KernelConfig& config) const {
-  const std::vector<TensorInfo> ts = tensors(spec);
-  std::vector<uint32_t> out = vector_variant_alignment(config, ts.size());
-  fp8_fused_alignment(config, ts, out);
-  return out;
+  return fp8_fused_alignment(config, tensors(spec));
 }
 
 std::string RmsNormBwdOp::specialize(const KernelSpec& given, const KernelConfig& c) const {
@@ -276,10 +267,7 @@ Plan fp8_plan(const KernelSpec& call, const std::vector<TensorInfo>& ts, const K
   for (uint32_t i = 0; i < ts.size(); ++i)  // dy, x, gamma, rstd?, dres?, dx, dx_fp8, dx_scale
     if (ts[i].name != "amax_history" && ts[i].name != "amax_history_out" && ts[i].name != "dgamma")
       rows_pass.args.push_back(KernelArg::tensor(i));
-  if (delayed)
-    rows_pass.args.insert(rows_pass.args.end(), {KernelArg::tensor(index("amax_history")), KernelArg::workspace(0),
-                                                 KernelArg::i32(call.param("history_len")),
-                                                 KernelArg::i32(call.param("margin"))});
+  fp8_fused_delayed_args(call, index("amax_history"), rows_pass.args);
   rows_pass.args.insert(rows_pass.args.end(),
                         {KernelArg::workspace(static_cast<int64_t>(amax_bytes)), KernelArg::i32(n_rows),
                          KernelArg::i32(blocks), KernelArg::scalar(0)});
@@ -291,9 +279,7 @@ Plan fp8_plan(const KernelSpec& call, const std::vector<TensorInfo>& ts, const K
                  KernelArg::i32(blocks)};
   if (n_rows > 0) p.launches.push_back(std::move(rows_pass));
   p.launches.push_back(std::move(reduce));  // 0 rows: dgamma is a sum over no rows, zeros
-  if (delayed)
-    p.launches.push_back(fp8_history_launch(n_rows, index("amax_history"), index("dx_scale"),
-                                            call.param("history_len"), call.param("margin")));
+  fp8_fused_delayed_push(call, n_rows, index("amax_history"), index("dx_scale"), p);
   return p;
 }
 }  // namespace
@@ -335,8 +321,7 @@ Plan RmsNormBwdOp::plan(const KernelSpec& given, const KernelConfig& c) const {
 void RmsNormBwdOp::init_inputs(const KernelSpec& spec, std::span<const TensorInfo> inputs,
                                std::vector<std::vector<float>>& values, std::mt19937_64& rng) const {
   OpTemplate::init_inputs(spec, inputs, values, rng);
-  // |dx| stays below about 3 for inputs in [-1, 1] (rstd about sqrt(3)).
-  if (fp8_fused_delayed(with_defaults(spec))) fp8_init_history(3.0f, values.back(), rng);
+  fp8_fused_init_history(kFused, with_defaults(spec), values, rng);
   if (spec.param("recompute_rstd")) return;
   // rstd as the forward saves it: from x, with the default eps, in fp32.
   const int64_t H = spec.param("hidden");
@@ -351,17 +336,13 @@ void RmsNormBwdOp::init_inputs(const KernelSpec& spec, std::span<const TensorInf
 void RmsNormBwdOp::reference(const KernelSpec& given, const Scalars& scalars, std::span<const std::vector<float>> in,
                              std::span<const int64_t> sampled, std::vector<RefOutput>& outputs) const {
   const KernelSpec spec = with_defaults(given);
-  // Delayed scaling pushes max |dx| over every row into the history: every row is computed.
-  const std::span<const int64_t> sample = fp8_fused_delayed(spec) ? std::span<const int64_t>{} : sampled;
   const int64_t n_rows = spec.param("rows"), H = spec.param("hidden");
   const bool recompute = spec.param("recompute_rstd") != 0;
   const double eps = scalar(scalars, "eps");
   const std::vector<float>&dy = in[0], &x = in[1], &gamma = in[2];
   const std::vector<float>* dres = adds_dres(spec) ? &in[recompute ? 3 : 4] : nullptr;
   outputs.assign(2, {});
-  std::vector<int64_t> rows(sample.begin(), sample.end());
-  if (rows.empty())
-    for (int64_t r = 0; r < n_rows; ++r) rows.push_back(r);
+  const std::vector<int64_t> rows = fp8_fused_reference_rows(spec, sampled);
   outputs[0].rows = rows;
   std::vector<double> dgamma(static_cast<size_t>(H), 0.0);
   size_t next = 0;
@@ -388,20 +369,11 @@ void RmsNormBwdOp::reference(const KernelSpec& given, const Scalars& scalars, st
     }
   }
   outputs[1].values = std::move(dgamma);
-  if (!fp8_fused(spec)) return;
-  // dx as the kernel stores it, then quantized.
-  std::vector<double> stored(outputs[0].values.size());
-  for (size_t i = 0; i < stored.size(); ++i)
-    stored[i] = round_to_dtype(static_cast<float>(outputs[0].values[i]), spec.out_dtype);
-  const std::vector<int64_t> sampled_rows = outputs[0].rows;
-  fp8_fused_reference(spec, sampled_rows, H, stored,
-                      fp8_fused_delayed(spec) ? std::span<const float>(in.back()) : std::span<const float>{}, outputs);
+  fp8_fused_reference(spec, H, in, outputs);
 }
 
 Gate RmsNormBwdOp::gate(const KernelSpec& spec, const TensorInfo& output) const {
-  Gate g;
-  if (fp8_fused_gate(with_defaults(spec), output.name, spec.out_dtype, g)) return g;
-  g = Gate::for_dtype(output.dtype);
+  Gate g = fp8_fused_gate(with_defaults(spec), output);
   // hidden = 1: dx = r gamma dy eps / (x^2 + eps) exactly, a cancellation to about 1e-5 of the
   // terms, where fp16 is subnormal: the per-element gate holds, the relative norm does not apply.
   if (output.name == "dx" && spec.param("hidden") == 1) g.max_rel_fro = -1;

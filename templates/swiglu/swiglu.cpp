@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cmath>
 
-#include "support/embedded.h"
 #include "templates/lib/elementwise_row.h"
 #include "templates/lib/fp8_scaling.h"
 
@@ -43,25 +42,20 @@ const TensorDecl kSignature[] = {
      fp8_fused_delayed, "the history with this call's max |y| pushed at [0] (written over amax_history)",
      "amax_history"},
 };
+// |silu(gate) * up| reaches silu(1) = 0.73 for inputs in [-1, 1].
+constexpr Fp8FusedRowOp kFused = {"swiglu", "templates/swiglu/swiglu.kernel", "templates/swiglu/swiglu_fp8.kernel",
+                                  "kiln_swiglu", "kiln_swiglu_fp8", 0.73f};
 }  // namespace
 
 std::span<const ParamInfo> SwiGluOp::params() const { return kParams; }
 std::span<const DType> SwiGluOp::dtypes() const { return kDTypes; }
 std::span<const TensorDecl> SwiGluOp::signature() const { return kSignature; }
-std::string_view SwiGluOp::device_template(const KernelConfig& c) const {
-  // With an fp8 output, its own template (one block per row): the one without stays byte for byte
-  // what it was, and so do the cache keys of every swiglu kernel without fp8_out.
-  return embedded_file(c.count("FP8") ? "templates/swiglu/swiglu_fp8.kernel" : "templates/swiglu/swiglu.kernel");
-}
-std::string_view SwiGluOp::kernel_name(const KernelConfig& c) const {
-  return c.count("FP8") ? "kiln_swiglu_fp8" : "kiln_swiglu";
-}
+std::string_view SwiGluOp::device_template(const KernelConfig& c) const { return fp8_fused_device_template(kFused, c); }
+std::string_view SwiGluOp::kernel_name(const KernelConfig& c) const { return fp8_fused_kernel_name(kFused, c); }
 
 Result<void> SwiGluOp::validate_rules(const KernelSpec& spec, const TargetInfo&) const {
   const KernelSpec s = with_defaults(spec);
-  if (!fp8_fused(s) && s.param("fp8_granularity") != kRowwise)
-    return make_error(Errc::invalid_argument, "swiglu: fp8_granularity applies to the fp8 output: set fp8_out (an fp8 "
-                                              "dtype of the target) or leave fp8_granularity out");
+  KILN_TRY(fp8_fused_validate(kFused, s));
   if (fp8_fused(s) && s.param("intermediate") > kFp8MaxIntermediate)
     return make_error(Errc::invalid_argument,
                       fmt::format("swiglu: with fp8_out a block keeps a row in registers: intermediate = {} must be at "
@@ -80,10 +74,7 @@ std::vector<KernelConfig> SwiGluOp::variants(const KernelSpec& spec, const Targe
   return out;
 }
 std::vector<uint32_t> SwiGluOp::base_alignment(const KernelSpec& spec, const KernelConfig& config) const {
-  const std::vector<TensorInfo> ts = tensors(spec);
-  std::vector<uint32_t> out = vector_variant_alignment(config, ts.size());
-  fp8_fused_alignment(config, ts, out);
-  return out;
+  return fp8_fused_alignment(config, tensors(spec));
 }
 
 std::string SwiGluOp::specialize(const KernelSpec& given, const KernelConfig& c) const {
@@ -115,45 +106,30 @@ Plan SwiGluOp::plan(const KernelSpec& given, const KernelConfig& c) const {
   l.geometry.grid.x = static_cast<uint32_t>(rows);
   l.geometry.block.x = static_cast<uint32_t>(c.at("THREADS"));
   l.args = {KernelArg::tensor(0), KernelArg::tensor(1 + h), KernelArg::tensor(2 + h), KernelArg::tensor(3 + h)};
-  if (delayed) {  // the history's scale, each row's max |y| into the workspace, then the push
-    l.args.push_back(KernelArg::tensor(1));
-    l.args.push_back(KernelArg::workspace(0));
-    l.args.push_back(KernelArg::i32(call.param("history_len")));
-    l.args.push_back(KernelArg::i32(call.param("margin")));
-  }
+  fp8_fused_delayed_args(call, 1, l.args);
   l.args.push_back(KernelArg::i32(rows));
   if (rows > 0) p.launches.push_back(l);
-  if (delayed) {
-    p.launches.push_back(fp8_history_launch(rows, 1, 4, call.param("history_len"), call.param("margin")));
-    p.workspace_bytes = static_cast<uint64_t>(std::max<int64_t>(rows, 1)) * sizeof(float);
-  }
+  fp8_fused_delayed_push(call, rows, 1, 4, p);
   return p;
 }
 
 void SwiGluOp::init_inputs(const KernelSpec& spec, std::span<const TensorInfo> inputs,
                            std::vector<std::vector<float>>& values, std::mt19937_64& rng) const {
   OpTemplate::init_inputs(spec, inputs, values, rng);
-  // |silu(gate) * up| reaches silu(1) = 0.73 for inputs in [-1, 1].
-  if (fp8_fused_delayed(with_defaults(spec))) fp8_init_history(0.73f, values.back(), rng);
+  fp8_fused_init_history(kFused, with_defaults(spec), values, rng);
 }
 
 Gate SwiGluOp::gate(const KernelSpec& spec, const TensorInfo& output) const {
-  Gate g;
-  if (fp8_fused_gate(with_defaults(spec), output.name, spec.out_dtype, g)) return g;
-  return Gate::for_dtype(output.dtype);
+  return fp8_fused_gate(with_defaults(spec), output);
 }
 
 void SwiGluOp::reference(const KernelSpec& given, const Scalars&, std::span<const std::vector<float>> inputs,
                          std::span<const int64_t> sampled, std::vector<RefOutput>& outputs) const {
   const KernelSpec spec = with_defaults(given);
-  // Delayed scaling pushes max |y| over every row into the history: every row is computed.
-  const std::span<const int64_t> sample = fp8_fused_delayed(spec) ? std::span<const int64_t>{} : sampled;
-  const int64_t n_rows = spec.param("rows"), I = spec.param("intermediate");
+  const int64_t I = spec.param("intermediate");
   outputs.assign(1, {});
   RefOutput& y = outputs[0];
-  y.rows.assign(sample.begin(), sample.end());
-  if (y.rows.empty())
-    for (int64_t r = 0; r < n_rows; ++r) y.rows.push_back(r);
+  y.rows = fp8_fused_reference_rows(spec, sampled);
   for (int64_t row : y.rows) {
     const float* x = &inputs[0][static_cast<size_t>(row * 2 * I)];
     for (int64_t c = 0; c < I; ++c) {
@@ -161,13 +137,7 @@ void SwiGluOp::reference(const KernelSpec& given, const Scalars&, std::span<cons
       y.values.push_back(g / (1.0 + std::exp(-g)) * u);
     }
   }
-  if (!fp8_fused(spec)) return;
-  // y as the kernel stores it, then quantized.
-  std::vector<double> stored(y.values.size());
-  for (size_t i = 0; i < stored.size(); ++i) stored[i] = round_to_dtype(static_cast<float>(y.values[i]), spec.out_dtype);
-  const std::vector<int64_t> rows = y.rows;
-  fp8_fused_reference(spec, rows, I, stored,
-                      fp8_fused_delayed(spec) ? std::span<const float>(inputs.back()) : std::span<const float>{}, outputs);
+  fp8_fused_reference(spec, I, inputs, outputs);
 }
 
 std::vector<TestSpec> SwiGluOp::test_specs(const TargetInfo& target) const {

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cmath>
 
-#include "support/embedded.h"
 #include "templates/lib/elementwise_row.h"
 #include "templates/lib/fp8_scaling.h"
 
@@ -46,26 +45,23 @@ const TensorDecl kSignature[] = {
      fp8_fused_delayed, "the history with this call's max |dx| pushed at [0] (written over amax_history)",
      "amax_history"},
 };
+// |dgate| reaches about 1.1 for inputs in [-1, 1] (dy = up = 1, gate = 1).
+constexpr Fp8FusedRowOp kFused = {"swiglu_bwd", "templates/swiglu_bwd/swiglu_bwd.kernel",
+                                  "templates/swiglu_bwd/swiglu_bwd_fp8.kernel", "kiln_swiglu_bwd",
+                                  "kiln_swiglu_bwd_fp8", 1.1f};
 }  // namespace
 
 std::span<const ParamInfo> SwiGluBwdOp::params() const { return kParams; }
 std::span<const DType> SwiGluBwdOp::dtypes() const { return kDTypes; }
 std::span<const TensorDecl> SwiGluBwdOp::signature() const { return kSignature; }
 std::string_view SwiGluBwdOp::device_template(const KernelConfig& c) const {
-  // With an fp8 output, its own template (one block per row): the one without stays byte for byte
-  // what it was, and so do the cache keys of every swiglu_bwd kernel without fp8_out.
-  return embedded_file(c.count("FP8") ? "templates/swiglu_bwd/swiglu_bwd_fp8.kernel"
-                                      : "templates/swiglu_bwd/swiglu_bwd.kernel");
+  return fp8_fused_device_template(kFused, c);
 }
-std::string_view SwiGluBwdOp::kernel_name(const KernelConfig& c) const {
-  return c.count("FP8") ? "kiln_swiglu_bwd_fp8" : "kiln_swiglu_bwd";
-}
+std::string_view SwiGluBwdOp::kernel_name(const KernelConfig& c) const { return fp8_fused_kernel_name(kFused, c); }
 
 Result<void> SwiGluBwdOp::validate_rules(const KernelSpec& spec, const TargetInfo&) const {
   const KernelSpec s = with_defaults(spec);
-  if (!fp8_fused(s) && s.param("fp8_granularity") != kRowwise)
-    return make_error(Errc::invalid_argument, "swiglu_bwd: fp8_granularity applies to the fp8 output: set fp8_out (an "
-                                              "fp8 dtype of the target) or leave fp8_granularity out");
+  KILN_TRY(fp8_fused_validate(kFused, s));
   if (fp8_fused(s) && 2 * s.param("intermediate") > kFp8MaxColumns)
     return make_error(Errc::invalid_argument,
                       fmt::format("swiglu_bwd: with fp8_out a block keeps a row of dx in registers: intermediate = {} "
@@ -85,10 +81,7 @@ std::vector<KernelConfig> SwiGluBwdOp::variants(const KernelSpec& spec, const Ta
   return out;
 }
 std::vector<uint32_t> SwiGluBwdOp::base_alignment(const KernelSpec& spec, const KernelConfig& config) const {
-  const std::vector<TensorInfo> ts = tensors(spec);
-  std::vector<uint32_t> out = vector_variant_alignment(config, ts.size());
-  fp8_fused_alignment(config, ts, out);
-  return out;
+  return fp8_fused_alignment(config, tensors(spec));
 }
 std::string SwiGluBwdOp::specialize(const KernelSpec& given, const KernelConfig& c) const {
   const KernelSpec spec = with_defaults(given);
@@ -120,45 +113,30 @@ Plan SwiGluBwdOp::plan(const KernelSpec& given, const KernelConfig& c) const {
   l.geometry.block.x = static_cast<uint32_t>(c.at("THREADS"));
   l.args = {KernelArg::tensor(0), KernelArg::tensor(1), KernelArg::tensor(2 + h), KernelArg::tensor(3 + h),
             KernelArg::tensor(4 + h)};
-  if (delayed) {  // the history's scale, each row's max |dx| into the workspace, then the push
-    l.args.push_back(KernelArg::tensor(2));
-    l.args.push_back(KernelArg::workspace(0));
-    l.args.push_back(KernelArg::i32(call.param("history_len")));
-    l.args.push_back(KernelArg::i32(call.param("margin")));
-  }
+  fp8_fused_delayed_args(call, 2, l.args);
   l.args.push_back(KernelArg::i32(rows));
   if (rows > 0) p.launches.push_back(l);
-  if (delayed) {
-    p.launches.push_back(fp8_history_launch(rows, 2, 5, call.param("history_len"), call.param("margin")));
-    p.workspace_bytes = static_cast<uint64_t>(std::max<int64_t>(rows, 1)) * sizeof(float);
-  }
+  fp8_fused_delayed_push(call, rows, 2, 5, p);
   return p;
 }
 
 void SwiGluBwdOp::init_inputs(const KernelSpec& spec, std::span<const TensorInfo> inputs,
                               std::vector<std::vector<float>>& values, std::mt19937_64& rng) const {
   OpTemplate::init_inputs(spec, inputs, values, rng);
-  // |dgate| reaches about 1.1 for inputs in [-1, 1] (dy = up = 1, gate = 1).
-  if (fp8_fused_delayed(with_defaults(spec))) fp8_init_history(1.1f, values.back(), rng);
+  fp8_fused_init_history(kFused, with_defaults(spec), values, rng);
 }
 
 Gate SwiGluBwdOp::gate(const KernelSpec& spec, const TensorInfo& output) const {
-  Gate g;
-  if (fp8_fused_gate(with_defaults(spec), output.name, spec.out_dtype, g)) return g;
-  return Gate::for_dtype(output.dtype);
+  return fp8_fused_gate(with_defaults(spec), output);
 }
 
 void SwiGluBwdOp::reference(const KernelSpec& given, const Scalars&, std::span<const std::vector<float>> in,
                             std::span<const int64_t> sampled, std::vector<RefOutput>& outputs) const {
   const KernelSpec spec = with_defaults(given);
-  // Delayed scaling pushes max |dx| over every row into the history: every row is computed.
-  const std::span<const int64_t> sample = fp8_fused_delayed(spec) ? std::span<const int64_t>{} : sampled;
-  const int64_t n_rows = spec.param("rows"), I = spec.param("intermediate");
+  const int64_t I = spec.param("intermediate");
   outputs.assign(1, {});
   RefOutput& dx = outputs[0];
-  dx.rows.assign(sample.begin(), sample.end());
-  if (dx.rows.empty())
-    for (int64_t r = 0; r < n_rows; ++r) dx.rows.push_back(r);
+  dx.rows = fp8_fused_reference_rows(spec, sampled);
   for (int64_t row : dx.rows) {
     const float* dy = &in[0][static_cast<size_t>(row * I)];
     const float* x = &in[1][static_cast<size_t>(row * 2 * I)];
@@ -171,14 +149,7 @@ void SwiGluBwdOp::reference(const KernelSpec& given, const Scalars&, std::span<c
       dx.values[base + I + c] = d * g * s;
     }
   }
-  if (!fp8_fused(spec)) return;
-  // dx as the kernel stores it, then quantized.
-  std::vector<double> stored(dx.values.size());
-  for (size_t i = 0; i < stored.size(); ++i)
-    stored[i] = round_to_dtype(static_cast<float>(dx.values[i]), spec.out_dtype);
-  const std::vector<int64_t> rows = dx.rows;
-  fp8_fused_reference(spec, rows, 2 * I, stored,
-                      fp8_fused_delayed(spec) ? std::span<const float>(in[2]) : std::span<const float>{}, outputs);
+  fp8_fused_reference(spec, 2 * I, in, outputs);
 }
 
 std::vector<TestSpec> SwiGluBwdOp::test_specs(const TargetInfo& target) const {

@@ -146,11 +146,11 @@ TEST(AmdGemm, ManifestGemmsHaveMfmaHotLoopsAndNoScratch) {
       EXPECT_EQ(loop.lds, reads + writes(c.at("BM"), !ta) + writes(c.at("BN"), tb));
       EXPECT_GT(loop.global, 0);
       EXPECT_EQ(loop.barrier, 1);
-      EXPECT_EQ(r->scratch_bytes, 0);
-      EXPECT_EQ(r->spills, 0);
-      EXPECT_GT(r->lds_bytes, 0);
-      EXPECT_LE(r->lds_bytes, std::string(arch) == "gfx950" ? 163840 : 65536);
-      EXPECT_EQ(r->lds_bytes, mfma_lds_bytes(src->config));
+      EXPECT_EQ(r->meta.scratch_bytes, 0);
+      EXPECT_EQ(r->meta.spill_stores, 0);
+      EXPECT_GT(r->meta.shared_bytes, 0);
+      EXPECT_LE(r->meta.shared_bytes, std::string(arch) == "gfx950" ? 163840 : 65536);
+      EXPECT_EQ(r->meta.shared_bytes, mfma_lds_bytes(src->config));
       EXPECT_GE(r->waves_per_simd, 1);
     }
   }

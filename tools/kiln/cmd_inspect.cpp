@@ -162,7 +162,7 @@ void print_amd_report(const KernelSpec& spec, const TargetInfo& target, const Ke
     return;
   }
   const AmdgpuCodeReport& r = *report;
-  line("AGPRs", known(r.agprs));
+  line("AGPRs", known(r.meta.agprs));
   auto mix = [](const InstructionMix& m) {
     return fmt::format("{} instructions: {} MFMA, {} LDS, {} global, {} s_waitcnt, {} s_barrier, {} other VALU, "
                        "{} other SALU",
@@ -175,7 +175,7 @@ void print_amd_report(const KernelSpec& spec, const TargetInfo& target, const Ke
   line("kernel mix", mix(r.kernel));
   line("occupancy", fmt::format("{} waves per SIMD (limited by {}; {} threads per workgroup, {} KiB LDS per CU)",
                                 r.waves_per_simd, r.occupancy_limit, g.block.x, amd_lds_bytes_per_cu(target) / 1024));
-  const int regs = std::max(r.vgprs, 0) + std::max(r.agprs, 0);
+  const int regs = std::max(r.meta.registers, 0) + std::max(r.meta.agprs, 0);
   auto op = find_op(spec.op);
   if (op)
     for (const ModelLine& m : (*op)->throughput_model(spec, config, target, regs)) line(m.label, m.text);
@@ -252,8 +252,9 @@ int print_meta(const KernelSpec& spec, const TargetInfo& target, const InspectOp
       }
       line("also", fmt::format("{}: {} VGPRs, {} AGPRs, {} SGPRs, LDS {} bytes, scratch {} bytes per lane, {} spills, "
                                "{} waves per SIMD (limited by {}; {} threads per workgroup); hot loop {}",
-                               other.kernel, known(r->vgprs), known(r->agprs), known(r->sgprs), known(r->lds_bytes),
-                               known(r->scratch_bytes), known(r->spills), r->waves_per_simd, r->occupancy_limit,
+                               other.kernel, known(r->meta.registers), known(r->meta.agprs), known(r->meta.sgprs),
+                               known(r->meta.shared_bytes), known(r->meta.scratch_bytes), known(r->meta.spill_stores),
+                               r->waves_per_simd, r->occupancy_limit,
                                other.geometry.block.x,
                                r->hot_loop.found ? fmt::format("{} instructions, {} MFMA, {} LDS, {} other VALU",
                                                                r->hot_loop.mix.total, r->hot_loop.mix.mfma,
