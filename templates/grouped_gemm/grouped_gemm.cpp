@@ -104,7 +104,9 @@ Result<void> GroupedGemmOp::validate_rules(const KernelSpec& spec, const TargetI
 //  - Hopper, nt and nn (grouped_gemm_sm90_tma.kernel, sm_90a, N and K multiples of 8, nn also
 //    K % 64 == 0, at most 1024 groups): TMA loads by a producer warpgroup, two consumer
 //    warpgroups of WGMMA, a persistent scheduler over every group's tiles; 128 x 256 tiles in 4
-//    stages (128 x 128 in 6 where N < 256); 16-byte aligned a and b.
+//    stages (128 x 128 in 6 where N < 256; fewer where many groups' offsets take shared memory);
+//    TMA stores of c through shared memory where a warpgroup's 64 rows lie in one group; 16-byte
+//    aligned a, b and c.
 //  - Hopper, tn and what the TMA kernel refuses (grouped_gemm_sm90.kernel, N and K multiples of
 //    8): WGMMA on 128 x 128 tiles, 64-deep slices in a 4-stage cp.async pipeline (129 KiB of
 //    shared memory), the structure of the bf16 GEMM's cp.async kernel; 16-byte aligned a, b and c.
@@ -115,10 +117,13 @@ bool wgmma(const KernelConfig& c) { return c.count("WGMMA") && c.at("WGMMA") != 
 bool tma(const KernelConfig& c) { return c.count("TMA") && c.at("TMA") != 0; }
 constexpr int64_t kTmaMaxGroups = 1024;  // the offsets and row-tile prefix live in shared memory
 bool mfma(const KernelConfig& c) { return c.count("MFMA") && c.at("MFMA") != 0; }
+// The TMA kernel's shared memory besides its stages: 1 KiB of alignment slack, the epilogue's two
+// 8 KiB staging buffers per consumer warpgroup (lib/epilogue_sm90), the offsets and row-tile prefix.
+int64_t tma_fixed_bytes(const KernelSpec& s, int64_t bm) { return 1024 + (bm / 64) * 2 * 8192 + 8 * (s.param("groups") + 1); }
 int64_t sm90_shared_bytes(const KernelSpec& s, const KernelConfig& c) {
   const int64_t stages = c.at("STAGES") * (c.at("BM") + c.at("BN")) * c.at("BK") * (fp8(s) ? 1 : 2);
   if (!tma(c)) return 1024 + stages;
-  return 1024 + stages + 16 * c.at("STAGES") + 8 * (s.param("groups") + 1);  // + mbarriers, offsets, prefix
+  return tma_fixed_bytes(s, c.at("BM")) + stages + 16 * c.at("STAGES");  // + the stages' mbarriers
 }
 // The TMA kernel: sm_90a, m-grouped, 16-byte row strides, nn slices inside a group's b, 32-bit
 // TMA coordinates (rows of b as [G N, K] or [G K, N]).
@@ -128,8 +133,13 @@ bool tma_applies(const KernelSpec& s, const TargetInfo& target) {
          K % 8 == 0 &&
          (mode == kNt || K % 64 == 0) && G <= kTmaMaxGroups && G * (mode == kNt ? N : K) <= kInt32Max;
 }
-KernelConfig tma_config(int64_t bn) {
-  return {{"WGMMA", 1}, {"TMA", 1}, {"BM", 128}, {"BN", bn}, {"BK", 64}, {"STAGES", bn == 256 ? 4 : 6}, {"THREADS", 384}};
+// 4 stages of 128 x 256 (6 of 128 x 128), fewer where many groups' offsets leave less than
+// Hopper's 227 KiB of shared memory per block.
+KernelConfig tma_config(const KernelSpec& s, int64_t bn) {
+  constexpr int64_t kMaxShared = 227 * 1024, bm = 128, bk = 64;
+  const int64_t stage = (bm + bn) * bk * 2 + 16;
+  const int64_t stages = std::min<int64_t>(bn == 256 ? 4 : 6, (kMaxShared - tma_fixed_bytes(s, bm)) / stage);
+  return {{"WGMMA", 1}, {"TMA", 1}, {"BM", bm}, {"BN", bn}, {"BK", bk}, {"STAGES", stages}, {"THREADS", 384}};
 }
 const KernelConfig kCpAsync = {{"WGMMA", 1}, {"BM", 128}, {"BN", 128}, {"BK", 64}, {"STAGES", 4}, {"THREADS", 256}};
 bool fp8_kernel(const KernelConfig& c) { return c.count("FP8") && c.at("FP8") != 0; }
@@ -154,7 +164,7 @@ std::vector<KernelConfig> GroupedGemmOp::variants(const KernelSpec& spec, const 
              {"MFMA_K", 16}}};
   }
   KernelConfig portable = {{"BM", 64}, {"BN", 64}, {"BK", 16}, {"TM", 4}, {"TN", 4}, {"THREADS", 256}};
-  if (tma_applies(spec, target)) return {tma_config(spec.param("N") >= 256 ? 256 : 128), portable};
+  if (tma_applies(spec, target)) return {tma_config(spec, spec.param("N") >= 256 ? 256 : 128), portable};
   if (target.vendor == Vendor::nvidia && target.cpu == "sm_90a" && spec.param("N") % 8 == 0 &&
       spec.param("K") % 8 == 0)
     return {kCpAsync, portable};
@@ -178,7 +188,7 @@ std::vector<uint32_t> GroupedGemmOp::base_alignment(const KernelSpec& spec, cons
   }
   std::vector<uint32_t> out = {1, 1, 1, 1};
   if (wgmma(c)) out = {16, 16, 1, 16};  // a, b, offsets, c: 16-byte rows through cp.async
-  if (tma(c)) out = {16, 16, 1, 4};     // a, b: TMA; c: stores of two neighbouring outputs
+  if (tma(c)) out = {16, 16, 1, 16};    // a, b and c: TMA (c also stores two neighbouring outputs)
   if (mfma(c)) out = {16, 16, 1, 1};    // a, b: 16-byte loads
   if (accumulate(with_defaults(spec))) out.insert(out.begin() + 3, out[3]);  // c_in: c's buffer
   return out;
@@ -191,7 +201,7 @@ uint32_t GroupedGemmOp::dynamic_shared_bytes(const KernelSpec& spec, const Kerne
 std::vector<KernelConfig> GroupedGemmOp::tuning_candidates(const KernelSpec& spec, const TargetInfo& target) const {
   if (!tma_applies(spec, target)) return {choose_config(spec, target)};
   const KernelConfig first = choose_config(spec, target);
-  return {first, tma_config(first.at("BN") == 256 ? 128 : 256), kCpAsync};
+  return {first, tma_config(spec, first.at("BN") == 256 ? 128 : 256), kCpAsync};
 }
 
 std::string_view GroupedGemmOp::device_template(const KernelConfig& c) const {
@@ -287,6 +297,8 @@ Plan GroupedGemmOp::plan(const KernelSpec& call, const KernelConfig& c) const {
     l.args = {KernelArg::tensor_map_of({0, K, static_cast<uint64_t>(tokens), 64, 128}),
               KernelArg::tensor_map_of(call.param("mode") == kNt ? TensorMapInfo{1, K, G * N, 64, bn}
                                                                  : TensorMapInfo{1, N, G * K, 64, 64}),
+              KernelArg::tensor_map_of({3, N, static_cast<uint64_t>(tokens),
+                                        static_cast<uint32_t>(128 / dtype_size(call.out_dtype)), 64}),
               KernelArg::tensor(2), KernelArg::tensor(3), KernelArg::i32(tokens)};
     p.launches.push_back(std::move(l));
     return p;
