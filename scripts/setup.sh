@@ -40,5 +40,7 @@ if [[ ! -f /usr/local/cuda/include/cuda.h ]]; then
 fi
 
 build_dir="${KILN_BUILD_DIR:-build}"
-cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKILN_WITH_LLVM="${KILN_WITH_LLVM:-ON}"
+launcher=()  # ccache, where installed, serves rebuilds in other checkouts and worktrees
+command -v ccache > /dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKILN_WITH_LLVM="${KILN_WITH_LLVM:-ON}" "${launcher[@]}"
 ninja -C "$build_dir" -j "$(nproc)"
