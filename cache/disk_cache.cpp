@@ -346,7 +346,7 @@ Result<std::map<std::string, std::string>> DiskCache::read_entry_files(const std
 Result<EntryMetadata> parse_entry_metadata(std::string_view text, const std::string& key) {
   auto parsed = parse_json(text, "meta.json");
   if (!parsed) return parsed.take_error();
-  const nlohmann::json meta = std::move(parsed).value();
+  nlohmann::json meta = std::move(parsed).value();  // not const: key_fields is moved out
   if (!meta.is_object()) return make_error(Errc::corrupt, "meta.json is not a JSON object");
   // nlohmann's typed accessors throw on a wrong type or a missing field: each is a bad entry.
   try {
@@ -356,7 +356,7 @@ Result<EntryMetadata> parse_entry_metadata(std::string_view text, const std::str
     EntryMetadata m;
     CacheEntry& e = m.entry;
     e.key = key;
-    e.key_json = meta.at("key_fields");
+    e.key_json = std::move(meta.at("key_fields"));
     if (!e.key_json.is_object()) return make_error(Errc::corrupt, "meta.json's key_fields is not an object");
     e.target = meta.at("target").get<std::string>();
     e.kernel_name = meta.at("kernel_name").get<std::string>();
