@@ -58,9 +58,17 @@ OpenedFile open_regular_at(int dirfd, const char* name, int flags = 0, bool foll
 int open_dir_at(int dirfd, const char* name);
 
 /// Reads all of `fd` (from its current offset), at most `max_bytes`. `what` names it in errors.
+/// `st`: the file's fstat when the caller has it (the read then sizes its buffer by it without
+/// another fstat); a file that has grown or shrunk since is still read to its end.
 /// Errors: Errc::io_error (read error; errno kept in `*err` when given), Errc::invalid_argument
 /// (more than `max_bytes`).
-Result<std::string> read_fd(int fd, std::string_view what, uint64_t max_bytes, int* err = nullptr);
+Result<std::string> read_fd(int fd, std::string_view what, uint64_t max_bytes, int* err = nullptr,
+                            const struct stat* st = nullptr);
+/// Reads `fd` (from its current offset) into `buf` until its end or until `buf` is full, and
+/// returns how many bytes it read: a caller that expects n bytes passes n + 1 bytes of room, so
+/// that one read both fills and proves the end (n + 1 bytes read: the file is longer). `what`
+/// names it in errors. Errors: Errc::io_error (errno kept in `*err` when given).
+Result<size_t> read_fd_upto(int fd, std::span<uint8_t> buf, std::string_view what, int* err = nullptr);
 
 /// The default bound of read_file: 1 GiB.
 inline constexpr uint64_t kMaxReadBytes = uint64_t{1} << 30;
