@@ -244,6 +244,8 @@ TEST(CacheKey, CanonicalTextIsTheDump) {
       for (const TestSpec& t : op->test_specs(target)) {
         auto src = generate(t.spec, target);
         if (!src) continue;  // a spec the op does not serve on this target
+        // generate() continues the hash of the template's shared prefix: still the text's SHA-256.
+        ASSERT_EQ(src->source_sha256, sha256_hex(src->text)) << to_string(t.spec) << " on " << target.name;
         const CacheKey key = CacheKey::make(*src, **compiler);
         ASSERT_EQ(key.canonical(), key.to_json().dump()) << to_string(t.spec) << " on " << target.name;
         EXPECT_EQ(key.digest(), sha256_hex(key.to_json().dump()));
@@ -262,6 +264,23 @@ TEST(CacheKey, CanonicalTextIsTheDump) {
   odd.template_sha256 = "";
   odd.source_sha256 = "\xc3\xa9";
   EXPECT_EQ(odd.canonical(), odd.to_json().dump());
+}
+
+// A SHA-256 state copied after a prefix gives the digest of prefix + rest, and is left as it was.
+TEST(Sha256, AStateAfterAPrefixHashesEveryContinuation) {
+  const std::string text = std::string(200, 'a') + "\n" + std::string(70, '\0') + "tail";
+  for (size_t cut : {size_t{0}, size_t{1}, size_t{63}, size_t{64}, size_t{65}, size_t{200}, text.size()}) {
+    Sha256 prefix;
+    prefix.update(std::string_view(text).substr(0, cut));
+    EXPECT_EQ(prefix.hex_of(std::string_view(text).substr(cut)), sha256_hex(text)) << cut;
+    EXPECT_EQ(prefix.hex_of(std::string_view(text).substr(cut)), sha256_hex(text)) << "unchanged by hex_of";
+    EXPECT_EQ(prefix.hex_of(), sha256_hex(text.substr(0, cut)));
+    Sha256 copy(prefix);
+    copy.update("x");
+    EXPECT_EQ(copy.hex_of(), sha256_hex(text.substr(0, cut) + "x"));
+    EXPECT_EQ(prefix.hex_of(), sha256_hex(text.substr(0, cut))) << "a copy is independent";
+  }
+  EXPECT_EQ(Sha256().hex_of(), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
 }
 
 // parse_json_limited (the SAX builder under meta.json, tuning records and manifests) gives
