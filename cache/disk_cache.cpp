@@ -181,8 +181,8 @@ std::string DiskCache::entry_dir(const std::string& key) const {
   return fmt::format("{}/v1/entries/{}/{}", root_, key.substr(0, 2), key);
 }
 
-bool DiskCache::trusted(const struct stat& st) const {
-  return (st.st_uid == ::geteuid() || (read_only_ && st.st_uid == 0)) && !writable_by_others(st);
+bool DiskCache::trusted(const struct stat& st, uid_t me) const {
+  return (st.st_uid == me || (read_only_ && st.st_uid == 0)) && !writable_by_others(st);
 }
 
 /// An entry's directory, opened through descriptors from the root, and the stat of it.
@@ -204,6 +204,7 @@ Result<DiskCache::EntryDir> DiskCache::open_entry(const std::string& key) const 
   const char* steps[] = {"v1", "entries", shard.c_str(), key.c_str()};
   UniqueFd dir;  // the first step is opened from root_fd_ itself
   struct stat st{};
+  const uid_t me = ::geteuid();
   for (size_t i = 0; i < 4; ++i) {
     UniqueFd next(open_dir_at(i == 0 ? root_fd_ : dir.get(), steps[i]));
     if (!next) {
@@ -216,7 +217,7 @@ Result<DiskCache::EntryDir> DiskCache::open_entry(const std::string& key) const 
     }
     if (::fstat(next.get(), &st) != 0)
       return make_error(Errc::io_error, fmt::format("cannot stat the entry: {}", std::strerror(errno)));
-    if (!trusted(st)) {
+    if (!trusted(st, me)) {
       const std::string why = fmt::format("'{}' is owned by uid {} with mode {:o}; refusing it",
                                           i == 3 ? std::string("the entry") : std::string(steps[i]), st.st_uid,
                                           st.st_mode & 0777);
@@ -248,10 +249,13 @@ Result<CacheEntry> DiskCache::read_entry(const EntryDir& dir, const std::string&
     if (!still_linked(key, dir.st)) return make_error(Errc::io_error, "the entry was evicted or cleared while read");
     return make_error(Errc::corrupt, what);
   };
+  const uid_t me = ::geteuid();
   auto open_part = [&](const std::string& name, OpenedFile& f) -> Result<void> {
-    f = open_regular_at(dir.fd.get(), name.c_str());
+    // O_NONBLOCK stays set: it has no effect on a regular file (open(2)), the only kind read here,
+    // and clearing it costs two fcntl calls per file.
+    f = open_regular_at(dir.fd.get(), name.c_str(), O_RDONLY, /*follow=*/false, /*clear_nonblock=*/false);
     if (f.ok()) {
-      if (!trusted(f.st))
+      if (!trusted(f.st, me))
         return make_error(Errc::corrupt, fmt::format("{} is owned by uid {} with mode {:o}; refusing it", name,
                                                      f.st.st_uid, f.st.st_mode & 0777));
       return ok();

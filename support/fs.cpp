@@ -25,7 +25,7 @@ UniqueFd::~UniqueFd() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-OpenedFile open_regular_at(int dirfd, const char* name, int flags, bool follow) {
+OpenedFile open_regular_at(int dirfd, const char* name, int flags, bool follow, bool clear_nonblock) {
   OpenedFile out;
   const int fd = ::openat(dirfd, name, flags | O_CLOEXEC | O_NONBLOCK | (follow ? 0 : O_NOFOLLOW), 0600);
   if (fd < 0) {
@@ -43,8 +43,10 @@ OpenedFile open_regular_at(int dirfd, const char* name, int flags, bool follow) 
     return out;
   }
   // Regular files never block; clear the flag so that reads behave as usual.
-  const int fl = ::fcntl(fd, F_GETFL);
-  if (fl >= 0) (void)::fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+  if (clear_nonblock) {
+    const int fl = ::fcntl(fd, F_GETFL);
+    if (fl >= 0) (void)::fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+  }
   out.fd = std::move(held);
   return out;
 }

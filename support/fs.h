@@ -51,8 +51,10 @@ struct OpenedFile {
 /// Opens `name` relative to the directory `dirfd` (AT_FDCWD: relative to the working directory)
 /// with `flags` (O_RDONLY by default) plus O_CLOEXEC and O_NONBLOCK, and O_NOFOLLOW unless
 /// `follow`; then fstat: anything but a regular file is closed and refused (`not_regular`).
-/// O_NONBLOCK is cleared again on the returned descriptor. Never blocks on a FIFO.
-OpenedFile open_regular_at(int dirfd, const char* name, int flags = 0, bool follow = false);
+/// O_NONBLOCK is cleared again on the returned descriptor unless `clear_nonblock` is false (it has
+/// no effect on a regular file's reads; a caller that only reads may keep it and save two fcntl
+/// calls). Never blocks on a FIFO.
+OpenedFile open_regular_at(int dirfd, const char* name, int flags = 0, bool follow = false, bool clear_nonblock = true);
 
 /// Opens the directory `name` relative to `dirfd`, never following a symlink; -1 with errno set.
 int open_dir_at(int dirfd, const char* name);
