@@ -36,6 +36,8 @@ struct CacheKey {
   static CacheKey make(const KernelSource& source, const Compiler& compiler);
   /// Canonical JSON (sorted keys).
   nlohmann::json to_json() const;
+  /// The canonical JSON as text: to_json().dump(), written without building the object.
+  std::string canonical() const;
   /// SHA-256 of the canonical JSON, hex: the entry's name on disk.
   std::string digest() const;
 };

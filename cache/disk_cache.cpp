@@ -181,8 +181,8 @@ std::string DiskCache::entry_dir(const std::string& key) const {
   return fmt::format("{}/v1/entries/{}/{}", root_, key.substr(0, 2), key);
 }
 
-bool DiskCache::trusted(const struct stat& st) const {
-  return (st.st_uid == ::geteuid() || (read_only_ && st.st_uid == 0)) && !writable_by_others(st);
+bool DiskCache::trusted(const struct stat& st, uid_t me) const {
+  return (st.st_uid == me || (read_only_ && st.st_uid == 0)) && !writable_by_others(st);
 }
 
 /// An entry's directory, opened through descriptors from the root, and the stat of it.
@@ -202,11 +202,11 @@ Result<DiskCache::EntryDir> DiskCache::open_entry(const std::string& key) const 
   if (!valid_key(key)) return make_error(Errc::invalid_argument, fmt::format("'{}' is not a cache key", key));
   const std::string shard = key.substr(0, 2);
   const char* steps[] = {"v1", "entries", shard.c_str(), key.c_str()};
-  UniqueFd dir(::fcntl(root_fd_, F_DUPFD_CLOEXEC, 0));
-  if (!dir) return make_error(Errc::io_error, fmt::format("cannot read cache entry {}: {}", key, std::strerror(errno)));
+  UniqueFd dir;  // the first step is opened from root_fd_ itself
   struct stat st{};
+  const uid_t me = ::geteuid();
   for (size_t i = 0; i < 4; ++i) {
-    UniqueFd next(open_dir_at(dir.get(), steps[i]));
+    UniqueFd next(open_dir_at(i == 0 ? root_fd_ : dir.get(), steps[i]));
     if (!next) {
       const int err = errno;
       // ENOENT: a miss. ELOOP/ENOTDIR: a symlink or a file where a directory belongs.
@@ -217,7 +217,7 @@ Result<DiskCache::EntryDir> DiskCache::open_entry(const std::string& key) const 
     }
     if (::fstat(next.get(), &st) != 0)
       return make_error(Errc::io_error, fmt::format("cannot stat the entry: {}", std::strerror(errno)));
-    if (!trusted(st)) {
+    if (!trusted(st, me)) {
       const std::string why = fmt::format("'{}' is owned by uid {} with mode {:o}; refusing it",
                                           i == 3 ? std::string("the entry") : std::string(steps[i]), st.st_uid,
                                           st.st_mode & 0777);
@@ -249,10 +249,13 @@ Result<CacheEntry> DiskCache::read_entry(const EntryDir& dir, const std::string&
     if (!still_linked(key, dir.st)) return make_error(Errc::io_error, "the entry was evicted or cleared while read");
     return make_error(Errc::corrupt, what);
   };
+  const uid_t me = ::geteuid();
   auto open_part = [&](const std::string& name, OpenedFile& f) -> Result<void> {
-    f = open_regular_at(dir.fd.get(), name.c_str());
+    // O_NONBLOCK stays set: it has no effect on a regular file (open(2)), the only kind read here,
+    // and clearing it costs two fcntl calls per file.
+    f = open_regular_at(dir.fd.get(), name.c_str(), O_RDONLY, /*follow=*/false, /*clear_nonblock=*/false);
     if (f.ok()) {
-      if (!trusted(f.st))
+      if (!trusted(f.st, me))
         return make_error(Errc::corrupt, fmt::format("{} is owned by uid {} with mode {:o}; refusing it", name,
                                                      f.st.st_uid, f.st.st_mode & 0777));
       return ok();
@@ -262,26 +265,39 @@ Result<CacheEntry> DiskCache::read_entry(const EntryDir& dir, const std::string&
     if (f.err == ENOENT) return vanished_or(fmt::format("{} is missing", name));
     return make_error(Errc::io_error, fmt::format("cannot open {}: {}", name, std::strerror(f.err)));
   };
-  auto read_part = [&](const std::string& name, const OpenedFile& f, uint64_t limit) -> Result<std::string> {
-    int err = 0;
-    auto data = read_fd(f.fd.get(), name, limit, &err);
-    if (data) return data;
-    if (data.error().code == Errc::invalid_argument) return make_error(Errc::corrupt, data.error().message);
-    return make_error(Errc::io_error, data.error().message);
+  // A file of `want` bytes (fstat said `f.st`), read into `out` (resized to it): one read of
+  // want + 1 bytes proves the size, straight into the caller's buffer (no copy, no second fstat).
+  auto read_part = [&](const std::string& name, const OpenedFile& f, uint64_t want, auto& out) -> Result<void> {
+    if (static_cast<uint64_t>(f.st.st_size) != want)
+      return make_error(Errc::corrupt, fmt::format("{} has {} bytes, meta.json says {}", name, f.st.st_size, want));
+    if (want > kMaxEntryFileBytes)
+      return make_error(Errc::corrupt, fmt::format("{} has {} bytes, more than an entry's file may have", name, want));
+    out.resize(static_cast<size_t>(want) + 1);
+    KILN_ASSIGN_OR_RETURN(size_t got, read_fd_upto(f.fd.get(), std::span<uint8_t>(reinterpret_cast<uint8_t*>(out.data()), out.size()), name));
+    if (got != want)
+      return make_error(Errc::corrupt, fmt::format("{} has {}{} bytes, meta.json says {}", name, got > want ? "more than " : "", std::min<uint64_t>(got, want), want));
+    out.resize(static_cast<size_t>(want));
+    return ok();
   };
 
   // A shared lock on meta.json for the whole read: eviction (exclusive, non-blocking) skips the
-  // entry meanwhile. The lock goes with the descriptor.
+  // entry meanwhile. The lock goes with the descriptor. An entry evicted (or cleared) between the
+  // open of its directory and this lock has had its files removed before the evictor let go of the
+  // lock (collect: lock, rename aside, remove, unlock): a file then missing is classified by
+  // vanished_or (io_error: a miss), and files still read are verified like any others, so no
+  // second walk from the root is needed here to prove the entry still in place.
   OpenedFile meta_file;
   KILN_TRY(open_part("meta.json", meta_file));
   struct flock fl{};
   fl.l_type = F_RDLCK;
   if (!read_only_ && ::fcntl(meta_file.fd.get(), F_OFD_SETLK, &fl) != 0)
     return make_error(Errc::io_error, "entry is being evicted");
-  // Evicted between the open and the lock: a miss, not a missing file.
-  if (!read_only_ && !still_linked(key, dir.st)) return make_error(Errc::io_error, "the entry was evicted while read");
-  KILN_ASSIGN_OR_RETURN(std::string meta_text, read_part("meta.json", meta_file, kMaxMetaBytes));
-  KILN_ASSIGN_OR_RETURN(EntryMetadata meta, parse_entry_metadata(meta_text, key));
+  int read_err = 0;
+  auto meta_read = read_fd(meta_file.fd.get(), "meta.json", kMaxMetaBytes, &read_err, &meta_file.st);
+  if (!meta_read)
+    return make_error(meta_read.error().code == Errc::invalid_argument ? Errc::corrupt : Errc::io_error,
+                      meta_read.error().message);
+  KILN_ASSIGN_OR_RETURN(EntryMetadata meta, parse_entry_metadata(*meta_read, key));
   CacheEntry e = std::move(meta.entry);
   for (const auto& [name, want] : meta.files) {
     if (known && name == meta.source_name) {
@@ -294,14 +310,16 @@ Result<CacheEntry> DiskCache::read_entry(const EntryDir& dir, const std::string&
     }
     OpenedFile f;
     KILN_TRY(open_part(name, f));
-    if (static_cast<uint64_t>(f.st.st_size) != want.bytes)
-      return make_error(Errc::corrupt, fmt::format("{} has {} bytes, meta.json says {}", name, f.st.st_size, want.bytes));
-    KILN_ASSIGN_OR_RETURN(std::string data, read_part(name, f, std::min(want.bytes, kMaxEntryFileBytes)));
-    if (data.size() != want.bytes)
-      return make_error(Errc::corrupt, fmt::format("{} has {} bytes, meta.json says {}", name, data.size(), want.bytes));
-    if (sha256_hex(data) != want.sha256) return make_error(Errc::corrupt, fmt::format("{} fails its SHA-256 check", name));
-    if (name == meta.code_name) e.compiled.code.bytes.assign(data.begin(), data.end());
-    if (name == meta.source_name) e.source = std::move(data);
+    if (name == meta.code_name) {
+      std::vector<uint8_t>& code = e.compiled.code.bytes;
+      KILN_TRY(read_part(name, f, want.bytes, code));
+      if (sha256_hex(code) != want.sha256) return make_error(Errc::corrupt, fmt::format("{} fails its SHA-256 check", name));
+    } else {
+      std::string data;
+      KILN_TRY(read_part(name, f, want.bytes, data));
+      if (sha256_hex(data) != want.sha256) return make_error(Errc::corrupt, fmt::format("{} fails its SHA-256 check", name));
+      if (name == meta.source_name) e.source = std::move(data);
+    }
   }
   auto target = find_target(e.target);
   if (!target) return make_error(Errc::corrupt, "meta.json names an unknown target");
@@ -346,7 +364,7 @@ Result<std::map<std::string, std::string>> DiskCache::read_entry_files(const std
 Result<EntryMetadata> parse_entry_metadata(std::string_view text, const std::string& key) {
   auto parsed = parse_json(text, "meta.json");
   if (!parsed) return parsed.take_error();
-  const nlohmann::json meta = std::move(parsed).value();
+  nlohmann::json meta = std::move(parsed).value();  // not const: key_fields is moved out
   if (!meta.is_object()) return make_error(Errc::corrupt, "meta.json is not a JSON object");
   // nlohmann's typed accessors throw on a wrong type or a missing field: each is a bad entry.
   try {
@@ -356,7 +374,7 @@ Result<EntryMetadata> parse_entry_metadata(std::string_view text, const std::str
     EntryMetadata m;
     CacheEntry& e = m.entry;
     e.key = key;
-    e.key_json = meta.at("key_fields");
+    e.key_json = std::move(meta.at("key_fields"));
     if (!e.key_json.is_object()) return make_error(Errc::corrupt, "meta.json's key_fields is not an object");
     e.target = meta.at("target").get<std::string>();
     e.kernel_name = meta.at("kernel_name").get<std::string>();

@@ -32,6 +32,7 @@
 #include <nlohmann/json.hpp>
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <ctime>
@@ -191,7 +192,10 @@ class DiskCache {
   std::string entry_dir(const std::string& key) const;
   struct EntryDir;
   Result<EntryDir> open_entry(const std::string& key) const;
-  bool trusted(const struct stat& st) const;
+  /// Owned by this user (`me`: geteuid(), asked once per entry read, not once per file) or, in a
+  /// read-only layer, by root; writable by no one else.
+  bool trusted(const struct stat& st, uid_t me) const;
+  bool trusted(const struct stat& st) const { return trusted(st, ::geteuid()); }
   bool still_linked(const std::string& key, const struct stat& dir_st) const;
   Result<CacheEntry> read_entry(const EntryDir& dir, const std::string& key, const KnownSource* known) const;
   void quarantine(const std::string& key, const struct stat* dir_st, const std::string& why);

@@ -1,11 +1,14 @@
 // Codegen: KernelSpec + target -> KernelSource, the complete device source of one kernel.
 //
-// The source is, in order: a header comment naming the spec, the target prelude
-// (codegen/preludes/<amdgpu|nvptx>.prelude: thread indices, barriers, shuffles, conversions, math),
-// the parts of the device-code library that the template includes (templates/lib/library.h: each
-// once, dependencies first), the baked constants of the spec and its tile configuration, and the
-// op's device template (its library lines replaced by comments). Codegen is deterministic: the same spec and target
-// give the same bytes (no time stamps, no paths).
+// The source is, in order: a first line naming Kiln's codegen version and the target, the target
+// prelude (codegen/preludes/<amdgpu|nvptx>.prelude: thread indices, barriers, shuffles,
+// conversions, math), the parts of the device-code library that the template includes
+// (templates/lib/library.h: each once, dependencies first), a comment naming the spec and its tile
+// configuration, the baked constants of both, and the op's device template (its library lines
+// replaced by comments). Everything before the spec's comment is the same for every kernel of a
+// template and target: it is built and hashed once per process, and a kernel's source hash
+// continues from that SHA-256 state. Codegen is deterministic: the same spec and target give the
+// same bytes (no time stamps, no paths).
 #pragma once
 
 #include <string>
@@ -22,8 +25,9 @@ class OpTemplate;  // templates/op_template.h
 
 /// Version of Kiln's generated-code conventions, printed in the source's first line (and so
 /// hashed with it). Bump it when the layout of the generated text changes. 3: the device-code
-/// library (templates/lib/) replaces common.prelude.
-inline constexpr int kCodegenVersion = 3;
+/// library (templates/lib/) replaces common.prelude. 4: the spec's comment follows the library, so
+/// that the text before it is shared by every kernel of a template and target (its hash is reused).
+inline constexpr int kCodegenVersion = 4;
 
 struct KernelSource {
   KernelSpec spec;             ///< The baked spec (runtime parameters removed).

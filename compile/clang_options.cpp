@@ -1,5 +1,9 @@
 #include "compile/clang_options.h"
 
+#include <mutex>
+#include <string>
+#include <vector>
+
 #ifndef KILN_CLANG_VERSION
 #error "KILN_CLANG_VERSION must be defined by the build"
 #endif
@@ -31,7 +35,8 @@ std::vector<std::string> clang_cc1_args(const TargetInfo& target, ClangAction ac
   return a;
 }
 
-std::string clang_flags(const TargetInfo& target) {
+namespace {
+std::string join_clang_flags(const TargetInfo& target) {
   // NVIDIA keys use the assembly action (PTX), AMD keys the object action.
   std::string s;
   for (const auto& a : clang_cc1_args(target, target.vendor == Vendor::amd ? ClangAction::object : ClangAction::assembly))
@@ -39,6 +44,24 @@ std::string clang_flags(const TargetInfo& target) {
   if (target.vendor == Vendor::amd) s += " | ld.lld -m elf64_amdgpu --no-undefined -shared";
   else s += " | nvJitLink -arch=" + std::string(target.cpu);
   return s;
+}
+}  // namespace
+
+std::string clang_flags(const TargetInfo& target) {
+  // A function of the target's triple, CPU and vendor only: joined once per process for each
+  // (every disk hit's key asks for it; joining thirty arguments cost about 2 us a time).
+  struct Memo {
+    std::string triple, cpu;
+    Vendor vendor;
+    std::string flags;
+  };
+  static std::mutex mu;
+  static std::vector<Memo> memo;
+  std::lock_guard lock(mu);
+  for (const Memo& m : memo)
+    if (m.vendor == target.vendor && m.triple == target.llvm_triple && m.cpu == target.cpu) return m.flags;
+  memo.push_back({std::string(target.llvm_triple), std::string(target.cpu), target.vendor, join_clang_flags(target)});
+  return memo.back().flags;
 }
 
 std::string clang_version() { return KILN_CLANG_VERSION; }

@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -24,7 +25,7 @@ UniqueFd::~UniqueFd() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-OpenedFile open_regular_at(int dirfd, const char* name, int flags, bool follow) {
+OpenedFile open_regular_at(int dirfd, const char* name, int flags, bool follow, bool clear_nonblock) {
   OpenedFile out;
   const int fd = ::openat(dirfd, name, flags | O_CLOEXEC | O_NONBLOCK | (follow ? 0 : O_NOFOLLOW), 0600);
   if (fd < 0) {
@@ -42,8 +43,10 @@ OpenedFile open_regular_at(int dirfd, const char* name, int flags, bool follow) 
     return out;
   }
   // Regular files never block; clear the flag so that reads behave as usual.
-  const int fl = ::fcntl(fd, F_GETFL);
-  if (fl >= 0) (void)::fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+  if (clear_nonblock) {
+    const int fl = ::fcntl(fd, F_GETFL);
+    if (fl >= 0) (void)::fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+  }
   out.fd = std::move(held);
   return out;
 }
@@ -65,26 +68,45 @@ int open_dir_at(int dirfd, const char* name) {
   return ::openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 }
 
-Result<std::string> read_fd(int fd, std::string_view what, uint64_t max_bytes, int* err) {
-  std::string out;
-  struct stat st{};
-  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0 &&
-      static_cast<uint64_t>(st.st_size) <= max_bytes)
-    out.reserve(static_cast<size_t>(st.st_size));
-  char buf[1 << 16];
-  for (;;) {
-    const ssize_t n = ::read(fd, buf, sizeof buf);
+Result<size_t> read_fd_upto(int fd, std::span<uint8_t> buf, std::string_view what, int* err) {
+  size_t len = 0;
+  while (len < buf.size()) {
+    const ssize_t n = ::read(fd, buf.data() + len, buf.size() - len);
     if (n == 0) break;
     if (n < 0) {
       if (errno == EINTR) continue;
       if (err) *err = errno;
       return make_error(Errc::io_error, fmt::format("cannot read '{}': {}", what, std::strerror(errno)));
     }
-    if (out.size() + static_cast<uint64_t>(n) > max_bytes)
+    len += static_cast<size_t>(n);
+  }
+  return len;
+}
+
+Result<std::string> read_fd(int fd, std::string_view what, uint64_t max_bytes, int* err, const struct stat* known) {
+  struct stat st{};
+  if (known) st = *known;
+  else if (::fstat(fd, &st) != 0) st = {};
+  // Read straight into the string: room for the size fstat gave and one byte more, so that the
+  // read which finds the end needs no second buffer and no copy; more room if the file grew.
+  uint64_t room = 1 << 12;
+  if (S_ISREG(st.st_mode) && st.st_size > 0) room = static_cast<uint64_t>(st.st_size) + 1;
+  const uint64_t limit = max_bytes == UINT64_MAX ? max_bytes : max_bytes + 1;  // one byte past the bound
+  room = std::min(room, limit);
+  std::string out;
+  size_t len = 0;
+  for (;;) {
+    out.resize(static_cast<size_t>(room));
+    auto n = read_fd_upto(fd, std::span<uint8_t>(reinterpret_cast<uint8_t*>(out.data()) + len, out.size() - len), what, err);
+    if (!n) return n.take_error();
+    len += *n;
+    if (len < out.size()) break;  // the end
+    if (len > max_bytes)
       return make_error(Errc::invalid_argument,
                         fmt::format("'{}' is larger than the limit of {} bytes; refusing to read it", what, max_bytes));
-    out.append(buf, static_cast<size_t>(n));
+    room = std::min(2 * room, limit);
   }
+  out.resize(len);
   return out;
 }
 

@@ -51,16 +51,26 @@ struct OpenedFile {
 /// Opens `name` relative to the directory `dirfd` (AT_FDCWD: relative to the working directory)
 /// with `flags` (O_RDONLY by default) plus O_CLOEXEC and O_NONBLOCK, and O_NOFOLLOW unless
 /// `follow`; then fstat: anything but a regular file is closed and refused (`not_regular`).
-/// O_NONBLOCK is cleared again on the returned descriptor. Never blocks on a FIFO.
-OpenedFile open_regular_at(int dirfd, const char* name, int flags = 0, bool follow = false);
+/// O_NONBLOCK is cleared again on the returned descriptor unless `clear_nonblock` is false (it has
+/// no effect on a regular file's reads; a caller that only reads may keep it and save two fcntl
+/// calls). Never blocks on a FIFO.
+OpenedFile open_regular_at(int dirfd, const char* name, int flags = 0, bool follow = false, bool clear_nonblock = true);
 
 /// Opens the directory `name` relative to `dirfd`, never following a symlink; -1 with errno set.
 int open_dir_at(int dirfd, const char* name);
 
 /// Reads all of `fd` (from its current offset), at most `max_bytes`. `what` names it in errors.
+/// `st`: the file's fstat when the caller has it (the read then sizes its buffer by it without
+/// another fstat); a file that has grown or shrunk since is still read to its end.
 /// Errors: Errc::io_error (read error; errno kept in `*err` when given), Errc::invalid_argument
 /// (more than `max_bytes`).
-Result<std::string> read_fd(int fd, std::string_view what, uint64_t max_bytes, int* err = nullptr);
+Result<std::string> read_fd(int fd, std::string_view what, uint64_t max_bytes, int* err = nullptr,
+                            const struct stat* st = nullptr);
+/// Reads `fd` (from its current offset) into `buf` until its end or until `buf` is full, and
+/// returns how many bytes it read: a caller that expects n bytes passes n + 1 bytes of room, so
+/// that one read both fills and proves the end (n + 1 bytes read: the file is longer). `what`
+/// names it in errors. Errors: Errc::io_error (errno kept in `*err` when given).
+Result<size_t> read_fd_upto(int fd, std::span<uint8_t> buf, std::string_view what, int* err = nullptr);
 
 /// The default bound of read_file: 1 GiB.
 inline constexpr uint64_t kMaxReadBytes = uint64_t{1} << 30;

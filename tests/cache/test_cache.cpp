@@ -4,11 +4,18 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <climits>
 #include <filesystem>
 #include <fstream>
 #include <thread>
 
+#include "cache/cache_key.h"
 #include "cache/disk_cache.h"
+#include "codegen/codegen.h"
+#include "compile/compiler.h"
+#include "support/json_read.h"
+#include "templates/op_template.h"
+#include "templates/registry.h"
 #include "kiln/runtime.h"
 #include "support/sha256.h"
 #include "test_util.h"
@@ -133,6 +140,15 @@ TEST_P(Corruption, IsDetectedAndRebuilt) {
     fs::resize_file(code, fs::file_size(code) / 2);
   } else if (kind == "missing_file") {
     fs::remove(code);
+  } else if (kind == "appended") {
+    // Longer than meta.json says, with the recorded bytes intact: the read of size + 1 bytes sees it.
+    std::ofstream(code, std::ios::binary | std::ios::app) << "tail";
+  } else if (kind == "duplicate_key_metadata") {
+    // Valid JSON but for a second "target": nlohmann would keep the last; meta.json is refused.
+    std::ifstream in(entry / "meta.json");
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    ASSERT_EQ(text.front(), '{');
+    std::ofstream(entry / "meta.json", std::ios::trunc) << "{\"target\": \"gfx942\"," << text.substr(1);
   } else if (kind == "garbage_metadata") {
     std::ofstream(entry / "meta.json") << "{\"format_version\": 1, \"key\": [";
   } else if (kind == "wrong_target_code") {
@@ -163,8 +179,8 @@ TEST_P(Corruption, IsDetectedAndRebuilt) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Kinds, Corruption,
-                         ::testing::Values("flipped_byte", "truncated", "missing_file", "garbage_metadata",
-                                           "wrong_target_code"));
+                         ::testing::Values("flipped_byte", "truncated", "appended", "missing_file", "garbage_metadata",
+                                           "duplicate_key_metadata", "wrong_target_code"));
 
 // A disk hit takes the source it has just generated (and hashed: the key covers it) instead of
 // reading and hashing the entry's copy: the copy is what `kiln cache verify` checks. Before, a
@@ -214,6 +230,86 @@ TEST(DiskCache, AHitRefusesMetadataThatRecordsAnotherSource) {
   ASSERT_TRUE(again.ok()) << again.error().message;
   EXPECT_EQ((*again)->origin(), "compiled") << "rebuilt, not loaded";
   EXPECT_EQ(rt->stats().corrupt_entries, 1u);
+}
+
+// CacheKey::canonical writes the key's JSON field by field instead of building and dumping it: it
+// must stay byte for byte to_json().dump(), or every entry is renamed. Every op's test specs on
+// every target, and fields that need escaping.
+TEST(CacheKey, CanonicalTextIsTheDump) {
+  size_t checked = 0;
+  for (const TargetInfo& target : all_targets()) {
+    auto compiler = compiler_for(target, "clang");  // version and flags answer without LLVM too
+    ASSERT_TRUE(compiler.ok()) << compiler.error().message;
+    for (const OpTemplate* op : all_ops()) {
+      for (const TestSpec& t : op->test_specs(target)) {
+        auto src = generate(t.spec, target);
+        if (!src) continue;  // a spec the op does not serve on this target
+        // generate() continues the hash of the template's shared prefix: still the text's SHA-256.
+        ASSERT_EQ(src->source_sha256, sha256_hex(src->text)) << to_string(t.spec) << " on " << target.name;
+        const CacheKey key = CacheKey::make(*src, **compiler);
+        ASSERT_EQ(key.canonical(), key.to_json().dump()) << to_string(t.spec) << " on " << target.name;
+        EXPECT_EQ(key.digest(), sha256_hex(key.to_json().dump()));
+        ++checked;
+      }
+    }
+  }
+  EXPECT_GT(checked, 100u);
+  CacheKey odd;
+  odd.spec = {"op \"quoted\" \\ back", DType::bf16, DType::f32, {{"a\nb", -3}, {"\u00e9", INT64_MIN}, {"", INT64_MAX}}};
+  odd.config = {{"tab\there", 0}, {"\x01", 1}};
+  odd.target = "sm_90a";
+  odd.compiler = "c\"c";
+  odd.compiler_version = "\x7f";
+  odd.flags = "-D X=\"y\" \\ \r\n | z";
+  odd.template_sha256 = "";
+  odd.source_sha256 = "\xc3\xa9";
+  EXPECT_EQ(odd.canonical(), odd.to_json().dump());
+}
+
+// A SHA-256 state copied after a prefix gives the digest of prefix + rest, and is left as it was.
+TEST(Sha256, AStateAfterAPrefixHashesEveryContinuation) {
+  const std::string text = std::string(200, 'a') + "\n" + std::string(70, '\0') + "tail";
+  for (size_t cut : {size_t{0}, size_t{1}, size_t{63}, size_t{64}, size_t{65}, size_t{200}, text.size()}) {
+    Sha256 prefix;
+    prefix.update(std::string_view(text).substr(0, cut));
+    EXPECT_EQ(prefix.hex_of(std::string_view(text).substr(cut)), sha256_hex(text)) << cut;
+    EXPECT_EQ(prefix.hex_of(std::string_view(text).substr(cut)), sha256_hex(text)) << "unchanged by hex_of";
+    EXPECT_EQ(prefix.hex_of(), sha256_hex(text.substr(0, cut)));
+    Sha256 copy(prefix);
+    copy.update("x");
+    EXPECT_EQ(copy.hex_of(), sha256_hex(text.substr(0, cut) + "x"));
+    EXPECT_EQ(prefix.hex_of(), sha256_hex(text.substr(0, cut))) << "a copy is independent";
+  }
+  EXPECT_EQ(Sha256().hex_of(), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+}
+
+// parse_json_limited (the SAX builder under meta.json, tuning records and manifests) gives
+// json::parse's value and enforces its limits at their exact bounds.
+TEST(JsonLimits, TheBuilderMatchesJsonParseAndEnforcesTheLimits) {
+  const std::string text =
+      R"({"a": [1, -2, 3.5, "x\u00e9", true, false, null, [], {}], "b": {"c": {"d": [[{"e": 18446744073709551615}]]}},)"
+      R"( "f": "", "g": [{"h": 1}, {"h": 2}], "i": -9223372036854775808})";
+  EXPECT_EQ(parse_json_limited(text), nlohmann::json::parse(text));
+  EXPECT_EQ(parse_json_limited("7"), nlohmann::json(7));
+  EXPECT_EQ(parse_json_limited("\"s\""), nlohmann::json("s"));
+  auto nested = [](int n) { return std::string(n, '[') + std::string(n, ']'); };
+  EXPECT_NO_THROW(parse_json_limited(nested(64)));
+  EXPECT_THROW(parse_json_limited(nested(65)), JsonLimitError);
+  EXPECT_NO_THROW(parse_json_limited(nested(3), {.max_depth = 3}));
+  EXPECT_THROW(parse_json_limited(nested(4), {.max_depth = 3}), JsonLimitError);
+  EXPECT_THROW(parse_json_limited(R"({"a": 1, "b": {"x": 1, "x": 2}})"), JsonLimitError);
+  EXPECT_THROW(parse_json_limited(R"({"a": 1, "a": {}})"), JsonLimitError);
+  EXPECT_NO_THROW(parse_json_limited(R"({"a": {"x": 1}, "b": {"x": 1}})")) << "one name in two objects";
+  EXPECT_EQ(parse_json_limited(R"({"a": 1, "a": [2]})", {.reject_duplicate_keys = false}), nlohmann::json::parse(R"({"a": [2]})"));
+  EXPECT_THROW(parse_json_limited(R"({"a": 1,})"), nlohmann::json::parse_error);
+  EXPECT_THROW(parse_json_limited(""), nlohmann::json::parse_error);
+  EXPECT_THROW(parse_json_limited("[1] 2"), nlohmann::json::parse_error);
+  try {
+    parse_json_limited(std::string(R"({"k\u0001ey": 1, "k\u0001ey": 2})"));
+    ADD_FAILURE() << "a duplicate key was accepted";
+  } catch (const JsonLimitError& e) {
+    EXPECT_EQ(std::string(e.what()), "duplicate key \"k?ey\"") << "control characters are not echoed";
+  }
 }
 
 TEST(DiskCache, VerifyFindsEveryBadEntry) {
