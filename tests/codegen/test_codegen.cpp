@@ -66,7 +66,7 @@ TEST(Codegen, SourceHoldsPreludeConstantsAndTemplate) {
   auto tma = generate(gemm_spec(100, 72, 40, false, true), target("sm_90a"));
   ASSERT_TRUE(tma.ok());
   EXPECT_EQ(tma->template_sha256, expanded_hash("templates/gemm/gemm_sm90_tma.kernel"));
-  EXPECT_EQ(tma->library_parts, (std::vector<std::string>{"sm90", "wgmma", "mbarrier", "tma"}));
+  EXPECT_EQ(tma->library_parts, (std::vector<std::string>{"sm90", "wgmma", "mbarrier", "tma", "epilogue_sm90"}));
   EXPECT_NE(tma->text.find("cp.async.bulk.tensor.2d"), std::string::npos);
   // The parts come after the prelude and before the baked constants, each once.
   const size_t lib = tma->text.find("// ---- library: tma ----");
