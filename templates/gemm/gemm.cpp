@@ -9,6 +9,7 @@
 
 #include "support/embedded.h"
 #include "templates/gemm/gemm_mfma.h"
+#include "templates/lib/epilogue_sm90.h"
 
 namespace kiln {
 namespace {
@@ -84,9 +85,8 @@ bool tma_strides(const KernelSpec& spec) {
 // the TMA kernel's mbarriers.
 int64_t wgmma_shared_bytes(const KernelConfig& c) {
   const int64_t stages = c.at("STAGES") * (c.at("BM") + c.at("BN")) * c.at("BK") * 2 + 1024;
-  // The TMA kernel adds two 64 x 128-byte epilogue staging buffers per consumer warpgroup and
-  // its mbarriers.
-  return flag(c, "TMA") ? stages + (c.at("BM") / 64) * 2 * 64 * 128 + 256 : stages;
+  // The TMA kernel adds the epilogue's staging buffers (lib/epilogue_sm90) and its mbarriers.
+  return flag(c, "TMA") ? stages + epilogue_sm90_bytes(c.at("BM")) + 256 : stages;
 }
 }  // namespace
 

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "support/embedded.h"
+#include "templates/lib/epilogue_sm90.h"
 
 namespace kiln {
 namespace {
@@ -117,9 +118,11 @@ bool wgmma(const KernelConfig& c) { return c.count("WGMMA") && c.at("WGMMA") != 
 bool tma(const KernelConfig& c) { return c.count("TMA") && c.at("TMA") != 0; }
 constexpr int64_t kTmaMaxGroups = 1024;  // the offsets and row-tile prefix live in shared memory
 bool mfma(const KernelConfig& c) { return c.count("MFMA") && c.at("MFMA") != 0; }
-// The TMA kernel's shared memory besides its stages: 1 KiB of alignment slack, the epilogue's two
-// 8 KiB staging buffers per consumer warpgroup (lib/epilogue_sm90), the offsets and row-tile prefix.
-int64_t tma_fixed_bytes(const KernelSpec& s, int64_t bm) { return 1024 + (bm / 64) * 2 * 8192 + 8 * (s.param("groups") + 1); }
+// The TMA kernel's shared memory besides its stages: 1 KiB of alignment slack, the epilogue's
+// staging buffers (lib/epilogue_sm90), the offsets and row-tile prefix.
+int64_t tma_fixed_bytes(const KernelSpec& s, int64_t bm) {
+  return 1024 + epilogue_sm90_bytes(bm) + 8 * (s.param("groups") + 1);
+}
 int64_t sm90_shared_bytes(const KernelSpec& s, const KernelConfig& c) {
   const int64_t stages = c.at("STAGES") * (c.at("BM") + c.at("BN")) * c.at("BK") * (fp8(s) ? 1 : 2);
   if (!tma(c)) return 1024 + stages;
@@ -136,9 +139,9 @@ bool tma_applies(const KernelSpec& s, const TargetInfo& target) {
 // 4 stages of 128 x 256 (6 of 128 x 128), fewer where many groups' offsets leave less than
 // Hopper's 227 KiB of shared memory per block.
 KernelConfig tma_config(const KernelSpec& s, int64_t bn) {
-  constexpr int64_t kMaxShared = 227 * 1024, bm = 128, bk = 64;
+  constexpr int64_t bm = 128, bk = 64;
   const int64_t stage = (bm + bn) * bk * 2 + 16;
-  const int64_t stages = std::min<int64_t>(bn == 256 ? 4 : 6, (kMaxShared - tma_fixed_bytes(s, bm)) / stage);
+  const int64_t stages = std::min<int64_t>(bn == 256 ? 4 : 6, (kSm90MaxDynamicShared - tma_fixed_bytes(s, bm)) / stage);
   return {{"WGMMA", 1}, {"TMA", 1}, {"BM", bm}, {"BN", bn}, {"BK", bk}, {"STAGES", stages}, {"THREADS", 384}};
 }
 const KernelConfig kCpAsync = {{"WGMMA", 1}, {"BM", 128}, {"BN", 128}, {"BK", 64}, {"STAGES", 4}, {"THREADS", 256}};
