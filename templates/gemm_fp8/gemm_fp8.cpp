@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "support/embedded.h"
+#include "templates/lib/epilogue_sm90.h"
 
 namespace kiln {
 namespace {
@@ -62,24 +63,42 @@ bool flag(const KernelConfig& c, const char* key) {
   return it != c.end() && it->second != 0;
 }
 
-KernelConfig sm90_tma_config(bool dbuf, int64_t bm = 128) {
-  return {{"WGMMA", 1}, {"TMA", 1},           {"DBUF", dbuf ? 1 : 0},         {"BM", bm}, {"BN", 128}, {"BK", 128},
-          {"STAGES", bm == 128 ? 6 : 5}, {"THREADS", 128 * (1 + bm / 64)}};
+// The TMA kernel's C store: through lib/epilogue_sm90 (converted in shared memory, one TMA store
+// per 64 x 128-byte chunk, drained under the next tile's main loop) where C's rows are 16-byte
+// multiples (TMA's global strides) and C is only written; else from registers, bounds-checked
+// (accumulate reads C_in).
+bool sm90_tma_store(const KernelSpec& spec) {
+  return !accumulate(spec) && spec.param("N") * static_cast<int64_t>(dtype_size(spec.out_dtype)) % 16 == 0;
+}
+
+// Dynamic shared memory of the Hopper kernels: 1024 bytes of alignment slack, the stages (A and B
+// slices; with TMA and block scales also the slice's scales), the TMA kernel's mbarriers and, with
+// EPI_TMA, the epilogue's staging buffers.
+int64_t sm90_stage_bytes(int64_t gran, int64_t bm, int64_t bn, int64_t bk, bool tma) {
+  int64_t stage = (bm + bn) * bk;
+  if (!tma) return stage;
+  if (gran >= kGemmBlockwise) stage += ((bm + (gran == kGemmBlock1x128 ? bn : 1)) * 4 + 15) / 16 * 16;
+  return stage + 16;
+}
+int64_t sm90_shared_bytes(const KernelSpec& spec, const KernelConfig& c) {
+  const int64_t stage = sm90_stage_bytes(spec.param("granularity"), c.at("BM"), c.at("BN"), c.at("BK"), flag(c, "TMA"));
+  return 1024 + c.at("STAGES") * stage + (flag(c, "EPI_TMA") ? epilogue_sm90_bytes(c.at("BM")) : 0);
+}
+
+// The TMA kernel's configuration: BM = 128 (two consumer warpgroups) or 192 (three), 128 x 128-deep
+// slices, as many stages as fit Hopper's 227 KiB next to the epilogue's staging (at most 6).
+KernelConfig sm90_tma_config(const KernelSpec& spec, bool dbuf, int64_t bm = 128) {
+  const bool epi = sm90_tma_store(spec);
+  const int64_t room = kSm90MaxDynamicShared - 1024 - (epi ? epilogue_sm90_bytes(bm) : 0);
+  const int64_t stages = std::min<int64_t>(6, room / sm90_stage_bytes(spec.param("granularity"), bm, 128, 128, true));
+  return {{"WGMMA", 1},   {"TMA", 1},   {"DBUF", dbuf ? 1 : 0},      {"EPI_TMA", epi ? 1 : 0},
+          {"BM", bm},     {"BN", 128},  {"BK", 128},                  {"STAGES", stages},
+          {"THREADS", 128 * (1 + bm / 64)}};
 }
 // The Hopper kernels: K a multiple of 16 (TMA's 16-byte row strides), 32-bit tile indices.
 bool sm90_tma(const KernelSpec& spec, const TargetInfo& target) {
   return target.vendor == Vendor::nvidia && target.cpu == "sm_90a" && spec.param("K") % 16 == 0 &&
          ceil_div(spec.param("M"), 128) * ceil_div(spec.param("N"), 128) < INT32_MAX;
-}
-
-// Dynamic shared memory of the Hopper kernels: 1024 bytes of alignment slack, the stages (A and B
-// slices; with TMA and block scales also the slice's scales) and the TMA kernel's mbarriers.
-int64_t sm90_shared_bytes(const KernelSpec& spec, const KernelConfig& c) {
-  const int64_t gran = spec.param("granularity");
-  int64_t stage = (c.at("BM") + c.at("BN")) * c.at("BK");
-  if (!flag(c, "TMA")) return 1024 + c.at("STAGES") * stage;
-  if (gran >= kGemmBlockwise) stage += ((c.at("BM") + (gran == kGemmBlock1x128 ? c.at("BN") : 1)) * 4 + 15) / 16 * 16;
-  return 1024 + c.at("STAGES") * (stage + 16);
 }
 }  // namespace
 
@@ -122,9 +141,9 @@ std::vector<KernelConfig> GemmFp8Op::variants(const KernelSpec& spec, const Targ
   // The portable kernel: a TM x TN = t x t register tile per thread.
   const KernelConfig portable = {{"BM", bm}, {"BN", bm}, {"BK", 16}, {"TM", t}, {"TN", t}, {"THREADS", (bm / t) * (bm / t)}};
   // sm_90a, K a multiple of 16 (16-byte rows, as TMA's strides need): the TMA warp-specialized
-  // persistent kernel (gemm_fp8_sm90_tma.kernel), 128 x 128 tiles in a 6-stage ring of 128-deep
-  // slices (about 200 KiB of shared memory) or 192 x 128 in 5; the portable kernel serves
-  // unaligned views. Tuning
+  // persistent kernel (gemm_fp8_sm90_tma.kernel), 128 x 128 tiles in a ring of 128-deep slices
+  // (6 stages, or 5 next to the TMA-store epilogue's 32 KiB) or 192 x 128 (5, or 4); the portable
+  // kernel serves unaligned views. Tuning
   // candidates: DBUF (two partial accumulators, the next slice's WGMMAs issued before a
   // promotion) and the cp.async WGMMA kernel (gemm_fp8_sm90.kernel). On the H100 (2026-11-26,
   // bench_gemm_fp8 --only square --tune) DBUF was 2-6% slower at 8192^3 and the cp.async kernel
@@ -136,7 +155,7 @@ std::vector<KernelConfig> GemmFp8Op::variants(const KernelSpec& spec, const Targ
   if (sm90_tma(spec, target)) {
     const bool three = spec.param("granularity") < kGemmBlockwise &&
                        ceil_div(M, 192) * ceil_div(N, 128) >= target.compute_units;
-    return {sm90_tma_config(false, three ? 192 : 128), portable};
+    return {sm90_tma_config(spec, false, three ? 192 : 128), portable};
   }
   if (target.vendor != Vendor::amd) return {portable};
   // gfx942 and gfx950: the MFMA kernel on 2 x 2 waves with the 32x32x16 fp8 MFMAs, which both
@@ -157,6 +176,7 @@ std::vector<uint32_t> GemmFp8Op::base_alignment(const KernelSpec& spec, const Ke
   // The MFMA kernel's 16-byte loads of A and B rows (when K % 16 == 0 makes the rows aligned).
   if (flag(c, "MFMA") && spec.param("K") % 16 == 0) out[0] = out[1] = 16;
   if (flag(c, "WGMMA")) out[0] = out[1] = 16;  // TMA's and cp.async's 16-byte aligned bases
+  if (flag(c, "EPI_TMA")) out.back() = 16;     // C's tensor map
   return out;
 }
 
@@ -167,7 +187,8 @@ uint32_t GemmFp8Op::dynamic_shared_bytes(const KernelSpec& spec, const KernelCon
 std::vector<KernelConfig> GemmFp8Op::tuning_candidates(const KernelSpec& spec, const TargetInfo& target) const {
   if (!sm90_tma(spec, target)) return {choose_config(spec, target)};
   const KernelConfig first = choose_config(spec, target);
-  return {first, first.at("BM") == 192 ? sm90_tma_config(false) : sm90_tma_config(false, 192), sm90_tma_config(true),
+  return {first, first.at("BM") == 192 ? sm90_tma_config(spec, false) : sm90_tma_config(spec, false, 192),
+          sm90_tma_config(spec, true),
           {{"WGMMA", 1}, {"BM", 128}, {"BN", 128}, {"BK", 128}, {"STAGES", 4}, {"THREADS", 256}}};
 }
 
@@ -199,7 +220,9 @@ std::string GemmFp8Op::specialize(const KernelSpec& spec, const KernelConfig& c)
                        "constexpr int BM = {}, BN = {}, BK = {}, STAGES = {}, THREADS = {};\n",
                        a_e5m2 ? "true" : "false", s.param("b_format") ? "true" : "false", c.at("BM"), c.at("BN"),
                        c.at("BK"), c.at("STAGES"), c.at("THREADS"));
-    if (flag(c, "TMA")) out += fmt::format("constexpr bool DBUF = {};\n", flag(c, "DBUF") ? "true" : "false");
+    if (flag(c, "TMA"))
+      out += fmt::format("constexpr bool DBUF = {};\n#define EPI_TMA {}\n", flag(c, "DBUF") ? "true" : "false",
+                         flag(c, "EPI_TMA") ? 1 : 0);
   } else if (flag(c, "MFMA")) {
     const bool a_bf8 = s.dtype == DType::e5m2 || s.dtype == DType::e5m2fnuz;
     out += fmt::format("constexpr bool A_BF8 = {}, B_BF8 = {};\n"
@@ -232,6 +255,10 @@ Plan GemmFp8Op::plan(const KernelSpec& call, const KernelConfig& c) const {
               KernelArg::tensor_map_of({1, static_cast<uint64_t>(K), static_cast<uint64_t>(N), bk,
                                         static_cast<uint32_t>(c.at("BN"))}),
               KernelArg::tensor(2), KernelArg::tensor(3), KernelArg::tensor(out)};
+    // EPI_TMA: C also as a tensor map, 64-row boxes of one 128-byte line (64 bf16/fp16 or 32 fp32).
+    if (flag(c, "EPI_TMA"))
+      l.args.push_back(KernelArg::tensor_map_of({out, static_cast<uint64_t>(N), static_cast<uint64_t>(M),
+                                                 static_cast<uint32_t>(128 / dtype_size(call.out_dtype)), 64}));
   } else {
     l.geometry.grid.x = static_cast<uint32_t>(ceil_div(N, c.at("BN")));
     l.geometry.grid.y = static_cast<uint32_t>(ceil_div(M, c.at("BM")));
