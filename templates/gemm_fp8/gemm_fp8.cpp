@@ -434,6 +434,7 @@ std::vector<TestSpec> GemmFp8Op::test_specs(const TargetInfo& target) const {
   add(256, 256, 512, kGemmBlockwise, e4, 0, bf16, 0, "blockwise, several tiles and k-blocks");
   add(100, 72, 384, kGemmRowwise, e4, 1, bf16, 0, "rowwise e4m3 x e5m2, K 384 (the WGMMA kernel on sm_90a)");
   add(72, 130, 256, kGemmBlock1x128, e5, 0, f32, 1, "block1x128 (wgrad), accumulate, K 256 (WGMMA on sm_90a)");
+  add(100, 136, 256, kGemmRowwise, e4, 0, f32, 0, "rowwise into fp32 C, M and N tails (sm_90a: the TMA-store epilogue in fp32)");
   // mx (gfx950 only; check() refuses it elsewhere) has no test spec here: the CDNA emulator that CI
   // runs applies each output lane's own e8m0 bytes to the whole 64-k dot of the scaled MFMA (the
   // hardware scales each 32-k group by the lanes holding its A row and B column), so every mx
