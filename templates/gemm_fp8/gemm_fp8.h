@@ -31,7 +31,8 @@ namespace kiln {
 /// with sa(m, k) the scale of A's group holding (m, k) (quantize_fp8's layouts, fp8_scale_index);
 /// A and B are what quantize_fp8 writes (q, or qt for a transposed operand) with its scale.
 /// Kernels: gemm_fp8_mfma.kernel on gfx942 (FNUZ) and gfx950 (OCP), both with
-/// v_mfma_f32_32x32x16_{fp8,bf8}_{fp8,bf8} (gfx950's 32x32x64 f8f6f4 form is written, not chosen): fp32 partial sums per 128 of K, promoted into the
+/// v_mfma_f32_32x32x16_{fp8,bf8}_{fp8,bf8} (gfx950's 32x32x64 f8f6f4 form is a tuning candidate, not the choice, while
+/// CI's CDNA emulator misdecodes it: docs/gemm-fp8.md): fp32 partial sums per 128 of K, promoted into the
 /// accumulators with the block scales (blockwise, block1x128) or scaled once in the epilogue (tensorwise,
 /// rowwise). sm_90a with K % 16 == 0: gemm_fp8_sm90_tma.kernel (TMA loads by a producer
 /// warpgroup, fp8 WGMMA m64n128k32, persistent, partial sums promoted every 128 of K as DeepGEMM

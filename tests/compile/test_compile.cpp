@@ -187,6 +187,46 @@ TEST(Compile, EveryTuningCandidateCompilesWithItsTileOrderGroup) {
   }
 }
 
+// gfx950's fp8 MFMA kernels (gemm_fp8 and grouped_gemm) compile in both tuning candidates, each
+// with its MFMA: the 32x32x16 fp8 form (the choice, four per 64 k) or the 32x32x64 f8f6f4 form (one
+// per 64 k); no scratch, no spills, 64 x 64 and 128 x 128 tiles.
+TEST(Compile, Gfx950Fp8MfmaCandidatesCompileWithTheirMfma) {
+#if !KILN_WITH_LLVM
+  GTEST_SKIP() << "built without LLVM (KILN_WITH_LLVM=OFF)";
+#else
+  const TargetInfo& target = **find_target("gfx950");
+  auto compiler = compiler_for(target, "clang");
+  ASSERT_TRUE(compiler.ok()) << compiler.error().message;
+  auto fp8_gemm = [](int64_t M, int64_t N, int64_t K, int64_t g) {
+    return KernelSpec{"gemm_fp8", DType::e4m3, DType::bf16, {{"M", M}, {"N", N}, {"K", K}, {"granularity", g}}};
+  };
+  const KernelSpec specs[] = {
+      fp8_gemm(64, 64, 128, 0),      // tensorwise, 64 x 64 tiles
+      fp8_gemm(130, 136, 300, 2),    // blockwise, K tail
+      fp8_gemm(2048, 2048, 512, 3),  // block1x128, 128 x 128 tiles
+      {"grouped_gemm", DType::e4m3, DType::bf16, {{"mode", 0}, {"groups", 3}, {"tokens", 70}, {"N", 64}, {"K", 160}}}};
+  for (const KernelSpec& spec : specs) {
+    const OpTemplate& op = **find_op(spec.op);
+    const std::vector<KernelConfig> candidates = op.tuning_candidates(spec, target);
+    ASSERT_EQ(candidates.size(), 2u) << to_string(spec);
+    for (const KernelConfig& c : candidates) {
+      SCOPED_TRACE(to_string(spec) + ": " + config_string(c));
+      auto src = generate(spec, target, &c);
+      ASSERT_TRUE(src.ok()) << src.error().message;
+      auto out = (*compiler)->compile(*src);
+      ASSERT_TRUE(out.ok()) << out.error().message;
+      EXPECT_EQ(out->info.spill_stores, 0);
+      EXPECT_EQ(out->info.scratch_bytes, 0);
+      auto isa = (*compiler)->emit(*src, Emit::assembly);
+      ASSERT_TRUE(isa.ok()) << isa.error().message;
+      const bool k64 = c.at("MFMA_K") == 64;
+      EXPECT_EQ(isa->find("v_mfma_f32_32x32x64_f8f6f4") != std::string::npos, k64);
+      EXPECT_EQ(isa->find("v_mfma_f32_32x32x16_fp8_fp8") != std::string::npos, !k64);
+    }
+  }
+#endif
+}
+
 // A module with two kernels (rmsnorm_bwd's row pass and its dgamma reduction): the report
 // shows the worst of them, whatever order ptxas lists them in (it used to show the first only,
 // which hid a row pass that spilled behind a reduction that did not).

@@ -74,6 +74,30 @@ TEST(GemmFp8, MxIsServedOnGfx950AndRefusedElsewhere) {
   }
 }
 
+// gfx950 without mx: the 32x32x16 fp8 MFMA is the choice and the 32x32x64 f8f6f4 form a tuning
+// candidate (the shared CDNA emulator misdecodes it: docs/emulator-repro/f8f6f4-decode/); gfx942
+// has one candidate; mx takes the scaled 32x32x64 form and nothing else.
+TEST(GemmFp8, Gfx950OffersThe32x32x64MfmaAsATuningCandidate) {
+  for (int64_t g : {kGemmTensorwise, kGemmRowwise, kGemmBlockwise, kGemmBlock1x128}) {
+    SCOPED_TRACE(g);
+    const KernelSpec s = spec(130, 136, 300, g, DType::e4m3, 0, DType::bf16);
+    EXPECT_EQ(op().choose_config(s, target("gfx950")).at("MFMA_K"), 16);
+    const std::vector<KernelConfig> c = op().tuning_candidates(s, target("gfx950"));
+    ASSERT_EQ(c.size(), 2u);
+    EXPECT_EQ(c[0], op().choose_config(s, target("gfx950")));
+    KernelConfig k64 = c[0];
+    k64["MFMA_K"] = 64;
+    EXPECT_EQ(c[1], k64);
+    const KernelSpec fnuz = spec(130, 136, 300, g, DType::e4m3fnuz, 0, DType::bf16);
+    EXPECT_EQ(op().tuning_candidates(fnuz, target("gfx942")),
+              std::vector<KernelConfig>{op().choose_config(fnuz, target("gfx942"))});
+  }
+  const KernelSpec mx = spec(96, 72, 80, kGemmMx, DType::e5m2, 0, DType::f32);
+  const std::vector<KernelConfig> c = op().tuning_candidates(mx, target("gfx950"));
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].at("MFMA_K"), 64);
+}
+
 TEST(GemmFp8, ValidationNamesTheParameterAndTheFix) {
   EXPECT_TRUE(op().validate(spec(1, 1, 1, kGemmTensorwise, DType::e4m3fnuz, 1, DType::bf16), target("gfx942")).ok());
   EXPECT_TRUE(op().validate(spec(1, 1, 1, kGemmBlockwise, DType::e5m2, 0, DType::f32, 1), target("sm_90a")).ok());
