@@ -23,7 +23,9 @@ namespace kiln {
 ///   -> c [tokens, N] = (a * sa) (b[g] * sb[g])^T per group (DeepSeek-V3's fp8 recipe, as
 ///   DeepGEMM's m-grouped fp8 GEMM), c bf16, fp16 or fp32; the device code is gemm_fp8's
 ///   (templates/lib/fp8_mfma, fp8_sm90). Gate: 40 dB against the fp64 product of the
-///   dequantized operands (gemm_fp8's).
+///   dequantized operands (gemm_fp8's). The dgrad dx_g = dy_g W_g is this mode with a = dy
+///   (1 x 128 along the forward's N) and b = W^T [G, K, N] with sb [G, ceil(K/128), ceil(N/128)]
+///   (quantize_fp8 only_qt block128x128 batch=G on W [G, N, K]; docs/grouped-gemm.md).
 /// All row-major. Inputs bf16/fp16 (or fp8 as above), c bf16, fp16 or fp32; fp32 accumulation. Empty groups and
 /// group sizes that are not multiples of a tile are legal; no host synchronisation.
 /// Errors: accumulate=1 with mode nt / nn or with out_dtype other than fp32; fp8 with mode nn / tn,
