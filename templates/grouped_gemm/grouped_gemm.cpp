@@ -7,6 +7,7 @@
 
 #include "support/embedded.h"
 #include "templates/lib/epilogue_sm90.h"
+#include "templates/lib/grouped_offsets.h"
 
 namespace kiln {
 namespace {
@@ -339,22 +340,7 @@ void GroupedGemmOp::init_inputs(const KernelSpec& spec, std::span<const TensorIn
         values[i][j] = static_cast<float>(std::ldexp(mant(rng), static_cast<int>(j % 5) - 2) / max *
                                           (i == 4 ? k_scale : 1.0));
   }
-  std::vector<double> share(static_cast<size_t>(G));
-  for (int64_t g = 0; g < G; ++g) share[g] = (G > 2 && g % 3 == 1) ? 0.0 : 1.0 / static_cast<double>(g + 1);
-  std::shuffle(share.begin(), share.end(), rng);
-  double total = 0;
-  for (double x : share) total += x;
-  std::vector<int64_t> size(static_cast<size_t>(G), 0);
-  int64_t used = 0;
-  for (int64_t g = 0; g < G; ++g) {
-    size[g] = static_cast<int64_t>(static_cast<double>(tokens) * share[g] / total);
-    used += size[g];
-  }
-  for (int64_t g = 0; used < tokens; g = (g + 1) % G)
-    if (share[g] > 0) ++size[g], ++used;
-  std::vector<float>& off = values[2];
-  off.assign(static_cast<size_t>(G + 1), 0.0f);
-  for (int64_t g = 0; g < G; ++g) off[g + 1] = off[g] + static_cast<float>(size[g]);
+  values[2] = grouped_test_offsets(G, tokens, rng);
 }
 
 // fp64. nt, nn: the sampled rows of c (every row when none are asked for); tn: every c[g].

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "support/embedded.h"
+#include "templates/lib/grouped_offsets.h"
 
 namespace kiln {
 namespace {
@@ -35,6 +36,11 @@ const ParamInfo kParams[] = {
      "only_qt: quantize batch tensors [rows, cols] in one launch, x [batch, rows, cols] -> qt [batch, cols, rows] (the "
      "experts of an MoE layer's weight [G, N, K]); a runtime argument (default 1)",
      false, false, 1, 65535, {}, 1},
+    {"groups",
+     "only_qt block1x128: x's rows are G groups by offsets (the tokens of an MoE layer's experts); qt is written in "
+     "group-aligned 128-row panels, each group's 1x128 blocks starting at its first row (the fp8 k-grouped wgrad's "
+     "operand; default 0: not grouped)",
+     true, false, 0, 4096, {}, 0, true},
 };
 const DType kDTypes[] = {DType::bf16, DType::f16, DType::f32};
 constexpr int64_t kTileThreads = 512;  // one 128x128 tile: 16 lanes x 8 columns, 32 x 4 rows
@@ -56,9 +62,18 @@ std::vector<int64_t> batched(const KernelSpec& s, std::vector<int64_t> shape) {
   return shape;
 }
 std::vector<int64_t> x_shape(const KernelSpec& s) { return batched(s, rows_cols(s)); }
-std::vector<int64_t> qt_shape(const KernelSpec& s) { return batched(s, cols_rows(s)); }
+int64_t groups(const KernelSpec& s) { return s.param("groups", 0); }
+bool grouped(const KernelSpec& s) { return groups(s) > 0; }
+// Grouped: 128-row panels of x, ceil(rows / 128) + G of them (each group wastes less than one).
+int64_t panels(const KernelSpec& s) { return ceil_div(s.param("rows"), 128) + groups(s); }
+std::vector<int64_t> qt_shape(const KernelSpec& s) {
+  if (grouped(s)) return {panels(s), s.param("cols"), 128};
+  return batched(s, cols_rows(s));
+}
+std::vector<int64_t> offsets_shape(const KernelSpec& s) { return {groups(s) + 1}; }
 // qt's scales in qt's layout: block1x128 [cols, ceil(rows/128)], block128x128 [ceil(cols/128), ceil(rows/128)].
 std::vector<int64_t> qt_scale_shape(const KernelSpec& s) {
+  if (grouped(s)) return {panels(s), s.param("cols")};
   const int64_t c = s.param("granularity") == kBlock128x128 ? ceil_div(s.param("cols"), 128) : s.param("cols");
   return batched(s, {c, ceil_div(s.param("rows"), 128)});
 }
@@ -66,6 +81,9 @@ const TensorDecl kSignature[] = {
     {"x", Role::input, DTypeRule::in, DType::f32, "[rows, cols]; [batch, rows, cols] with batch > 1", x_shape},
     {"amax_history", Role::input, DTypeRule::fixed, DType::f32, "[history_len]", fp8_history_shape, delayed,
      "delayed scaling: max |x| of earlier calls, [0] the latest"},
+    {"offsets", Role::input, DTypeRule::fixed, DType::i32, "[groups + 1]", offsets_shape, grouped,
+     "groups: group g is rows offsets[g] .. offsets[g + 1] - 1 of x (0 = offsets[0] <= ... <= offsets[G] = rows), on "
+     "the device"},
     {"q", Role::output, DTypeRule::out, DType::f32, "[rows, cols]", rows_cols, writes_q, "fp8(x / scale)"},
     {"scale", Role::output, DTypeRule::derived, DType::f32,
      "[1] | [rows] | [rows, ceil(cols/128)] | [ceil(rows/128), ceil(cols/128)] | [rows, ceil(cols/32)] (tensorwise | "
@@ -73,11 +91,12 @@ const TensorDecl kSignature[] = {
      fp8_scale_shape, writes_q,
      "amax / FP8_MAX per group (1 where amax = 0); mx: 2^(floor(log2 amax) - emax); x ~ float(q) * scale", {}, nullptr,
      scale_dtype, "fp32; e8m0 with granularity mx"},
-    {"qt", Role::output, DTypeRule::out, DType::f32, "[cols, rows]; [batch, cols, rows] with batch > 1", qt_shape,
+    {"qt", Role::output, DTypeRule::out, DType::f32,
+     "[cols, rows]; [batch, cols, rows] with batch > 1; [ceil(rows/128) + groups, cols, 128] with groups", qt_shape,
      with_transpose, "x^T quantized with the same scales (with transpose=1), or with qt_scale (only_qt)"},
     {"qt_scale", Role::output, DTypeRule::fixed, DType::f32,
      "[cols, ceil(rows/128)] | [ceil(cols/128), ceil(rows/128)] (block1x128 | block128x128); [batch, ...] with "
-     "batch > 1",
+     "batch > 1; [ceil(rows/128) + groups, cols] with groups",
      qt_scale_shape, only_qt,
      "only_qt: qt's block scales in qt's layout (block1x128: 128 rows of a column of x; block128x128: a 128x128 tile, "
      "W's scale tensor transposed); x^T ~ float(qt) * qt_scale"},
@@ -124,6 +143,12 @@ Result<void> QuantizeFp8Op::validate_rules(const KernelSpec& spec, const TargetI
                       "quantize_fp8: only_qt writes x^T alone, in 1x128 blocks along the rows of x or in 128x128 "
                       "blocks: it needs granularity block1x128 or block128x128 and transpose=1 (tensorwise writes q "
                       "and qt in one call)");
+  if (grouped(s) && (!only_qt(s) || g != kBlock1x128 || batch(s) > 1))
+    return make_error(Errc::invalid_argument,
+                      fmt::format("quantize_fp8: groups = {} writes x^T in group-aligned 1x128 blocks along the rows "
+                                  "(the fp8 k-grouped wgrad's operand): it needs granularity block1x128, transpose=1, "
+                                  "only_qt=1 and batch=1",
+                                  groups(s)));
   if (batch(s) > 1 && !only_qt(s))
     return make_error(Errc::invalid_argument,
                       fmt::format("quantize_fp8: batch = {} quantizes several tensors in one launch with only_qt (the "
@@ -170,6 +195,7 @@ std::vector<KernelConfig> QuantizeFp8Op::variants(const KernelSpec& spec, const 
 std::vector<uint32_t> QuantizeFp8Op::base_alignment(const KernelSpec& spec, const KernelConfig& config) const {
   // scale and the history: scalar accesses.
   const size_t n = tensors(spec).size();
+  if (grouped(with_defaults(spec))) return vector_variant_alignment(config, n, {1, 3});  // offsets, qt_scale
   return delayed(with_defaults(spec)) ? vector_variant_alignment(config, n, {1, 3, n - 1})
                                       : vector_variant_alignment(config, n, {2});
 }
@@ -177,12 +203,14 @@ std::vector<uint32_t> QuantizeFp8Op::base_alignment(const KernelSpec& spec, cons
 std::string QuantizeFp8Op::specialize(const KernelSpec& spec, const KernelConfig& c) const {
   const KernelSpec s = with_defaults(spec);
   // GRAN, TRANSPOSE and VECTOR (VEC > 1) are macros: the template selects code with #if.
+  // GROUPED only where set: the source, and the cache key, of every other spec stay as they were.
   return fmt::format("constexpr int COLS = {};\n#define GRAN {}\n#define TRANSPOSE {}\n#define DELAYED {}\n"
                      "#define VECTOR {}\nconstexpr int THREADS = {}, VEC = {}, ITEMS = {};\n"
                      "typedef {} in_t;\ntypedef {} out_t;\n",
                      s.param("cols"), s.param("granularity"), s.param("transpose"), s.param("scaling"),
                      c.at("VEC") > 1 ? 1 : 0,
-                     c.at("THREADS"), c.at("VEC"), c.at("ITEMS"), device_type_name(s.dtype), device_type_name(s.out_dtype));
+                     c.at("THREADS"), c.at("VEC"), c.at("ITEMS"), device_type_name(s.dtype), device_type_name(s.out_dtype)) +
+         (grouped(s) ? fmt::format("#define GROUPED 1\nconstexpr int GROUPS = {};\n", groups(s)) : std::string());
 }
 
 Plan QuantizeFp8Op::plan(const KernelSpec& call, const KernelConfig& c) const {
@@ -190,8 +218,19 @@ Plan QuantizeFp8Op::plan(const KernelSpec& call, const KernelConfig& c) const {
   const int64_t rows = call.param("rows"), cols = call.param("cols"), g = call.param("granularity");
   // 0 rows: nothing to quantize; tensorwise still writes its scale (amax 0 gives scale 1), with
   // one tile block that reduces no partials.
-  if (rows == 0 && g != kTensorwise) return p;
+  if (rows == 0 && g != kTensorwise && !grouped(call)) return p;
   const bool transpose = call.param("transpose") != 0;
+  if (c.count("QT") && grouped(call)) {  // x, offsets -> qt panels, qt_scale; every panel written
+    Launch l;
+    l.kernel = "kiln_quantize_fp8_qt";
+    l.geometry.grid.x = static_cast<uint32_t>(panels(call));
+    l.geometry.grid.y = static_cast<uint32_t>(ceil_div(cols, 128));
+    l.geometry.block.x = static_cast<uint32_t>(kTileThreads);
+    l.args = {KernelArg::tensor(0), KernelArg::tensor(1), KernelArg::tensor(2), KernelArg::tensor(3),
+              KernelArg::i32(rows)};
+    p.launches.push_back(l);
+    return p;
+  }
   if (c.count("QT")) {  // x -> qt, qt_scale
     Launch l;
     l.kernel = "kiln_quantize_fp8_qt";
@@ -270,6 +309,7 @@ void QuantizeFp8Op::init_inputs(const KernelSpec& spec, std::span<const TensorIn
     const int mx = spec.param("granularity") == kMx ? static_cast<int>(c / kMxBlock % 4) : 0;
     x[i] = round_to_dtype(std::ldexp(v, static_cast<int>(r % 5 - (c / 128) % 3) - mx), inputs[0].dtype);
   }
+  if (grouped(with_defaults(spec))) values.at(1) = grouped_test_offsets(groups(spec), spec.param("rows"), rng);
   if (delayed(with_defaults(spec))) {
     float amax = 0.0f;
     for (float v : x) amax = std::fmax(amax, std::fabs(v));
@@ -285,6 +325,31 @@ void QuantizeFp8Op::reference(const KernelSpec& spec, const Scalars&, std::span<
   const DType fp8 = s.out_dtype;
   const float fp8_max_f = static_cast<float>(fp8_max(fp8));
   const std::vector<float>& x = inputs[0];
+  if (grouped(s)) {  // panels [P/128, cols, 128] and qt_scale [P/128, cols], zeros outside the groups
+    outputs.assign(2, {});
+    const std::vector<float>& off = inputs[1];
+    const int64_t G = groups(s), P = panels(s);
+    std::vector<int64_t> first(static_cast<size_t>(P), 0), last(static_cast<size_t>(P), 0);  // x's rows of panel p
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t r0 = static_cast<int64_t>(off[g]), r1 = static_cast<int64_t>(off[g + 1]);
+      for (int64_t p = r0 / 128 + g, r = r0; r < r1; ++p, r += 128) {
+        first[static_cast<size_t>(p)] = r;
+        last[static_cast<size_t>(p)] = std::min(r1, r + 128);
+      }
+    }
+    outputs[0].values.assign(static_cast<size_t>(P * cols * 128), 0.0);
+    for (int64_t p = 0; p < P; ++p)
+      for (int64_t c = 0; c < cols; ++c) {
+        float amax = 0.0f;
+        for (int64_t r = first[p]; r < last[p]; ++r) amax = std::fmax(amax, std::fabs(x[static_cast<size_t>(r * cols + c)]));
+        const float sc = amax == 0.0f ? 1.0f : amax / fp8_max_f, inv = 1.0f / sc;
+        outputs[1].values.push_back(sc);
+        for (int64_t r = first[p]; r < last[p]; ++r)
+          outputs[0].values[static_cast<size_t>((p * cols + c) * 128 + r - first[p])] =
+              fp8_bits_to_float(float_to_fp8_bits(x[static_cast<size_t>(r * cols + c)] * inv, fp8), fp8);
+      }
+    return;
+  }
   if (only_qt(s)) {  // per batch: qt [cols, rows] and qt_scale in qt's layout
     outputs.assign(2, {});
     const int64_t nb = ceil_div(rows, 128), cb = ceil_div(cols, 128);
@@ -432,6 +497,16 @@ std::vector<TestSpec> QuantizeFp8Op::test_specs(const TargetInfo& target) const 
   qt_batch(bf16, e4, kBlock128x128, 1, 130, 300, "only_qt 128x128, rows 130 (scalar qt stores)");
   qt_batch(f32, e4, kBlock128x128, 2, 3, 7, "only_qt 128x128 fp32, 2 x 3x7 (scalar variant)");
   qt_batch(bf16, e5, kBlock1x128, 2, 129, 72, "only_qt 1x128, 2 batches, rows 129");
+  // groups: x^T in group-aligned 128-row panels (the fp8 k-grouped wgrad's operands x and dy).
+  auto qt_grouped = [&](DType in, DType fp8, int64_t G, int64_t rows, int64_t cols, std::string_view why) {
+    out.push_back({{"quantize_fp8", in, fp8,
+                    {{"rows", rows}, {"cols", cols}, {"granularity", kBlock1x128}, {"transpose", 1}, {"only_qt", 1},
+                     {"groups", G}}},
+                   why});
+  };
+  qt_grouped(bf16, e4, 5, 300, 136, "groups: 5 uneven groups (some empty, one > 128), cols tail");
+  qt_grouped(f32, e4, 2, 7, 24, "groups fp32, 7 rows (scalar variant: cols % 8 == 0 but fp32 vectors)");
+  qt_grouped(bf16, e4, 3, 0, 64, "groups, 0 rows: every panel zero");
   auto delayed_spec = [&](DType in, DType fp8, int64_t rows, int64_t cols, int64_t t, int64_t len, int64_t margin,
                           std::string_view why) {
     out.push_back({{"quantize_fp8", in, fp8,
