@@ -1,7 +1,7 @@
 // The fp8 blockwise backward GEMMs of an MoE layer run as a caller runs them (DeepSeek-V3's recipe,
 // docs/grouped-gemm.md "fp8 dgrad"): quantize_fp8 makes the operands from bf16 tensors, then
 // grouped_gemm multiplies them. Shared by the emulator tests (gfx942, gfx950) and the GPU tests
-// (sm_90a); the CPU test (test_gemm_fp8) runs the same recipe on the ops' references.
+// (sm_90a); the CPU test (test_gemm_fp8) runs the same recipes on the ops' references.
 //
 // dgrad (m-grouped), dx_g [tokens_g, K] = dy_g [tokens_g, N] W_g [N, K]:
 //   quantize_fp8 block1x128 (dy, rows tokens, cols N)                  -> a = dy fp8, sa [tokens, N/128]
@@ -11,6 +11,7 @@
 // against the fp64 product of the bf16 dy and W (BENCHMARKS.md's e4m3 gate, 25 dB).
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -111,6 +112,91 @@ inline Fp8RecipeResult run_fp8_dgrad(Runtime& rt, int64_t G, int64_t tokens, int
   const std::vector<double> got(c.begin(), c.end());
   r.snr_dequantized = snr_db(ref[0].values, got);
   r.snr_bf16 = snr_db(bf16_dgrad(dy->inputs()[0], w->inputs()[0], offsets, G, N, K), got);
+  return r;
+}
+
+// wgrad (k-grouped), dW_g [N, K] = dy_g^T x_g (DeepSeek-V3: both operands 1x128 along the tokens):
+//   quantize_fp8 block1x128 only_qt groups G (dy, rows tokens, cols N) -> a = dy^T panels [P, N, 128], sa [P, N]
+//   quantize_fp8 block1x128 only_qt groups G (x, rows tokens, cols K)  -> b = x^T panels [P, K, 128], sb [P, K]
+//   grouped_gemm tn, groups G, N, K (accumulate into an fp32 c_in)    -> c = dW [G, N, K]
+struct Fp8WgradSpecs {
+  KernelSpec quantize_dy, quantize_x, gemm;
+};
+inline Fp8WgradSpecs fp8_wgrad_specs(int64_t G, int64_t tokens, int64_t N, int64_t K, DType fp8, DType out,
+                                     int64_t accumulate = 0) {
+  auto quantize = [&](int64_t cols) {
+    return KernelSpec{"quantize_fp8", DType::bf16, fp8,
+                      {{"rows", tokens}, {"cols", cols}, {"granularity", kBlock1x128}, {"transpose", 1}, {"only_qt", 1},
+                       {"groups", G}}};
+  };
+  return {quantize(N), quantize(K),
+          {"grouped_gemm", fp8, out,
+           {{"mode", 2}, {"groups", G}, {"tokens", tokens}, {"N", N}, {"K", K}, {"accumulate", accumulate}}}};
+}
+
+/// fp64 dW_g = dy_g^T x_g (+ c_in), from the bf16 values (dy [tokens, N], x [tokens, K]).
+inline std::vector<double> bf16_wgrad(const std::vector<float>& dy, const std::vector<float>& x,
+                                      const std::vector<float>& offsets, int64_t G, int64_t N, int64_t K,
+                                      const std::vector<float>* c_in = nullptr) {
+  std::vector<double> dw(static_cast<size_t>(G * N * K), 0.0);
+  if (c_in) std::copy(c_in->begin(), c_in->end(), dw.begin());
+  for (int64_t g = 0; g < G; ++g)
+    for (int64_t t = static_cast<int64_t>(offsets[g]); t < static_cast<int64_t>(offsets[g + 1]); ++t)
+      for (int64_t n = 0; n < N; ++n) {
+        const double d = dy[static_cast<size_t>(t * N + n)];
+        for (int64_t k = 0; k < K; ++k) dw[static_cast<size_t>((g * N + n) * K + k)] += d * x[static_cast<size_t>(t * K + k)];
+      }
+  return dw;
+}
+
+/// The wgrad recipe on a device: dy's and x's inputs drawn by DeviceTensors (quantize_fp8's test
+/// inputs), one set of offsets (grouped_gemm's: uneven, some groups empty, sizes not multiples of
+/// 128) given to both quantizations and the GEMM; with accumulate, c_in is the GEMM's own random
+/// fp32 c_in.
+inline Fp8RecipeResult run_fp8_wgrad(Runtime& rt, int64_t G, int64_t tokens, int64_t N, int64_t K, DType fp8, DType out,
+                                     int64_t accumulate, uint64_t seed) {
+  Fp8RecipeResult r;
+  Device& device = *rt.device();
+  const Fp8WgradSpecs s = fp8_wgrad_specs(G, tokens, N, K, fp8, out, accumulate);
+  const OpTemplate &quant = **find_op("quantize_fp8"), &grouped = **find_op("grouped_gemm");
+  std::mt19937_64 rng(seed);
+  auto dy = DeviceTensors::make(device, quant, quant.with_defaults(s.quantize_dy), rng);
+  auto x = DeviceTensors::make(device, quant, quant.with_defaults(s.quantize_x), rng);
+  auto gg = DeviceTensors::make(device, grouped, grouped.with_defaults(s.gemm), rng);
+  if (!dy || !x || !gg) return {0, 0, "allocation failed"};
+  auto step = [&](const KernelSpec& spec, std::span<void* const> ptrs) {
+    auto l = rt.launch(spec, ptrs);
+    if (!l.ok() && r.error.empty()) r.error = to_string(spec) + ": " + l.error().message;
+  };
+  // The GEMM's offsets for all three: x, offsets, qt, qt_scale.
+  void* offsets = gg->pointers()[2];
+  step(s.quantize_dy, std::vector<void*>{dy->pointers()[0], offsets, dy->pointers()[2], dy->pointers()[3]});
+  step(s.quantize_x, std::vector<void*>{x->pointers()[0], offsets, x->pointers()[2], x->pointers()[3]});
+  // a = dy^T panels, b = x^T panels, offsets, sa, sb, [c_in,] c (c_in's buffer with accumulate).
+  std::vector<void*> ptrs = {dy->pointers()[2], x->pointers()[2], offsets, dy->pointers()[3], x->pointers()[3]};
+  for (size_t i = 5; i < gg->pointers().size(); ++i) ptrs.push_back(gg->pointers()[i]);
+  const std::vector<float> c_in = accumulate ? gg->inputs()[5] : std::vector<float>{};
+  step(s.gemm, ptrs);
+  if (auto sync = device.synchronize(nullptr); !sync.ok() && r.error.empty()) r.error = sync.error().message;
+  if (!r.error.empty()) return r;
+  auto read = [&](const DeviceTensors& d, size_t i) {
+    const TensorInfo& t = d.tensors()[i];
+    std::vector<uint8_t> bytes(static_cast<size_t>(t.bytes()));
+    std::vector<float> v;
+    if (!device.copy_to_host(bytes.data(), d.pointers()[i], bytes.size()).ok()) return v;
+    for (int64_t e = 0; e < t.elements(); ++e)
+      v.push_back(static_cast<float>(decode_value(bytes.data(), static_cast<size_t>(e), t.dtype)));
+    return v;
+  };
+  const std::vector<float>& off = gg->inputs()[2];
+  std::vector<std::vector<float>> operands = {read(*dy, 2), read(*x, 2), off, read(*dy, 3), read(*x, 3)};
+  if (accumulate) operands.push_back(c_in);
+  std::vector<RefOutput> ref;
+  grouped.reference(grouped.with_defaults(s.gemm), {}, operands, {}, ref);
+  const std::vector<float> c = read(*gg, gg->pointers().size() - 1);
+  const std::vector<double> got(c.begin(), c.end());
+  r.snr_dequantized = snr_db(ref[0].values, got);
+  r.snr_bf16 = snr_db(bf16_wgrad(dy->inputs()[0], x->inputs()[0], off, G, N, K, accumulate ? &c_in : nullptr), got);
   return r;
 }
 

@@ -363,6 +363,34 @@ TEST(EmulatorFp8, GroupedDgradAsACallerRunsIt) {
   }
 }
 
+// The fp8 k-grouped wgrad of an MoE layer as a caller runs it: dy and x quantized 1x128 along the
+// tokens into group-aligned panels by quantize_fp8 groups=G (the offsets on the device), then
+// grouped_gemm tn (tests/fp8_moe_recipe.h). Groups of 0 tokens, of sizes not multiples of 128 and
+// above 128 (grouped_gemm's test offsets); N and K tails; into bf16, and accumulated into fp32.
+TEST(EmulatorFp8, GroupedWgradAsACallerRunsIt) {
+  for (const char* target : kTargets) {
+    KILN_EMULATOR_OR_SKIP(rt, target);
+    const DType e4 = fp8_for_target(DType::e4m3, rt->device()->target());
+    const struct {
+      int64_t G, tokens, N, K, accumulate;
+      DType out;
+    } cases[] = {{4, 300, 72, 40, 0, DType::bf16}, {3, 200, 40, 64, 1, DType::f32}};
+    for (const auto& c : cases) {
+      SCOPED_TRACE(fmt::format("{}: G {} tokens {} N {} K {} accumulate {}", target, c.G, c.tokens, c.N, c.K,
+                               c.accumulate));
+      const testing::Fp8RecipeResult r =
+          testing::run_fp8_wgrad(*rt, c.G, c.tokens, c.N, c.K, e4, c.out, c.accumulate, 23);
+      ASSERT_TRUE(r.error.empty()) << r.error;
+      std::printf("[ emulator ] %s fp8 grouped wgrad G %lld tokens %lld N %lld K %lld accumulate %lld: %.1f dB "
+                  "(dequantized), %.1f dB (bf16)\n",
+                  target, (long long)c.G, (long long)c.tokens, (long long)c.N, (long long)c.K, (long long)c.accumulate,
+                  r.snr_dequantized, r.snr_bf16);
+      EXPECT_GT(r.snr_dequantized, 40);
+      EXPECT_GT(r.snr_bf16, 25);
+    }
+  }
+}
+
 // An output written in place over an input (TensorDecl::overwrites, e.g. an in-place backward):
 // the caller passes the input's buffer for both, and a launch with two different buffers is
 // refused before anything runs. Every op spec with such an output, from the ops' own test specs.
