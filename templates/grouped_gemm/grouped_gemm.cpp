@@ -164,6 +164,15 @@ KernelConfig tma_config(const KernelSpec& s, int64_t bn) {
 const KernelConfig kCpAsync = {{"WGMMA", 1}, {"BM", 128}, {"BN", 128}, {"BK", 64}, {"STAGES", 4}, {"THREADS", 256}};
 bool fp8_kernel(const KernelConfig& c) { return c.count("FP8") && c.at("FP8") != 0; }
 bool fp8_tn_kernel(const KernelConfig& c) { return fp8_kernel(c) && c.count("TN") && c.at("TN") != 0; }
+// fp8 tn (k-grouped wgrad): the m-grouped fp8 kernels' structure over a group's 128-token panels
+// (grouped_gemm_fp8_tn_sm90.kernel: 128 x 128 tiles, one panel per 128-deep slice;
+// grouped_gemm_fp8_tn_mfma.kernel: 64 x 64 tiles of 2 x 2 waves, as the nt MFMA kernel).
+KernelConfig fp8_tn_config(const TargetInfo& target) {
+  if (target.vendor == Vendor::nvidia)
+    return {{"FP8", 1}, {"TN", 1}, {"WGMMA", 1}, {"BM", 128}, {"BN", 128}, {"BK", 128}, {"STAGES", 4}, {"THREADS", 256}};
+  return {{"FP8", 1},     {"TN", 1},      {"MFMA", 1},        {"BM", 64},       {"BN", 64},
+          {"BK", 64},     {"WAVES_M", 2}, {"WAVES_N", 2},     {"THREADS", 256}, {"MFMA_K", 16}};
+}
 }  // namespace
 
 std::vector<KernelConfig> GroupedGemmOp::variants(const KernelSpec& spec, const TargetInfo& target) const {
@@ -171,22 +180,8 @@ std::vector<KernelConfig> GroupedGemmOp::variants(const KernelSpec& spec, const 
   // each), the MFMA kernel on AMD (2 x 2 waves of the 32x32x16 fp8 MFMA, as gemm_fp8 chooses) on
   // 64 x 64 tiles: at 128 x 128 (378 VGPRs) the CDNA emulator gave NaN rows for K a multiple of
   // 64 above 128 (docs/grouped-gemm.md), which 64 x 64 (158 VGPRs) passes.
-  // fp8 tn (k-grouped wgrad): the same kernels' structure over a group's 128-token panels.
-  if (fp8(spec) && tn(spec)) {
-    if (target.vendor == Vendor::nvidia)
-      return {{{"FP8", 1}, {"TN", 1}, {"WGMMA", 1}, {"BM", 128}, {"BN", 128}, {"BK", 128}, {"STAGES", 4}, {"THREADS", 256}}};
-    return {{{"FP8", 1},
-             {"TN", 1},
-             {"MFMA", 1},
-             {"BM", 64},
-             {"BN", 64},
-             {"BK", 64},
-             {"WAVES_M", 2},
-             {"WAVES_N", 2},
-             {"THREADS", 256},
-             {"MFMA_K", 16}}};
-  }
   if (fp8(spec)) {
+    if (tn(spec)) return {fp8_tn_config(target)};
     if (target.vendor == Vendor::nvidia)
       return {{{"FP8", 1}, {"WGMMA", 1}, {"BM", 128}, {"BN", 128}, {"BK", 128}, {"STAGES", 4}, {"THREADS", 256}}};
     return {{{"FP8", 1},
