@@ -10,6 +10,12 @@
 //   experts, 32768 tokens; each with balanced loads (tokens split evenly) and Zipf loads
 //   (exponent 1.2 over the experts, the last expert empty), as BENCHMARKS.md's peers.
 //   --quick: the DeepSeek-V3 cases only.
+//   --fp8: instead, the fp8 blockwise (e4m3) GEMMs of each case's MoE backward and forward, three
+//   rows per case: fp8_fwd (nt), fp8_dgrad (nt with N and K swapped: b = W^T) and fp8_wgrad (tn
+//   into fp32 over group-aligned 128-token panels, docs/grouped-gemm.md). Inputs: random e4m3
+//   codes (finite), every scale 1/64; check as below against the fp64 product of the codes times
+//   the scales (wgrad: 16 (group, row) pairs of c x 256 columns, over each group's whole panels).
+//   No torch peer is timed for these rows (torch._grouped_mm has no blockwise fp8 form).
 // Inputs: a fixed table of random bf16 values tiled over a and W (so that the check can recompute
 // any element on the host); c poisoned with NaN. Check: 16 rows spread over the tokens (the last
 // one included) x 256 columns against an fp64 reference, SNR > 40 dB, no
@@ -180,16 +186,134 @@ Result<Row> run_case(kiln::Runtime& rt, const Case& c, const Table& table, Devic
                                                                2.0 * double(c.tokens) * double(c.N) * double(c.K), 100));
   return row;
 }
+
+// ---- fp8 blockwise rows (--fp8) ------------------------------------------------------------
+enum class Fp8Pass { fwd, dgrad, wgrad };
+constexpr float kFp8Scale = 1.0f / 64;
+
+// A table of 1,000,003 random finite fp8 codes of `t`, tiled like Table.
+struct Fp8Table {
+  std::vector<uint8_t> codes;
+  Fp8Table(uint64_t seed, kiln::DType t) : codes(1000003) {
+    std::mt19937_64 rng(seed);
+    for (uint8_t& b : codes) {
+      do b = static_cast<uint8_t>(rng() & 0xff);
+      while (!std::isfinite(kiln::fp8_bits_to_float(b, t)));
+    }
+  }
+  uint8_t at(int64_t i, int64_t salt) const { return codes[static_cast<size_t>((i + salt) % 1000003)]; }
+};
+
+Result<void> fill_fp8(kiln::Device& dev, void* dst, int64_t n, const Fp8Table& t, int64_t salt) {
+  constexpr int64_t kChunk = int64_t{1} << 24;
+  std::vector<uint8_t> stage;
+  for (int64_t off = 0; off < n; off += kChunk) {
+    const int64_t len = std::min(kChunk, n - off);
+    stage.resize(static_cast<size_t>(len));
+    for (int64_t i = 0; i < len; ++i) stage[static_cast<size_t>(i)] = t.at(off + i, salt);
+    KILN_TRY(dev.copy_to_device(static_cast<uint8_t*>(dst) + off, stage.data(), static_cast<size_t>(len)));
+  }
+  return kiln::ok();
+}
+
+Result<void> fill_scales(kiln::Device& dev, void* dst, int64_t n) {
+  const std::vector<float> v(static_cast<size_t>(n), kFp8Scale);
+  return dev.copy_to_device(dst, v.data(), v.size() * 4);
+}
+
+Result<Row> run_fp8_case(kiln::Runtime& rt, const Case& c, Fp8Pass pass, DeviceBuffer& flush) {
+  kiln::Device& dev = *rt.device();
+  const kiln::DType e4 = kiln::fp8_for_target(kiln::DType::e4m3, dev.target());
+  const bool wgrad = pass == Fp8Pass::wgrad;
+  const int64_t G = c.groups, T = c.tokens, N = pass == Fp8Pass::dgrad ? c.K : c.N,
+                K = pass == Fp8Pass::dgrad ? c.N : c.K;
+  const int64_t P = (T + 127) / 128 + G, KB = (K + 127) / 128, NB = (N + 127) / 128;
+  const kiln::KernelSpec spec{"grouped_gemm", e4, wgrad ? kiln::DType::f32 : kiln::DType::bf16,
+                              {{"mode", wgrad ? 2 : 0}, {"groups", G}, {"N", N}, {"K", K}, {"tokens", T}}};
+  KILN_ASSIGN_OR_RETURN(auto kernel, rt.kernel(spec));
+  const int64_t a_n = wgrad ? P * N * 128 : T * K, b_n = wgrad ? P * K * 128 : G * N * K;
+  const int64_t sa_n = wgrad ? P * N : T * KB, sb_n = wgrad ? P * K : G * NB * KB;
+  const int64_t c_bytes = wgrad ? G * N * K * 4 : T * N * 2;
+  const Fp8Table table(20261127, e4);
+  DeviceBuffer a, b, off, sa, sb, out;
+  KILN_TRY(a.allocate(dev, static_cast<size_t>(a_n)));
+  KILN_TRY(b.allocate(dev, static_cast<size_t>(b_n)));
+  KILN_TRY(off.allocate(dev, static_cast<size_t>(G + 1) * 4));
+  KILN_TRY(sa.allocate(dev, static_cast<size_t>(sa_n) * 4));
+  KILN_TRY(sb.allocate(dev, static_cast<size_t>(sb_n) * 4));
+  KILN_TRY(out.allocate(dev, static_cast<size_t>(c_bytes)));
+  KILN_TRY(fill_fp8(dev, a.ptr, a_n, table, kSaltA));
+  KILN_TRY(fill_fp8(dev, b.ptr, b_n, table, kSaltW));
+  KILN_TRY(fill_scales(dev, sa.ptr, sa_n));
+  KILN_TRY(fill_scales(dev, sb.ptr, sb_n));
+  std::vector<int32_t> offsets(static_cast<size_t>(G + 1), 0);
+  for (int64_t g = 0; g < G; ++g) offsets[g + 1] = offsets[g] + static_cast<int32_t>(c.sizes[g]);
+  KILN_TRY(dev.copy_to_device(off.ptr, offsets.data(), offsets.size() * 4));
+  KILN_TRY(out.poison());
+  const std::vector<void*> buffers = {a.ptr, b.ptr, off.ptr, sa.ptr, sb.ptr, out.ptr};
+  auto launch = [&]() -> Result<void> { return kernel->launch(spec, buffers); };
+  KILN_TRY(launch());
+  KILN_TRY(dev.synchronize(nullptr));
+
+  auto code = [&](int64_t i, int64_t salt) { return double(kiln::fp8_bits_to_float(table.at(i, salt), e4)); };
+  const double s2 = double(kFp8Scale) * double(kFp8Scale);
+  Row row;
+  double sig = 0, err = 0;
+  bool finite = true;
+  auto compare = [&](double x, double ref) {
+    if (!std::isfinite(x)) finite = false;
+    sig += ref * ref;
+    err += (x - ref) * (x - ref);
+  };
+  if (!wgrad) {  // 16 rows spread over the tokens x 256 columns
+    std::vector<uint16_t> got(static_cast<size_t>(N));
+    for (int s = 0; s < 16; ++s) {
+      const int64_t t = s == 15 ? T - 1 : s * (T / 16) + s;
+      int64_t g = 0;
+      while (g + 1 < G && offsets[g + 1] <= t) ++g;
+      KILN_TRY(dev.copy_to_host(got.data(), static_cast<const uint16_t*>(out.ptr) + t * N, got.size() * 2));
+      for (int64_t j = 0; j < std::min<int64_t>(N, 256); ++j) {
+        const int64_t n = N <= 256 ? j : j * (N / 256) + j % 7;
+        double ref = 0;
+        for (int64_t k = 0; k < K; ++k) ref += code(t * K + k, kSaltA) * code((g * N + n) * K + k, kSaltW);
+        compare(Table::value(got[static_cast<size_t>(n)]), ref * s2);
+      }
+    }
+  } else {  // 16 (group, row) pairs over the non-empty groups x 256 columns, each group's whole panels
+    std::vector<int64_t> nonempty;
+    for (int64_t g = 0; g < G; ++g)
+      if (c.sizes[g] > 0) nonempty.push_back(g);
+    std::vector<float> got(static_cast<size_t>(K));
+    for (int s = 0; s < 16 && !nonempty.empty(); ++s) {
+      const int64_t g = nonempty[static_cast<size_t>(s) % nonempty.size()], n = (s * 7919) % N;
+      const int64_t p0 = offsets[g] / 128 + g, panels = (c.sizes[g] + 127) / 128;
+      KILN_TRY(dev.copy_to_host(got.data(), static_cast<const float*>(out.ptr) + (g * N + n) * K, got.size() * 4));
+      for (int64_t j = 0; j < std::min<int64_t>(K, 256); ++j) {
+        const int64_t k = K <= 256 ? j : j * (K / 256) + j % 7;
+        double ref = 0;
+        for (int64_t p = p0; p < p0 + panels; ++p)
+          for (int64_t t = 0; t < 128; ++t) ref += code((p * N + n) * 128 + t, kSaltA) * code((p * K + k) * 128 + t, kSaltW);
+        compare(got[static_cast<size_t>(k)], ref * s2);
+      }
+    }
+  }
+  row.snr = err > 0 ? 10 * std::log10(sig / err) : 200;
+  row.check = finite && row.snr > 40 ? "PASS" : "FAIL";
+  KILN_ASSIGN_OR_RETURN(row.timing,
+                        kiln::bench::time_flushed(dev, flush, launch, 2.0 * double(T) * double(N) * double(K), 100));
+  return row;
+}
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"Kiln grouped_gemm (MoE forward) on the BENCHMARKS.md grouped-GEMM cases"};
   std::string csv;
-  bool quick = false, list = false, tune = false;
+  bool quick = false, list = false, tune = false, fp8 = false;
   app.add_option("csv", csv, "Output CSV (group sizes in CSV.groups.json)");
   app.add_flag("--quick", quick, "The DeepSeek-V3 cases only");
   app.add_flag("--list", list, "Print the cases and exit");
   app.add_flag("--tune", tune, "Time every tuning candidate first (Runtime::tune) and print them");
+  app.add_flag("--fp8", fp8, "The fp8 blockwise forward, dgrad and wgrad of each case instead (Kiln only)");
   CLI11_PARSE(app, argc, argv);
   const std::vector<Case> all = cases(quick);
   if (list) {
@@ -226,23 +350,37 @@ int main(int argc, char** argv) {
   groups << "{";
   std::vector<std::vector<std::string>> rows;
   int failed = 0;
-  for (size_t i = 0; i < all.size(); ++i) {
-    const Case& c = all[i];
-    groups << (i ? ",\n" : "\n") << "\"" << c.label << "\": [";
-    for (size_t g = 0; g < c.sizes.size(); ++g) groups << (g ? ", " : "") << c.sizes[g];
-    groups << "]";
-    auto r = run_case(runtime, c, table, flush, tune);
+  // Each case once (bf16 forward), or three times with --fp8 (forward, dgrad, wgrad).
+  struct Run {
+    size_t index;
+    int pass;  // -1: bf16; else Fp8Pass
+  };
+  std::vector<Run> runs;
+  for (size_t i = 0; i < all.size(); ++i)
+    for (int p = fp8 ? 0 : -1; p < (fp8 ? 3 : 0); ++p) runs.push_back({i, p});
+  for (const Run& run : runs) {
+    const Case& c = all[run.index];
+    if (run.pass <= 0) {
+      groups << (run.index ? ",\n" : "\n") << "\"" << c.label << "\": [";
+      for (size_t g = 0; g < c.sizes.size(); ++g) groups << (g ? ", " : "") << c.sizes[g];
+      groups << "]";
+    }
+    static const char* const kPass[] = {"fp8_fwd", "fp8_dgrad", "fp8_wgrad"};
+    const std::string label = run.pass < 0 ? c.label : c.label + "_" + kPass[run.pass];
+    const bool dgrad = run.pass == static_cast<int>(Fp8Pass::dgrad);
+    auto r = run.pass < 0 ? run_case(runtime, c, table, flush, tune)
+                          : run_fp8_case(runtime, c, static_cast<Fp8Pass>(run.pass), flush);
     if (!r) {
-      std::fprintf(stderr, "%s: %s\n", c.label.c_str(), r.error().message.c_str());
+      std::fprintf(stderr, "%s: %s\n", label.c_str(), r.error().message.c_str());
       ++failed;
       continue;
     }
     if (r->check != "PASS") ++failed;
-    const std::vector<std::string> cells = {c.label,
+    const std::vector<std::string> cells = {label,
                                             std::to_string(c.groups),
                                             std::to_string(c.tokens),
-                                            std::to_string(c.N),
-                                            std::to_string(c.K),
+                                            std::to_string(dgrad ? c.K : c.N),
+                                            std::to_string(dgrad ? c.N : c.K),
                                             c.zipf ? "zipf" : "balanced",
                                             r->check,
                                             fmt::format("{:.1f}", r->snr),
@@ -253,7 +391,7 @@ int main(int argc, char** argv) {
     for (size_t k = 0; k < cells.size(); ++k) line += (k ? "," : "") + cells[k];
     std::fprintf(out, "%s\n", line.c_str());
     std::fflush(out);
-    std::printf("%-40s %s snr %.1f dB  %.1f TFLOP/s (%.3f ms)\n", c.label.c_str(), r->check.c_str(), r->snr,
+    std::printf("%-40s %s snr %.1f dB  %.1f TFLOP/s (%.3f ms)\n", label.c_str(), r->check.c_str(), r->snr,
                 r->timing.tflops, r->timing.median_ms);
     rows.push_back(cells);
   }

@@ -4,7 +4,8 @@
 #   scripts/gpu_step.sh build check time     # then, in the next call:
 #   scripts/gpu_step.sh moe                  # examples/moe_block checked and timed against PyTorch
 #   scripts/gpu_step.sh attention tests      # (alltests: every op's specs in four parallel processes)
-#   scripts/gpu_step.sh grouped              # bench_grouped_gemm + torch._grouped_mm (GROUPED_QUICK=1: DeepSeek-V3 only)
+#   scripts/gpu_step.sh grouped              # bench_grouped_gemm + torch._grouped_mm (GROUPED_QUICK=1: DeepSeek-V3 only;
+#                                            #   GROUPED_FP8=1: its fp8 forward, dgrad and wgrad rows, no peer)
 #   scripts/gpu_step.sh fp8                  # bench_gemm_fp8 + torch._scaled_mm (FP8_ARGS, default --quick)
 #   (attention: bench_attention's arguments in ATTN_ARGS, default --quick; e.g. "--quick --only s8192_b1 --tune")
 # check: examples/llama_step at --seq $CHECK_SEQ (2048) dumps weights and gradients, and
@@ -87,10 +88,11 @@ PY
       python3 bench/attention_peers.py "$OUT/attention.csv" "$OUT/attention_peers" > "$OUT/attention_peers.log" 2>&1
       tail -30 "$OUT/attention_peers.log" ;;
     tests)
-      # every op's test specs with NVRTC (Compilers/Gpu.*/0), the determinism test of embedding_bwd
+      # every op's test specs with NVRTC (Compilers/Gpu.*/0), the determinism test of embedding_bwd,
+      # the fp8 MoE dgrad and wgrad as a caller runs them (GpuFp8Moe: quantize_fp8, then grouped_gemm)
       # (TEST_OPS=op1,op2: only those ops' specs, through KILN_GPU_TEST_OPS)
-      KILN_GPU_TEST_OPS=${TEST_OPS:-} $B/tests/test_gpu --gtest_filter='Compilers/Gpu.*/0:GpuEmbedding*' > "$OUT/test_gpu.log" 2>&1
-      grep -E "specs pass|^\[  (PASSED|FAILED)|FAILED  \]|FAIL " "$OUT/test_gpu.log" | head -40 ;;
+      KILN_GPU_TEST_OPS=${TEST_OPS:-} $B/tests/test_gpu --gtest_filter='Compilers/Gpu.*/0:GpuEmbedding*:GpuFp8Moe*' > "$OUT/test_gpu.log" 2>&1
+      grep -E "specs pass|^\[  (PASSED|FAILED)|FAILED  \]|FAIL |\[ gpu \]" "$OUT/test_gpu.log" | head -40 ;;
     alltests)  # every op's specs with NVRTC, in four processes at once (their compiles run in parallel)
       groups=("gemm" "rmsnorm,swiglu,rmsnorm_bwd,swiglu_bwd,quantize_fp8,dequantize_fp8"
               "cross_entropy,cross_entropy_bwd,rope,rope_bwd,embedding,embedding_bwd,gemm_fp8,grouped_gemm"
@@ -107,10 +109,13 @@ PY
       python3 bench/membound_peers.py "$OUT/membound_new.csv" "$OUT/membound_peers" > "$OUT/membound_peers.log" 2>&1
       tail -25 "$OUT/membound_peers.log" ;;
     grouped)  # grouped_gemm (MoE forward) against torch._grouped_mm, same group sizes, same job
-      $B/bench/bench_grouped_gemm "$OUT/grouped.csv" ${GROUPED_QUICK:+--quick} ${GROUPED_TUNE:+--tune} > "$OUT/bench_grouped.log" 2>&1
-      tail -12 "$OUT/bench_grouped.log"
-      python3 bench/grouped_gemm_peers.py "$OUT/grouped.csv" > "$OUT/grouped_peers.log" 2>&1
-      tail -12 "$OUT/grouped_peers.log" ;;
+      # (GROUPED_FP8=1: the fp8 blockwise forward, dgrad and wgrad rows instead, Kiln only)
+      $B/bench/bench_grouped_gemm "$OUT/grouped.csv" ${GROUPED_QUICK:+--quick} ${GROUPED_TUNE:+--tune} ${GROUPED_FP8:+--fp8} > "$OUT/bench_grouped.log" 2>&1
+      if [ -n "${GROUPED_FP8:-}" ]; then tail -28 "$OUT/bench_grouped.log"; else tail -12 "$OUT/bench_grouped.log"; fi
+      if [ -z "${GROUPED_FP8:-}" ]; then
+        python3 bench/grouped_gemm_peers.py "$OUT/grouped.csv" > "$OUT/grouped_peers.log" 2>&1
+        tail -12 "$OUT/grouped_peers.log"
+      fi ;;
     fp8)  # gemm_fp8 on a step's forward, dgrad and wgrad GEMMs against torch._scaled_mm, same job
       $B/bench/bench_gemm_fp8 "$OUT/fp8.csv" ${FP8_ARGS:---quick} > "$OUT/bench_fp8.log" 2>&1
       tail -5 "$OUT/bench_fp8.log"

@@ -7,6 +7,7 @@
 
 #include "support/embedded.h"
 #include "templates/lib/epilogue_sm90.h"
+#include "templates/lib/grouped_offsets.h"
 
 namespace kiln {
 namespace {
@@ -36,12 +37,25 @@ bool fp8(const KernelSpec& s) { return is_fp8(s.dtype); }
 // fp8 scales: sa [tokens, KB] (1 x 128 blocks of a's rows), sb [G, NB, KB] (128 x 128 blocks of b[g]).
 int64_t kb(const KernelSpec& s) { return ceil_div(s.param("K"), kScaleBlock); }
 int64_t nb(const KernelSpec& s) { return ceil_div(s.param("N"), kScaleBlock); }
-std::vector<int64_t> sa_shape(const KernelSpec& s) { return {s.param("tokens"), kb(s)}; }
-std::vector<int64_t> sb_shape(const KernelSpec& s) { return {s.param("groups"), nb(s), kb(s)}; }
+// fp8 tn (k-grouped wgrad): a [P, N, 128] and b [P, K, 128], dy^T and x^T in group-aligned
+// 128-token panels (quantize_fp8 groups=G), P = ceil(tokens / 128) + G; sa [P, N], sb [P, K].
+int64_t panels(const KernelSpec& s) { return ceil_div(s.param("tokens"), kScaleBlock) + s.param("groups"); }
+std::vector<int64_t> sa_shape(const KernelSpec& s) {
+  if (tn(s)) return {panels(s), s.param("N")};
+  return {s.param("tokens"), kb(s)};
+}
+std::vector<int64_t> sb_shape(const KernelSpec& s) {
+  if (tn(s)) return {panels(s), s.param("K")};
+  return {s.param("groups"), nb(s), kb(s)};
+}
 // The index of c among the tensors: after a, b, offsets, [sa, sb,] [c_in].
 uint32_t c_index(const KernelSpec& s) { return 3 + (fp8(s) ? 2 : 0) + (accumulate(s) ? 1 : 0); }
-std::vector<int64_t> a_shape(const KernelSpec& s) { return {s.param("tokens"), tn(s) ? s.param("N") : s.param("K")}; }
+std::vector<int64_t> a_shape(const KernelSpec& s) {
+  if (tn(s) && fp8(s)) return {panels(s), s.param("N"), kScaleBlock};
+  return {s.param("tokens"), tn(s) ? s.param("N") : s.param("K")};
+}
 std::vector<int64_t> b_shape(const KernelSpec& s) {
+  if (tn(s) && fp8(s)) return {panels(s), s.param("K"), kScaleBlock};
   if (tn(s)) return {s.param("tokens"), s.param("K")};
   if (s.param("mode") == kNt) return {s.param("groups"), s.param("N"), s.param("K")};
   return {s.param("groups"), s.param("K"), s.param("N")};
@@ -52,15 +66,17 @@ std::vector<int64_t> c_shape(const KernelSpec& s) {
   return {s.param("tokens"), s.param("N")};
 }
 const TensorDecl kSignature[] = {
-    {"a", Role::input, DTypeRule::in, DType::f32, "[tokens, K] (nt, nn); [tokens, N] (tn)", a_shape},
-    {"b", Role::input, DTypeRule::in, DType::f32, "[G, N, K] (nt); [G, K, N] (nn); [tokens, K] (tn)", b_shape},
+    {"a", Role::input, DTypeRule::in, DType::f32,
+     "[tokens, K] (nt, nn); [tokens, N] (tn); fp8 tn: [P, N, 128], P = ceil(tokens/128) + G", a_shape},
+    {"b", Role::input, DTypeRule::in, DType::f32,
+     "[G, N, K] (nt); [G, K, N] (nn); [tokens, K] (tn); fp8 tn: [P, K, 128]", b_shape},
     {"offsets", Role::input, DTypeRule::fixed, DType::i32, "[G + 1]", offsets_shape, nullptr,
      "group g is rows offsets[g] .. offsets[g + 1] - 1 of the grouped operands (0 = offsets[0] <= ... <= offsets[G] "
      "= tokens)"},
-    {"sa", Role::input, DTypeRule::fixed, DType::f32, "[tokens, ceil(K/128)]", sa_shape, fp8,
-     "fp8: a's scales per row and 128 k (1 x 128 blocks): a * sa is the operand"},
-    {"sb", Role::input, DTypeRule::fixed, DType::f32, "[G, ceil(N/128), ceil(K/128)]", sb_shape, fp8,
-     "fp8: b[g]'s scales per 128 x 128 block: b * sb is the operand"},
+    {"sa", Role::input, DTypeRule::fixed, DType::f32, "[tokens, ceil(K/128)] (nt); [P, N] (tn)", sa_shape, fp8,
+     "fp8: a's scales per row and 128 k (1 x 128 blocks; tn: per panel and row): a * sa is the operand"},
+    {"sb", Role::input, DTypeRule::fixed, DType::f32, "[G, ceil(N/128), ceil(K/128)] (nt); [P, K] (tn)", sb_shape, fp8,
+     "fp8: b[g]'s scales per 128 x 128 block (tn: per panel and row): b * sb is the operand"},
     {"c_in", Role::input, DTypeRule::out, DType::f32, "[G, N, K]", c_shape, accumulate,
      "the fp32 c accumulated into (tn, accumulate=1); c is written over it"},
     {"c", Role::output, DTypeRule::out, DType::f32, "[tokens, N] (nt, nn); [G, N, K] (tn)", c_shape, nullptr,
@@ -79,12 +95,13 @@ Result<void> GroupedGemmOp::validate_rules(const KernelSpec& spec, const TargetI
                       fmt::format("grouped_gemm: accumulate=1 adds into the k-grouped (tn, wgrad) c[g], but mode is "
                                   "{}: set mode tn, or accumulate=0",
                                   kModes[static_cast<size_t>(s.param("mode"))]));
-  if (fp8(s) && s.param("mode") != kNt)
+  if (fp8(s) && s.param("mode") == kNn)
     return make_error(Errc::invalid_argument,
-                      fmt::format("grouped_gemm: fp8 ({}) is the blockwise-scaled m-grouped forward (mode nt), but mode "
-                                  "is {}: set mode nt, or give bf16/fp16 operands",
-                                  dtype_name(s.dtype), kModes[static_cast<size_t>(s.param("mode"))]));
-  if (fp8(s) && target.vendor == Vendor::nvidia && s.param("K") % 16 != 0)
+                      fmt::format("grouped_gemm: fp8 ({}) takes K-major operands: the forward and the dgrad are mode "
+                                  "nt (the dgrad's b is W^T from quantize_fp8 only_qt), the wgrad mode tn; mode nn has "
+                                  "an N-major b: set mode nt with b = W^T, or give bf16/fp16 operands",
+                                  dtype_name(s.dtype)));
+  if (fp8(s) && !tn(s) && target.vendor == Vendor::nvidia && s.param("K") % 16 != 0)
     return make_error(Errc::invalid_argument,
                       fmt::format("grouped_gemm: fp8 on {} copies 16-byte rows of a and b, but K = {} is not a multiple "
                                   "of 16: pad K to a multiple of 16",
@@ -146,6 +163,16 @@ KernelConfig tma_config(const KernelSpec& s, int64_t bn) {
 }
 const KernelConfig kCpAsync = {{"WGMMA", 1}, {"BM", 128}, {"BN", 128}, {"BK", 64}, {"STAGES", 4}, {"THREADS", 256}};
 bool fp8_kernel(const KernelConfig& c) { return c.count("FP8") && c.at("FP8") != 0; }
+bool fp8_tn_kernel(const KernelConfig& c) { return fp8_kernel(c) && c.count("TN") && c.at("TN") != 0; }
+// fp8 tn (k-grouped wgrad): the m-grouped fp8 kernels' structure over a group's 128-token panels
+// (grouped_gemm_fp8_tn_sm90.kernel: 128 x 128 tiles, one panel per 128-deep slice;
+// grouped_gemm_fp8_tn_mfma.kernel: 64 x 64 tiles of 2 x 2 waves, as the nt MFMA kernel).
+KernelConfig fp8_tn_config(const TargetInfo& target) {
+  if (target.vendor == Vendor::nvidia)
+    return {{"FP8", 1}, {"TN", 1}, {"WGMMA", 1}, {"BM", 128}, {"BN", 128}, {"BK", 128}, {"STAGES", 4}, {"THREADS", 256}};
+  return {{"FP8", 1},     {"TN", 1},      {"MFMA", 1},        {"BM", 64},       {"BN", 64},
+          {"BK", 64},     {"WAVES_M", 2}, {"WAVES_N", 2},     {"THREADS", 256}, {"MFMA_K", 16}};
+}
 }  // namespace
 
 std::vector<KernelConfig> GroupedGemmOp::variants(const KernelSpec& spec, const TargetInfo& target) const {
@@ -157,6 +184,7 @@ std::vector<KernelConfig> GroupedGemmOp::variants(const KernelSpec& spec, const 
   // emulator misdecodes it (docs/emulator-repro/f8f6f4-decode/; one of the four fp8 specs fails
   // there, all pass with the decoder fixed); the choice is then `target.name == "gfx950" ? 64 : 16`.
   if (fp8(spec)) {
+    if (tn(spec)) return {fp8_tn_config(target)};
     if (target.vendor == Vendor::nvidia)
       return {{{"FP8", 1}, {"WGMMA", 1}, {"BM", 128}, {"BN", 128}, {"BK", 128}, {"STAGES", 4}, {"THREADS", 256}}};
     return {{{"FP8", 1},
@@ -188,9 +216,12 @@ std::vector<KernelConfig> GroupedGemmOp::variants(const KernelSpec& spec, const 
 }
 
 std::vector<uint32_t> GroupedGemmOp::base_alignment(const KernelSpec& spec, const KernelConfig& c) const {
-  if (fp8_kernel(c)) {  // a, b, offsets, sa, sb, c: 16-byte rows of a and b (the MFMA kernel: where K % 16 == 0)
-    const uint32_t ab = wgmma(c) || spec.param("K") % 16 == 0 ? 16 : 1;
-    return {ab, ab, 1, 1, 1, 1};
+  if (fp8_kernel(c)) {  // a, b, offsets, sa, sb, [c_in,] c: 16-byte rows of a and b (nt MFMA: where K % 16 == 0;
+                        // tn: 128-byte panel rows)
+    const uint32_t ab = wgmma(c) || fp8_tn_kernel(c) || spec.param("K") % 16 == 0 ? 16 : 1;
+    std::vector<uint32_t> out = {ab, ab, 1, 1, 1, 1};
+    if (accumulate(with_defaults(spec))) out.push_back(1);
+    return out;
   }
   std::vector<uint32_t> out = {1, 1, 1, 1};
   if (wgmma(c)) out = {16, 16, 1, 16};  // a, b, offsets, c: 16-byte rows through cp.async
@@ -218,6 +249,9 @@ std::vector<KernelConfig> GroupedGemmOp::tuning_candidates(const KernelSpec& spe
 }
 
 std::string_view GroupedGemmOp::device_template(const KernelConfig& c) const {
+  if (fp8_tn_kernel(c))
+    return embedded_file(wgmma(c) ? "templates/grouped_gemm/grouped_gemm_fp8_tn_sm90.kernel"
+                                  : "templates/grouped_gemm/grouped_gemm_fp8_tn_mfma.kernel");
   if (fp8_kernel(c))
     return embedded_file(wgmma(c) ? "templates/grouped_gemm/grouped_gemm_fp8_sm90.kernel"
                                   : "templates/grouped_gemm/grouped_gemm_fp8_mfma.kernel");
@@ -231,6 +265,21 @@ std::string GroupedGemmOp::specialize(const KernelSpec& spec, const KernelConfig
   const char* acc = accumulate(with_defaults(spec)) ? "true" : "false";
   if (fp8_kernel(c)) {
     const bool e5m2 = spec.dtype == DType::e5m2 || spec.dtype == DType::e5m2fnuz;
+    if (fp8_tn_kernel(c)) {  // no KB, NB: the scales are per panel and row
+      std::string out = fmt::format(
+          "constexpr int GROUPS = {};\nconstexpr long long N = {}, K = {};\nconstexpr bool ACCUMULATE = {};\n"
+          "typedef {} a_t;\ntypedef {} out_t;\n",
+          spec.param("groups"), spec.param("N"), spec.param("K"), acc, device_type_name(spec.dtype),
+          device_type_name(spec.out_dtype));
+      if (wgmma(c))
+        return out + fmt::format("constexpr bool A_E5M2 = {0}, B_E5M2 = {0};\n"
+                                 "constexpr int BM = {1}, BN = {2}, BK = {3}, STAGES = {4}, THREADS = {5};\n",
+                                 e5m2, c.at("BM"), c.at("BN"), c.at("BK"), c.at("STAGES"), c.at("THREADS"));
+      return out + fmt::format("constexpr bool A_BF8 = {0}, B_BF8 = {0};\nconstexpr int BM = {1}, BN = {2}, BK = {3}, "
+                               "WAVES_M = {4}, WAVES_N = {5}, THREADS = {6}, MFMA_K = {7};\n",
+                               e5m2, c.at("BM"), c.at("BN"), c.at("BK"), c.at("WAVES_M"), c.at("WAVES_N"),
+                               c.at("THREADS"), c.at("MFMA_K"));
+    }
     std::string out = fmt::format(
         "constexpr int GROUPS = {};\nconstexpr long long N = {}, K = {}, KB = {}, NB = {};\n"
         "typedef {} a_t;\ntypedef {} out_t;\n",
@@ -287,12 +336,14 @@ Plan GroupedGemmOp::plan(const KernelSpec& call, const KernelConfig& c) const {
     g.grid.y = static_cast<uint32_t>(ceil_div(call.param("N"), c.at("BN")));
   }
   if (wgmma(c)) g.dynamic_shared_bytes = static_cast<uint32_t>(sm90_shared_bytes(call, c));
-  if (fp8_kernel(c)) {  // a, b, offsets, sa, sb, c, tokens
+  if (fp8_kernel(c)) {  // a, b, offsets, sa, sb, c (with accumulate the buffer of c_in), tokens
     Launch l;
     l.kernel = "kiln_grouped_gemm";
     l.geometry = g;
-    l.args = {KernelArg::tensor(0), KernelArg::tensor(1), KernelArg::tensor(2), KernelArg::tensor(3),
-              KernelArg::tensor(4), KernelArg::tensor(5), KernelArg::i32(tokens)};
+    l.args = {KernelArg::tensor(0), KernelArg::tensor(1),
+              KernelArg::tensor(2), KernelArg::tensor(3),
+              KernelArg::tensor(4), KernelArg::tensor(c_index(with_defaults(call))),
+              KernelArg::i32(tokens)};
     p.launches.push_back(std::move(l));
     return p;
   }
@@ -349,22 +400,7 @@ void GroupedGemmOp::init_inputs(const KernelSpec& spec, std::span<const TensorIn
         values[i][j] = static_cast<float>(std::ldexp(mant(rng), static_cast<int>(j % 5) - 2) / max *
                                           (i == 4 ? k_scale : 1.0));
   }
-  std::vector<double> share(static_cast<size_t>(G));
-  for (int64_t g = 0; g < G; ++g) share[g] = (G > 2 && g % 3 == 1) ? 0.0 : 1.0 / static_cast<double>(g + 1);
-  std::shuffle(share.begin(), share.end(), rng);
-  double total = 0;
-  for (double x : share) total += x;
-  std::vector<int64_t> size(static_cast<size_t>(G), 0);
-  int64_t used = 0;
-  for (int64_t g = 0; g < G; ++g) {
-    size[g] = static_cast<int64_t>(static_cast<double>(tokens) * share[g] / total);
-    used += size[g];
-  }
-  for (int64_t g = 0; used < tokens; g = (g + 1) % G)
-    if (share[g] > 0) ++size[g], ++used;
-  std::vector<float>& off = values[2];
-  off.assign(static_cast<size_t>(G + 1), 0.0f);
-  for (int64_t g = 0; g < G; ++g) off[g + 1] = off[g] + static_cast<float>(size[g]);
+  values[2] = grouped_test_offsets(G, tokens, rng);
 }
 
 // fp64. nt, nn: the sampled rows of c (every row when none are asked for); tn: every c[g].
@@ -374,6 +410,26 @@ void GroupedGemmOp::reference(const KernelSpec& s, const Scalars&, std::span<con
   const std::vector<float>&a = in[0], &b = in[1], &off = in[2];
   outputs.assign(1, {});
   RefOutput& out = outputs[0];
+  if (tn(s) && fp8(s)) {  // over each group's whole panels: (a[p] * sa[p]) (b[p] * sb[p])^T
+    const std::vector<float>&sa = in[3], &sb = in[4];
+    out.values.assign(static_cast<size_t>(G * N * K), 0.0);
+    if (accumulate(s)) std::copy(in[5].begin(), in[5].end(), out.values.begin());
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t r0 = static_cast<int64_t>(off[g]), rows = static_cast<int64_t>(off[g + 1]) - r0;
+      for (int64_t p = r0 / kScaleBlock + g; p < r0 / kScaleBlock + g + ceil_div(rows, kScaleBlock); ++p)
+        for (int64_t n = 0; n < N; ++n) {
+          const float* ar = &a[static_cast<size_t>((p * N + n) * kScaleBlock)];
+          double* row = &out.values[static_cast<size_t>((g * N + n) * K)];
+          for (int64_t k = 0; k < K; ++k) {
+            const float* br = &b[static_cast<size_t>((p * K + k) * kScaleBlock)];
+            double dot = 0;
+            for (int64_t t = 0; t < kScaleBlock; ++t) dot += double(ar[t]) * double(br[t]);
+            row[k] += dot * sa[static_cast<size_t>(p * N + n)] * sb[static_cast<size_t>(p * K + k)];
+          }
+        }
+    }
+    return;
+  }
   if (tn(s)) {
     out.values.assign(static_cast<size_t>(G * N * K), 0.0);
     if (accumulate(s)) std::copy(in[3].begin(), in[3].end(), out.values.begin());
@@ -462,6 +518,16 @@ std::vector<TestSpec> GroupedGemmOp::test_specs(const TargetInfo& target) const 
   add(e4, DType::bf16, kNt, 3, 70, 64, 160, "fp8 blockwise: groups not multiples of the tile, K tail of a block");
   add(e4, DType::f32, kNt, 5, 200, 128, 128, "fp8 blockwise into fp32, one scale block, empty groups");
   add(e4, DType::bf16, kNt, 2, 0, 32, 128, "fp8 with no tokens: a no-op");
+  // fp8 k-grouped wgrad (tn): group sizes 0, not multiples of 128, and above 128.
+  add(e4, DType::f32, kTn, 4, 300, 40, 72, "fp8 tn wgrad: groups of 0, > 128 and odd sizes, N and K tails");
+  add(e4, DType::bf16, kTn, 2, 130, 128, 64, "fp8 tn wgrad into bf16, a group of 1 or 2 panels");
+  add(e4, DType::f32, kTn, 2, 0, 32, 48, "fp8 tn with no tokens: every c[g] is zero");
+  auto add_fp8_acc = [&](int64_t G, int64_t tokens, int64_t N, int64_t K, std::string_view why) {
+    out.push_back({{"grouped_gemm", e4, DType::f32,
+                    {{"mode", kTn}, {"groups", G}, {"tokens", tokens}, {"N", N}, {"K", K}, {"accumulate", 1}}},
+                   why});
+  };
+  add_fp8_acc(3, 200, 64, 96, "fp8 tn wgrad accumulated into fp32 c, empty groups keep c_in");
   return out;
 }
 

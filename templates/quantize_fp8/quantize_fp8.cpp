@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "support/embedded.h"
+#include "templates/lib/grouped_offsets.h"
 
 namespace kiln {
 namespace {
@@ -27,9 +28,19 @@ const ParamInfo kParams[] = {
     {"margin", "delayed scaling: the scale keeps amax_h at 2^-margin of the format's largest value (default 0)", false,
      false, 0, 64, {}, 0},
     {"only_qt",
-     "write qt alone, x^T in 1x128 blocks of its own rows (along the rows of x) with qt_scale, and not q: the wgrad "
-     "copy of a tensor whose q a fused fp8 output already wrote (block1x128 with transpose=1; default 0)",
+     "write qt alone with qt_scale in qt's own layout, and not q: block1x128, x^T in 1x128 blocks of its own rows "
+     "(along the rows of x; the wgrad copy of a tensor whose q a fused fp8 output already wrote); block128x128, x^T in "
+     "128x128 blocks (the dgrad copy W^T of a weight) (transpose=1; default 0)",
      true, true, 0, 1, {}, 0, true},
+    {"batch",
+     "only_qt: quantize batch tensors [rows, cols] in one launch, x [batch, rows, cols] -> qt [batch, cols, rows] (the "
+     "experts of an MoE layer's weight [G, N, K]); a runtime argument (default 1)",
+     false, false, 1, 65535, {}, 1},
+    {"groups",
+     "only_qt block1x128: x's rows are G groups by offsets (the tokens of an MoE layer's experts); qt is written in "
+     "group-aligned 128-row panels, each group's 1x128 blocks starting at its first row (the fp8 k-grouped wgrad's "
+     "operand; default 0: not grouped)",
+     true, false, 0, 4096, {}, 0, true},
 };
 const DType kDTypes[] = {DType::bf16, DType::f16, DType::f32};
 constexpr int64_t kTileThreads = 512;  // one 128x128 tile: 16 lanes x 8 columns, 32 x 4 rows
@@ -44,11 +55,35 @@ bool delayed(const KernelSpec& s) { return s.param("scaling") == kDelayedScaling
 DType scale_dtype(const KernelSpec& s) { return s.param("granularity") == kMx ? DType::e8m0 : DType::f32; }
 bool only_qt(const KernelSpec& s) { return s.param("only_qt") != 0; }
 bool writes_q(const KernelSpec& s) { return !only_qt(s); }
-std::vector<int64_t> qt_scale_shape(const KernelSpec& s) { return {s.param("cols"), ceil_div(s.param("rows"), 128)}; }
+int64_t batch(const KernelSpec& s) { return s.param("batch", 1); }
+// With batch > 1 the tensors of only_qt gain a leading dimension.
+std::vector<int64_t> batched(const KernelSpec& s, std::vector<int64_t> shape) {
+  if (batch(s) > 1) shape.insert(shape.begin(), batch(s));
+  return shape;
+}
+std::vector<int64_t> x_shape(const KernelSpec& s) { return batched(s, rows_cols(s)); }
+int64_t groups(const KernelSpec& s) { return s.param("groups", 0); }
+bool grouped(const KernelSpec& s) { return groups(s) > 0; }
+// Grouped: 128-row panels of x, ceil(rows / 128) + G of them (each group wastes less than one).
+int64_t panels(const KernelSpec& s) { return ceil_div(s.param("rows"), 128) + groups(s); }
+std::vector<int64_t> qt_shape(const KernelSpec& s) {
+  if (grouped(s)) return {panels(s), s.param("cols"), 128};
+  return batched(s, cols_rows(s));
+}
+std::vector<int64_t> offsets_shape(const KernelSpec& s) { return {groups(s) + 1}; }
+// qt's scales in qt's layout: block1x128 [cols, ceil(rows/128)], block128x128 [ceil(cols/128), ceil(rows/128)].
+std::vector<int64_t> qt_scale_shape(const KernelSpec& s) {
+  if (grouped(s)) return {panels(s), s.param("cols")};
+  const int64_t c = s.param("granularity") == kBlock128x128 ? ceil_div(s.param("cols"), 128) : s.param("cols");
+  return batched(s, {c, ceil_div(s.param("rows"), 128)});
+}
 const TensorDecl kSignature[] = {
-    {"x", Role::input, DTypeRule::in, DType::f32, "[rows, cols]", rows_cols},
+    {"x", Role::input, DTypeRule::in, DType::f32, "[rows, cols]; [batch, rows, cols] with batch > 1", x_shape},
     {"amax_history", Role::input, DTypeRule::fixed, DType::f32, "[history_len]", fp8_history_shape, delayed,
      "delayed scaling: max |x| of earlier calls, [0] the latest"},
+    {"offsets", Role::input, DTypeRule::fixed, DType::i32, "[groups + 1]", offsets_shape, grouped,
+     "groups: group g is rows offsets[g] .. offsets[g + 1] - 1 of x (0 = offsets[0] <= ... <= offsets[G] = rows), on "
+     "the device"},
     {"q", Role::output, DTypeRule::out, DType::f32, "[rows, cols]", rows_cols, writes_q, "fp8(x / scale)"},
     {"scale", Role::output, DTypeRule::derived, DType::f32,
      "[1] | [rows] | [rows, ceil(cols/128)] | [ceil(rows/128), ceil(cols/128)] | [rows, ceil(cols/32)] (tensorwise | "
@@ -56,10 +91,15 @@ const TensorDecl kSignature[] = {
      fp8_scale_shape, writes_q,
      "amax / FP8_MAX per group (1 where amax = 0); mx: 2^(floor(log2 amax) - emax); x ~ float(q) * scale", {}, nullptr,
      scale_dtype, "fp32; e8m0 with granularity mx"},
-    {"qt", Role::output, DTypeRule::out, DType::f32, "[cols, rows]", cols_rows, with_transpose,
-     "x^T quantized with the same scales (with transpose=1), or with qt_scale (only_qt)"},
-    {"qt_scale", Role::output, DTypeRule::fixed, DType::f32, "[cols, ceil(rows/128)]", qt_scale_shape, only_qt,
-     "only_qt: qt's 1x128 block scales (128 rows of a column of x); x^T ~ float(qt) * qt_scale"},
+    {"qt", Role::output, DTypeRule::out, DType::f32,
+     "[cols, rows]; [batch, cols, rows] with batch > 1; [ceil(rows/128) + groups, cols, 128] with groups", qt_shape,
+     with_transpose, "x^T quantized with the same scales (with transpose=1), or with qt_scale (only_qt)"},
+    {"qt_scale", Role::output, DTypeRule::fixed, DType::f32,
+     "[cols, ceil(rows/128)] | [ceil(cols/128), ceil(rows/128)] (block1x128 | block128x128); [batch, ...] with "
+     "batch > 1; [ceil(rows/128) + groups, cols] with groups",
+     qt_scale_shape, only_qt,
+     "only_qt: qt's block scales in qt's layout (block1x128: 128 rows of a column of x; block128x128: a 128x128 tile, "
+     "W's scale tensor transposed); x^T ~ float(qt) * qt_scale"},
     {"amax_history_out", Role::output, DTypeRule::fixed, DType::f32, "[history_len]", fp8_history_shape, delayed,
      "the history with this call's max |x| pushed at [0] (written over amax_history)", "amax_history"},
 };
@@ -98,10 +138,23 @@ Result<void> QuantizeFp8Op::validate_rules(const KernelSpec& spec, const TargetI
                                   "history); granularity {} computes its scales from x in the same pass already: use "
                                   "scaling=current",
                                   fp8_granularity_names_with_mx()[static_cast<size_t>(g)]));
-  if (only_qt(s) && (g != kBlock1x128 || !s.param("transpose")))
+  if (only_qt(s) && ((g != kBlock1x128 && g != kBlock128x128) || !s.param("transpose")))
     return make_error(Errc::invalid_argument,
-                      "quantize_fp8: only_qt writes x^T in 1x128 blocks along the rows of x: it needs granularity "
-                      "block1x128 and transpose=1 (tensorwise and block128x128 write q and qt in one call)");
+                      "quantize_fp8: only_qt writes x^T alone, in 1x128 blocks along the rows of x or in 128x128 "
+                      "blocks: it needs granularity block1x128 or block128x128 and transpose=1 (tensorwise writes q "
+                      "and qt in one call)");
+  if (grouped(s) && (!only_qt(s) || g != kBlock1x128 || batch(s) > 1))
+    return make_error(Errc::invalid_argument,
+                      fmt::format("quantize_fp8: groups = {} writes x^T in group-aligned 1x128 blocks along the rows "
+                                  "(the fp8 k-grouped wgrad's operand): it needs granularity block1x128, transpose=1, "
+                                  "only_qt=1 and batch=1",
+                                  groups(s)));
+  if (batch(s) > 1 && !only_qt(s))
+    return make_error(Errc::invalid_argument,
+                      fmt::format("quantize_fp8: batch = {} quantizes several tensors in one launch with only_qt (the "
+                                  "transposed copies of an MoE layer's experts); set only_qt=1 (granularity "
+                                  "block1x128 or block128x128, transpose=1), or batch=1",
+                                  batch(s)));
   if (s.param("transpose") && !only_qt(s) && (g == kRowwise || g == kBlock1x128 || g == kMx))
     return make_error(Errc::invalid_argument,
                       fmt::format("quantize_fp8: transpose=1 needs a scale shared by the rows and the columns of x "
@@ -142,6 +195,7 @@ std::vector<KernelConfig> QuantizeFp8Op::variants(const KernelSpec& spec, const 
 std::vector<uint32_t> QuantizeFp8Op::base_alignment(const KernelSpec& spec, const KernelConfig& config) const {
   // scale and the history: scalar accesses.
   const size_t n = tensors(spec).size();
+  if (grouped(with_defaults(spec))) return vector_variant_alignment(config, n, {1, 3});  // offsets, qt_scale
   return delayed(with_defaults(spec)) ? vector_variant_alignment(config, n, {1, 3, n - 1})
                                       : vector_variant_alignment(config, n, {2});
 }
@@ -149,12 +203,14 @@ std::vector<uint32_t> QuantizeFp8Op::base_alignment(const KernelSpec& spec, cons
 std::string QuantizeFp8Op::specialize(const KernelSpec& spec, const KernelConfig& c) const {
   const KernelSpec s = with_defaults(spec);
   // GRAN, TRANSPOSE and VECTOR (VEC > 1) are macros: the template selects code with #if.
+  // GROUPED only where set: the source, and the cache key, of every other spec stay as they were.
   return fmt::format("constexpr int COLS = {};\n#define GRAN {}\n#define TRANSPOSE {}\n#define DELAYED {}\n"
                      "#define VECTOR {}\nconstexpr int THREADS = {}, VEC = {}, ITEMS = {};\n"
                      "typedef {} in_t;\ntypedef {} out_t;\n",
                      s.param("cols"), s.param("granularity"), s.param("transpose"), s.param("scaling"),
                      c.at("VEC") > 1 ? 1 : 0,
-                     c.at("THREADS"), c.at("VEC"), c.at("ITEMS"), device_type_name(s.dtype), device_type_name(s.out_dtype));
+                     c.at("THREADS"), c.at("VEC"), c.at("ITEMS"), device_type_name(s.dtype), device_type_name(s.out_dtype)) +
+         (grouped(s) ? fmt::format("#define GROUPED 1\nconstexpr int GROUPS = {};\n", groups(s)) : std::string());
 }
 
 Plan QuantizeFp8Op::plan(const KernelSpec& call, const KernelConfig& c) const {
@@ -162,13 +218,25 @@ Plan QuantizeFp8Op::plan(const KernelSpec& call, const KernelConfig& c) const {
   const int64_t rows = call.param("rows"), cols = call.param("cols"), g = call.param("granularity");
   // 0 rows: nothing to quantize; tensorwise still writes its scale (amax 0 gives scale 1), with
   // one tile block that reduces no partials.
-  if (rows == 0 && g != kTensorwise) return p;
+  if (rows == 0 && g != kTensorwise && !grouped(call)) return p;
   const bool transpose = call.param("transpose") != 0;
+  if (c.count("QT") && grouped(call)) {  // x, offsets -> qt panels, qt_scale; every panel written
+    Launch l;
+    l.kernel = "kiln_quantize_fp8_qt";
+    l.geometry.grid.x = static_cast<uint32_t>(panels(call));
+    l.geometry.grid.y = static_cast<uint32_t>(ceil_div(cols, 128));
+    l.geometry.block.x = static_cast<uint32_t>(kTileThreads);
+    l.args = {KernelArg::tensor(0), KernelArg::tensor(1), KernelArg::tensor(2), KernelArg::tensor(3),
+              KernelArg::i32(rows)};
+    p.launches.push_back(l);
+    return p;
+  }
   if (c.count("QT")) {  // x -> qt, qt_scale
     Launch l;
     l.kernel = "kiln_quantize_fp8_qt";
     l.geometry.grid.x = static_cast<uint32_t>(ceil_div(rows, 128));
     l.geometry.grid.y = static_cast<uint32_t>(ceil_div(cols, 128));
+    l.geometry.grid.z = static_cast<uint32_t>(batch(call));
     l.geometry.block.x = static_cast<uint32_t>(kTileThreads);
     l.args = {KernelArg::tensor(0), KernelArg::tensor(1), KernelArg::tensor(2), KernelArg::i32(rows)};
     p.launches.push_back(l);
@@ -241,6 +309,7 @@ void QuantizeFp8Op::init_inputs(const KernelSpec& spec, std::span<const TensorIn
     const int mx = spec.param("granularity") == kMx ? static_cast<int>(c / kMxBlock % 4) : 0;
     x[i] = round_to_dtype(std::ldexp(v, static_cast<int>(r % 5 - (c / 128) % 3) - mx), inputs[0].dtype);
   }
+  if (grouped(with_defaults(spec))) values.at(1) = grouped_test_offsets(groups(spec), spec.param("rows"), rng);
   if (delayed(with_defaults(spec))) {
     float amax = 0.0f;
     for (float v : x) amax = std::fmax(amax, std::fabs(v));
@@ -256,20 +325,65 @@ void QuantizeFp8Op::reference(const KernelSpec& spec, const Scalars&, std::span<
   const DType fp8 = s.out_dtype;
   const float fp8_max_f = static_cast<float>(fp8_max(fp8));
   const std::vector<float>& x = inputs[0];
-  if (only_qt(s)) {  // qt [cols, rows] in 1x128 blocks along the rows of x, qt_scale [cols, ceil(rows/128)]
+  if (grouped(s)) {  // panels [P/128, cols, 128] and qt_scale [P/128, cols], zeros outside the groups
     outputs.assign(2, {});
-    const int64_t nb = ceil_div(rows, 128);
-    for (int64_t c = 0; c < cols; ++c)
-      for (int64_t b = 0; b < nb; ++b) {
+    const std::vector<float>& off = inputs[1];
+    const int64_t G = groups(s), P = panels(s);
+    std::vector<int64_t> first(static_cast<size_t>(P), 0), last(static_cast<size_t>(P), 0);  // x's rows of panel p
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t r0 = static_cast<int64_t>(off[g]), r1 = static_cast<int64_t>(off[g + 1]);
+      for (int64_t p = r0 / 128 + g, r = r0; r < r1; ++p, r += 128) {
+        first[static_cast<size_t>(p)] = r;
+        last[static_cast<size_t>(p)] = std::min(r1, r + 128);
+      }
+    }
+    outputs[0].values.assign(static_cast<size_t>(P * cols * 128), 0.0);
+    for (int64_t p = 0; p < P; ++p)
+      for (int64_t c = 0; c < cols; ++c) {
         float amax = 0.0f;
-        const int64_t end = std::min(rows, (b + 1) * 128);
-        for (int64_t r = b * 128; r < end; ++r) amax = std::fmax(amax, std::fabs(x[static_cast<size_t>(r * cols + c)]));
+        for (int64_t r = first[p]; r < last[p]; ++r) amax = std::fmax(amax, std::fabs(x[static_cast<size_t>(r * cols + c)]));
         const float sc = amax == 0.0f ? 1.0f : amax / fp8_max_f, inv = 1.0f / sc;
         outputs[1].values.push_back(sc);
-        for (int64_t r = b * 128; r < end; ++r)
-          outputs[0].values.push_back(
-              fp8_bits_to_float(float_to_fp8_bits(x[static_cast<size_t>(r * cols + c)] * inv, fp8), fp8));
+        for (int64_t r = first[p]; r < last[p]; ++r)
+          outputs[0].values[static_cast<size_t>((p * cols + c) * 128 + r - first[p])] =
+              fp8_bits_to_float(float_to_fp8_bits(x[static_cast<size_t>(r * cols + c)] * inv, fp8), fp8);
       }
+    return;
+  }
+  if (only_qt(s)) {  // per batch: qt [cols, rows] and qt_scale in qt's layout
+    outputs.assign(2, {});
+    const int64_t nb = ceil_div(rows, 128), cb = ceil_div(cols, 128);
+    for (int64_t z = 0; z < batch(s); ++z) {
+      const float* xz = x.data() + z * rows * cols;
+      auto scale_of = [&](int64_t r_lo, int64_t r_hi, int64_t c_lo, int64_t c_hi) {
+        float amax = 0.0f;
+        for (int64_t r = r_lo; r < r_hi; ++r)
+          for (int64_t c = c_lo; c < c_hi; ++c) amax = std::fmax(amax, std::fabs(xz[r * cols + c]));
+        return amax == 0.0f ? 1.0f : amax / fp8_max_f;
+      };
+      auto code = [&](int64_t r, int64_t c, float sc) {
+        return fp8_bits_to_float(float_to_fp8_bits(xz[r * cols + c] * (1.0f / sc), fp8), fp8);
+      };
+      if (g == kBlock128x128) {  // qt_scale [cb, nb]: tile (column block, row block) of x
+        std::vector<float> sc(static_cast<size_t>(cb * nb));
+        for (int64_t j = 0; j < cb; ++j)
+          for (int64_t b = 0; b < nb; ++b) {
+            sc[static_cast<size_t>(j * nb + b)] =
+                scale_of(b * 128, std::min(rows, (b + 1) * 128), j * 128, std::min(cols, (j + 1) * 128));
+            outputs[1].values.push_back(sc[static_cast<size_t>(j * nb + b)]);
+          }
+        for (int64_t c = 0; c < cols; ++c)
+          for (int64_t r = 0; r < rows; ++r) outputs[0].values.push_back(code(r, c, sc[static_cast<size_t>((c / 128) * nb + r / 128)]));
+        continue;
+      }
+      for (int64_t c = 0; c < cols; ++c)  // 1x128 blocks along the rows of x: qt_scale [cols, nb]
+        for (int64_t b = 0; b < nb; ++b) {
+          const int64_t end = std::min(rows, (b + 1) * 128);
+          const float sc = scale_of(b * 128, end, c, c + 1);
+          outputs[1].values.push_back(sc);
+          for (int64_t r = b * 128; r < end; ++r) outputs[0].values.push_back(code(r, c, sc));
+        }
+    }
     return;
   }
   int64_t groups = 1;
@@ -371,6 +485,28 @@ std::vector<TestSpec> QuantizeFp8Op::test_specs(const TargetInfo& target) const 
   qt_only(f16, e5, 3, 7, "only_qt fp16, 3x7 (scalar variant)");
   qt_only(f32, e4, 129, 136, "only_qt fp32, rows 129");
   qt_only(bf16, e5, 0, 128, "only_qt, 0 rows: a no-op");
+  // only_qt in 128x128 blocks, batched: W^T [G, K, N] of an MoE layer's weight W [G, N, K] (the fp8
+  // grouped dgrad's b).
+  auto qt_batch = [&](DType in, DType fp8, int64_t g, int64_t batch, int64_t rows, int64_t cols, std::string_view why) {
+    out.push_back({{"quantize_fp8", in, fp8,
+                    {{"rows", rows}, {"cols", cols}, {"granularity", g}, {"transpose", 1}, {"only_qt", 1},
+                     {"batch", batch}}},
+                   why});
+  };
+  qt_batch(bf16, e4, kBlock128x128, 3, 136, 200, "only_qt 128x128, 3 experts, tails in rows and cols (8-byte qt stores)");
+  qt_batch(bf16, e4, kBlock128x128, 1, 130, 300, "only_qt 128x128, rows 130 (scalar qt stores)");
+  qt_batch(f32, e4, kBlock128x128, 2, 3, 7, "only_qt 128x128 fp32, 2 x 3x7 (scalar variant)");
+  qt_batch(bf16, e5, kBlock1x128, 2, 129, 72, "only_qt 1x128, 2 batches, rows 129");
+  // groups: x^T in group-aligned 128-row panels (the fp8 k-grouped wgrad's operands x and dy).
+  auto qt_grouped = [&](DType in, DType fp8, int64_t G, int64_t rows, int64_t cols, std::string_view why) {
+    out.push_back({{"quantize_fp8", in, fp8,
+                    {{"rows", rows}, {"cols", cols}, {"granularity", kBlock1x128}, {"transpose", 1}, {"only_qt", 1},
+                     {"groups", G}}},
+                   why});
+  };
+  qt_grouped(bf16, e4, 5, 300, 136, "groups: 5 uneven groups (some empty, one > 128), cols tail");
+  qt_grouped(f32, e4, 2, 7, 24, "groups fp32, 7 rows (scalar variant: cols % 8 == 0 but fp32 vectors)");
+  qt_grouped(bf16, e4, 3, 0, 64, "groups, 0 rows: every panel zero");
   auto delayed_spec = [&](DType in, DType fp8, int64_t rows, int64_t cols, int64_t t, int64_t len, int64_t margin,
                           std::string_view why) {
     out.push_back({{"quantize_fp8", in, fp8,

@@ -18,12 +18,29 @@ namespace kiln {
 ///   r * ceil(cols/32) + c / 32 the scale of x[r][c]), qt [cols, rows] (fp8, with transpose=1: x^T
 ///   quantized with the same scales; tensorwise and block128x128 only, where a scale is shared by
 ///   the rows and columns of the transpose; mx's groups lie along rows, so x^T takes its own call), amax_history_out (delayed: written over amax_history).
-/// only_qt (baked 0/1, default 0, unkeyed; granularity block1x128 with transpose=1): x -> qt
-///   [cols, rows] quantized in 1x128 blocks of its own rows (128 consecutive rows of one column of
-///   x share a scale), qt_scale [cols, ceil(rows/128)] fp32, and no q or scale: the wgrad GEMM's
-///   operand (x^T or dy^T along the tokens, or W^T along N for the dgrad) of a tensor whose q a
-///   fused fp8 output already wrote. Kernel kiln_quantize_fp8_qt (quantize_fp8_qt.kernel): one
-///   block of 512 threads per 128x128 tile, column amax over the tile's rows, LDS transpose.
+/// only_qt (baked 0/1, default 0, unkeyed; granularity block1x128 or block128x128 with transpose=1):
+///   x -> qt [cols, rows] and its scales in qt's own layout, and no q or scale:
+///   - block1x128: qt in 1x128 blocks of its own rows (128 consecutive rows of one column of x
+///     share a scale), qt_scale [cols, ceil(rows/128)] fp32: the wgrad GEMM's operand (x^T or dy^T
+///     along the tokens, or W^T along N for gemm_fp8's dgrad) of a tensor whose q a fused fp8
+///     output already wrote;
+///   - block128x128: qt in 128x128 blocks, qt_scale [ceil(cols/128), ceil(rows/128)] fp32 (the
+///     scales of block128x128's call on x, transposed): W^T for grouped_gemm's fp8 dgrad, whose b
+///     takes 128x128 blocks in b's own block order.
+///   batch (runtime, default 1; only_qt only): x [batch, rows, cols] -> qt [batch, cols, rows] and
+///   qt_scale [batch, ...], each batch quantized on its own (blocks restart at each one): the G
+///   experts of an MoE weight [G, N, K] in one launch (grid z).
+///   groups (baked, default 0, unkeyed; only_qt block1x128, batch 1): x's rows are G groups by a
+///   further input offsets [G + 1] int32 on the device (as moe_permute writes them), and x^T is
+///   written in group-aligned 128-row panels: qt [P, cols, 128] and qt_scale [P, cols] with
+///   P = ceil(rows/128) + G. Group g's rows fill panels offsets[g] / 128 + g onwards, 128 rows
+///   each counted from the group's first row (never overlapping the next group's), so a 1 x 128
+///   block never holds two groups' rows; the rest of the group's last panel is zero, and so is
+///   every panel of no group (scale 1). Panel p's row c is qt[p][c][0..127], a 128-byte K-major
+///   row: grouped_gemm's fp8 k-grouped wgrad (mode tn) reads dy^T and x^T in this layout.
+///   Kernel kiln_quantize_fp8_qt (quantize_fp8_qt.kernel): one block of 512 threads per 128x128
+///   tile (grouped: per panel and 128 columns), column amax over the tile's rows (and over its
+///   columns for 128x128), LDS transpose.
 /// Delayed scaling (TransformerEngine's DelayedScaling recipe, amax_compute_algo "max";
 /// docs/gemm-fp8.md): the scale comes from the max of earlier calls' amax instead of x's own, so
 /// x is read once: amax_h = max(0, amax_history) (NaN entries ignored);

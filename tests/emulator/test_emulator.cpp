@@ -8,6 +8,7 @@
 // process: the emulator compiles each distinct instruction once per process, and caches the
 // compiled code in CACHEDB (tests/CMakeLists.txt points it into the build tree).
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -22,6 +23,7 @@
 
 #include "cache/disk_cache.h"
 #include "cache/tuning.h"
+#include "fp8_moe_recipe.h"
 #include "kiln/kiln.h"
 #include "runtime/device_impl.h"
 #include "runtime/device_tensors.h"
@@ -333,6 +335,60 @@ TEST(EmulatorFp8, FusedOutputsAreQuantizeFp8OfTheStoredOutput) {
     }
   }
   std::printf("[ emulator ] %d fused or delayed fp8 outputs equal to quantize_fp8's bit for bit\n", checked);
+}
+
+// The fp8 dgrad of an MoE layer as a caller runs it: dy quantized 1x128, W^T of every expert by one
+// batched quantize_fp8 only_qt 128x128 launch, then grouped_gemm nt (tests/fp8_moe_recipe.h);
+// against the dequantized product (40 dB) and the bf16 product (25 dB). Uneven groups, some
+// empty (grouped_gemm's test offsets), tails in both N and K.
+TEST(EmulatorFp8, GroupedDgradAsACallerRunsIt) {
+  for (const char* target : kTargets) {
+    KILN_EMULATOR_OR_SKIP(rt, target);
+    const DType e4 = fp8_for_target(DType::e4m3, rt->device()->target());
+    const struct {
+      int64_t G, tokens, N, K;
+      DType out;
+    } cases[] = {{4, 150, 256, 136, DType::bf16}, {3, 70, 200, 64, DType::f32}};
+    for (const auto& c : cases) {
+      SCOPED_TRACE(fmt::format("{}: G {} tokens {} N {} K {}", target, c.G, c.tokens, c.N, c.K));
+      const testing::Fp8RecipeResult r = testing::run_fp8_dgrad(*rt, c.G, c.tokens, c.N, c.K, e4, c.out, 21);
+      ASSERT_TRUE(r.error.empty()) << r.error;
+      std::printf("[ emulator ] %s fp8 grouped dgrad G %lld tokens %lld N %lld K %lld: %.1f dB (dequantized), %.1f dB "
+                  "(bf16)\n",
+                  target, (long long)c.G, (long long)c.tokens, (long long)c.N, (long long)c.K, r.snr_dequantized,
+                  r.snr_bf16);
+      EXPECT_GT(r.snr_dequantized, 40);
+      EXPECT_GT(r.snr_bf16, 25);
+    }
+  }
+}
+
+// The fp8 k-grouped wgrad of an MoE layer as a caller runs it: dy and x quantized 1x128 along the
+// tokens into group-aligned panels by quantize_fp8 groups=G (the offsets on the device), then
+// grouped_gemm tn (tests/fp8_moe_recipe.h). Groups of 0 tokens, of sizes not multiples of 128 and
+// above 128 (grouped_gemm's test offsets); N and K tails; into bf16, and accumulated into fp32.
+TEST(EmulatorFp8, GroupedWgradAsACallerRunsIt) {
+  for (const char* target : kTargets) {
+    KILN_EMULATOR_OR_SKIP(rt, target);
+    const DType e4 = fp8_for_target(DType::e4m3, rt->device()->target());
+    const struct {
+      int64_t G, tokens, N, K, accumulate;
+      DType out;
+    } cases[] = {{4, 300, 72, 40, 0, DType::bf16}, {3, 200, 40, 64, 1, DType::f32}};
+    for (const auto& c : cases) {
+      SCOPED_TRACE(fmt::format("{}: G {} tokens {} N {} K {} accumulate {}", target, c.G, c.tokens, c.N, c.K,
+                               c.accumulate));
+      const testing::Fp8RecipeResult r =
+          testing::run_fp8_wgrad(*rt, c.G, c.tokens, c.N, c.K, e4, c.out, c.accumulate, 23);
+      ASSERT_TRUE(r.error.empty()) << r.error;
+      std::printf("[ emulator ] %s fp8 grouped wgrad G %lld tokens %lld N %lld K %lld accumulate %lld: %.1f dB "
+                  "(dequantized), %.1f dB (bf16)\n",
+                  target, (long long)c.G, (long long)c.tokens, (long long)c.N, (long long)c.K, (long long)c.accumulate,
+                  r.snr_dequantized, r.snr_bf16);
+      EXPECT_GT(r.snr_dequantized, 40);
+      EXPECT_GT(r.snr_bf16, 25);
+    }
+  }
 }
 
 // An output written in place over an input (TensorDecl::overwrites, e.g. an in-place backward):

@@ -4,6 +4,7 @@
 // Clang-built kernels reach a GPU machine without LLVM as a prewarmed cache: on a machine with
 // LLVM, `KILN_GPU_CLANG_CACHE=DIR test_gpu --gtest_filter=GpuPrewarm.*` fills DIR; on the GPU,
 // the same variable points the clang tests at it (tools/gpu_check.sh does both halves).
+#include <array>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -12,6 +13,7 @@
 #include <thread>
 
 #include "cache/tuning.h"
+#include "fp8_moe_recipe.h"
 #include "kiln/kiln.h"
 #include "runtime/device_tensors.h"
 #include "templates/registry.h"
@@ -98,7 +100,11 @@ std::vector<KernelSpec> all_gpu_specs() {
   } grouped_shapes[] = {{0, 32, 6000, 1000, 520, DType::bf16, DType::bf16},
                         {1, 8, 4000, 776, 1024, DType::bf16, DType::bf16},
                         {0, 64, 3000, 264, 64, DType::f16, DType::f32},
-                        {0, 3, 5000, 4096, 136, DType::bf16, DType::bf16}};
+                        {0, 3, 5000, 4096, 136, DType::bf16, DType::bf16},
+                        // fp8 blockwise: the forward / dgrad (nt, cp.async WGMMA) and the k-grouped
+                        // wgrad (tn, group-aligned panels) over many uneven groups, N and K tails.
+                        {0, 8, 4000, 1048, 2064, DType::e4m3, DType::bf16},
+                        {2, 8, 4000, 1000, 520, DType::e4m3, DType::f32}};
   for (const auto& g : grouped_shapes)
     s.push_back({"grouped_gemm", g.in, g.out,
                  {{"mode", g.mode}, {"groups", g.G}, {"tokens", g.tokens}, {"N", g.N}, {"K", g.K}}});
@@ -238,6 +244,52 @@ TEST(GpuRuntime, TypedOpsAndLaunchesFromManyThreads) {
       << bad.error().message;
   (void)dev.free(x);
   (void)dev.free(y);
+}
+
+// The fp8 blockwise backward GEMMs of an MoE layer as a caller runs them (tests/fp8_moe_recipe.h):
+// quantize_fp8 (dy 1x128; W^T of every expert in one batched only_qt 128x128 launch), then
+// grouped_gemm nt (sm_90a: the cp.async WGMMA fp8 kernel), uneven groups with empty ones, many
+// tiles, N and K not multiples of 128. Gates: 40 dB against the dequantized product, 25 dB
+// against the bf16 product.
+TEST(GpuFp8Moe, DgradAsACallerRunsIt) {
+  testing::TempDir scratch;
+  RuntimeOptions o;
+  o.cache_dir = scratch.path();
+  auto rt = std::move(Runtime::create(o)).value();
+  if (!rt->device()) GTEST_SKIP() << "no GPU: no NVIDIA or AMD device found";
+  const DType e4 = fp8_for_target(DType::e4m3, rt->device()->target());
+  for (auto [G, tokens, N, K] : {std::array<int64_t, 4>{8, 3000, 1040, 528}, {3, 500, 256, 4096}}) {
+    const testing::Fp8RecipeResult r = testing::run_fp8_dgrad(*rt, G, tokens, N, K, e4, DType::bf16, 5);
+    ASSERT_TRUE(r.error.empty()) << r.error;
+    std::printf("[ gpu ] fp8 grouped dgrad G %lld tokens %lld N %lld K %lld: %.1f dB (dequantized), %.1f dB (bf16)\n",
+                (long long)G, (long long)tokens, (long long)N, (long long)K, r.snr_dequantized, r.snr_bf16);
+    EXPECT_GT(r.snr_dequantized, 40);
+    EXPECT_GT(r.snr_bf16, 25);
+  }
+}
+
+// The fp8 k-grouped wgrad as a caller runs it (tests/fp8_moe_recipe.h): dy and x quantized into
+// group-aligned 128-token panels by quantize_fp8 groups=G, then grouped_gemm tn (sm_90a: the
+// cp.async WGMMA fp8 wgrad kernel); uneven groups with empty ones, N and K not multiples of 128,
+// into bf16 and accumulated into fp32.
+TEST(GpuFp8Moe, WgradAsACallerRunsIt) {
+  testing::TempDir scratch;
+  RuntimeOptions o;
+  o.cache_dir = scratch.path();
+  auto rt = std::move(Runtime::create(o)).value();
+  if (!rt->device()) GTEST_SKIP() << "no GPU: no NVIDIA or AMD device found";
+  const DType e4 = fp8_for_target(DType::e4m3, rt->device()->target());
+  for (auto [G, tokens, N, K, acc] : {std::array<int64_t, 5>{8, 3000, 520, 264, 0}, {5, 2000, 256, 1040, 1}}) {
+    const testing::Fp8RecipeResult r =
+        testing::run_fp8_wgrad(*rt, G, tokens, N, K, e4, acc ? DType::f32 : DType::bf16, acc, 6);
+    ASSERT_TRUE(r.error.empty()) << r.error;
+    std::printf("[ gpu ] fp8 grouped wgrad G %lld tokens %lld N %lld K %lld accumulate %lld: %.1f dB (dequantized), "
+                "%.1f dB (bf16)\n",
+                (long long)G, (long long)tokens, (long long)N, (long long)K, (long long)acc, r.snr_dequantized,
+                r.snr_bf16);
+    EXPECT_GT(r.snr_dequantized, 40);
+    EXPECT_GT(r.snr_bf16, 25);
+  }
 }
 
 // embedding_bwd's dW is bitwise the same on every run: 8192 tokens over 1000 ids (a quarter of

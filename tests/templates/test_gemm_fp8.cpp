@@ -9,6 +9,7 @@
 #include <cmath>
 #include <random>
 
+#include "fp8_moe_recipe.h"
 #include "kiln/kiln.h"
 #include "templates/lib/fp8_scaling.h"
 #include "templates/registry.h"
@@ -206,6 +207,101 @@ TEST(GemmFp8, RecipeMeetsTheFp8GatesAgainstTheBf16Product) {
       EXPECT_GT(dgrad, 20) << what;
       EXPECT_GT(other, 20) << what;
     }
+  }
+}
+
+// grouped_gemm's fp8 dgrad of an MoE layer on the CPU, as a caller runs it (tests/fp8_moe_recipe.h):
+// bf16 dy [tokens, N] and W [G, N, K] (Gaussian; dy's rows and 128-column blocks at different
+// magnitudes, W's 128 x 128 blocks too), dy quantized 1x128 and W^T by the batched only_qt 128x128 call (quantize_fp8's
+// reference), multiplied by grouped_gemm's nt reference, against the bf16 product: BENCHMARKS.md's
+// e4m3 gate (25 dB). Groups of 0, 150 (not a multiple of 128), 20 and 300 (> 128) tokens; N and K
+// with tails of a scale block. A W^T that were W (its scales not transposed, or the codes not)
+// gives about 0 dB: the test fails for it (checked below).
+TEST(GroupedGemmFp8, DgradRecipeMeetsTheFp8GateAgainstTheBf16Product) {
+  constexpr int64_t G = 4, tokens = 470, N = 200, K = 136;
+  const std::vector<float> offsets = {0, 0, 150, 170, 470};
+  for (Fp8Encoding enc : {Fp8Encoding::ocp, Fp8Encoding::fnuz}) {
+    const DType e4 = fp8_in_encoding(DType::e4m3, enc);
+    std::mt19937_64 rng(7);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> dy(tokens * N), w(G * N * K);
+    for (int64_t i = 0; i < tokens * N; ++i)
+      dy[i] = round_to_dtype(std::ldexp(normal(rng), static_cast<int>((i / N) % 7 - (i % N) / 128 % 3)), DType::bf16);
+    for (int64_t i = 0; i < G * N * K; ++i)  // 128 x 128 blocks (n / 128, k / 128) at 2^(n / 128 - 2 k / 128)
+      w[i] = round_to_dtype(std::ldexp(normal(rng) / std::sqrt(float(N)),
+                                       static_cast<int>((i / K % N) / 128 - 2 * (i % K / 128))),
+                            DType::bf16);
+    const testing::Fp8DgradSpecs s = testing::fp8_dgrad_specs(G, tokens, N, K, e4, DType::bf16);
+    const OpTemplate &quant = **find_op("quantize_fp8"), &grouped = **find_op("grouped_gemm");
+    for (const KernelSpec* k : {&s.quantize_dy, &s.quantize_w, &s.gemm})
+      ASSERT_TRUE(find_op(k->op).value()->validate(*k, target(enc == Fp8Encoding::ocp ? "gfx950" : "gfx942")).ok())
+          << to_string(*k);
+    std::vector<RefOutput> qdy, qw, dx;
+    quant.reference(quant.with_defaults(s.quantize_dy), {}, std::vector<std::vector<float>>{dy}, {}, qdy);
+    quant.reference(quant.with_defaults(s.quantize_w), {}, std::vector<std::vector<float>>{w}, {}, qw);
+    auto f = [](const RefOutput& o) { return std::vector<float>(o.values.begin(), o.values.end()); };
+    grouped.reference(grouped.with_defaults(s.gemm), {},
+                      std::vector<std::vector<float>>{f(qdy[0]), f(qw[0]), offsets, f(qdy[1]), f(qw[1])}, {}, dx);
+    std::vector<double> got;
+    for (double v : dx[0].values) got.push_back(round_to_dtype(static_cast<float>(v), DType::bf16));  // dx in bf16
+    const double snr = testing::snr_db(testing::bf16_dgrad(dy, w, offsets, G, N, K), got);
+    std::printf("%s fp8 grouped dgrad against the bf16 product: %.1f dB\n", fp8_encoding_name(enc).data(), snr);
+    EXPECT_GT(snr, 25);
+    // W^T's scales in W's block order (not transposed) fail the gate.
+    std::vector<float> wrong = f(qw[1]);
+    for (int64_t g = 0; g < G; ++g) std::swap(wrong[g * 4 + 1], wrong[g * 4 + 2]);  // [2, 2] blocks per expert
+    std::vector<RefOutput> bad;
+    grouped.reference(grouped.with_defaults(s.gemm), {},
+                      std::vector<std::vector<float>>{f(qdy[0]), f(qw[0]), offsets, f(qdy[1]), wrong}, {}, bad);
+    EXPECT_LT(testing::snr_db(testing::bf16_dgrad(dy, w, offsets, G, N, K), bad[0].values), 25);
+  }
+}
+
+// grouped_gemm's fp8 k-grouped wgrad on the CPU, as a caller runs it (tests/fp8_moe_recipe.h): bf16
+// dy [tokens, N] and x [tokens, K] (Gaussian, tokens at different magnitudes), each quantized into
+// group-aligned 128-token panels by quantize_fp8 groups=G (its reference), multiplied by
+// grouped_gemm's tn reference, against the bf16 product dW_g = dy_g^T x_g: the e4m3 gate (25 dB).
+// Groups of 0, 150, 20 and 300 tokens: the third group starts mid-block (at 150), so its panels
+// restart there. Panels quantized without the groups' offsets (one group of every token) fail the
+// gate: the GEMM then reads other tokens, or padding, for each group (checked below).
+TEST(GroupedGemmFp8, WgradRecipeMeetsTheFp8GateAgainstTheBf16Product) {
+  constexpr int64_t G = 4, tokens = 470, N = 72, K = 136;
+  const std::vector<float> offsets = {0, 0, 150, 170, 470};
+  for (Fp8Encoding enc : {Fp8Encoding::ocp, Fp8Encoding::fnuz}) {
+    const DType e4 = fp8_in_encoding(DType::e4m3, enc);
+    std::mt19937_64 rng(8);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> dy(tokens * N), x(tokens * K);
+    for (int64_t i = 0; i < tokens * N; ++i)
+      dy[i] = round_to_dtype(std::ldexp(normal(rng), static_cast<int>((i / N) % 5 - 2)), DType::bf16);
+    for (int64_t i = 0; i < tokens * K; ++i)
+      x[i] = round_to_dtype(std::ldexp(normal(rng), static_cast<int>((i / K) % 3)), DType::bf16);
+    const testing::Fp8WgradSpecs s = testing::fp8_wgrad_specs(G, tokens, N, K, e4, DType::f32);
+    const OpTemplate &quant = **find_op("quantize_fp8"), &grouped = **find_op("grouped_gemm");
+    for (const KernelSpec* k : {&s.quantize_dy, &s.quantize_x, &s.gemm})
+      ASSERT_TRUE(find_op(k->op).value()->validate(*k, target(enc == Fp8Encoding::ocp ? "gfx950" : "gfx942")).ok())
+          << to_string(*k);
+    std::vector<RefOutput> qdy, qx, dw;
+    quant.reference(quant.with_defaults(s.quantize_dy), {}, std::vector<std::vector<float>>{dy, offsets}, {}, qdy);
+    quant.reference(quant.with_defaults(s.quantize_x), {}, std::vector<std::vector<float>>{x, offsets}, {}, qx);
+    auto f = [](const RefOutput& o) { return std::vector<float>(o.values.begin(), o.values.end()); };
+    ASSERT_EQ(qdy[0].values.size(), static_cast<size_t>((4 + G) * N * 128));  // P = ceil(470 / 128) + G panels
+    grouped.reference(grouped.with_defaults(s.gemm), {},
+                      std::vector<std::vector<float>>{f(qdy[0]), f(qx[0]), offsets, f(qdy[1]), f(qx[1])}, {}, dw);
+    const std::vector<double> want = testing::bf16_wgrad(dy, x, offsets, G, N, K);
+    const double snr = testing::snr_db(want, dw[0].values);
+    std::printf("%s fp8 grouped wgrad against the bf16 product: %.1f dB\n", fp8_encoding_name(enc).data(), snr);
+    EXPECT_GT(snr, 25);
+    // Panels of the whole tensor's 128-token blocks (one group of every token) read with the
+    // groups' offsets.
+    const std::vector<float> one_group = {0, 0, 0, 0, 470};
+    std::vector<RefOutput> bad_dy, bad_x, bad;
+    quant.reference(quant.with_defaults(s.quantize_dy), {}, std::vector<std::vector<float>>{dy, one_group}, {}, bad_dy);
+    quant.reference(quant.with_defaults(s.quantize_x), {}, std::vector<std::vector<float>>{x, one_group}, {}, bad_x);
+    grouped.reference(grouped.with_defaults(s.gemm), {},
+                      std::vector<std::vector<float>>{f(bad_dy[0]), f(bad_x[0]), offsets, f(bad_dy[1]), f(bad_x[1])}, {},
+                      bad);
+    EXPECT_LT(testing::snr_db(want, bad[0].values), 25);
   }
 }
 

@@ -621,14 +621,115 @@ TEST(Templates, QuantizeFp8OnlyQtIsBlock1x128OfTheTranspose) {
     EXPECT_EQ(got[1].values, want[1].values);  // qt_scale [cols, ceil(rows/128)] = its scales
     EXPECT_EQ(got[1].values.size(), static_cast<size_t>(cols * 3));
   }
-  // only_qt needs block1x128 with transpose=1.
-  for (auto [g, tr] : {std::pair{kBlock1x128, 0}, {kBlock128x128, 1}, {kTensorwise, 1}}) {
+  // only_qt needs block1x128 or block128x128 with transpose=1.
+  for (auto [g, tr] : {std::pair{kBlock1x128, 0}, {kBlock128x128, 0}, {kTensorwise, 1}}) {
     KernelSpec bad{"quantize_fp8", DType::bf16, DType::e4m3,
                    {{"rows", 4}, {"cols", 8}, {"granularity", g}, {"transpose", tr}, {"only_qt", 1}}};
     auto r = quant->validate(bad, *find_target("gfx950").value());
     ASSERT_FALSE(r.ok()) << to_string(bad);
     EXPECT_NE(r.error().message.find("only_qt"), std::string::npos) << r.error().message;
   }
+}
+
+// only_qt in 128x128 blocks is the qt of block128x128's transpose=1 call, its scales transposed into
+// qt's block order; with batch, each batch on its own (the experts of an MoE weight [G, N, K]).
+TEST(Templates, QuantizeFp8OnlyQt128x128IsTheTransposedCopyPerBatch) {
+  const OpTemplate* quant = *find_op("quantize_fp8");
+  std::mt19937_64 rng(11);
+  const int64_t G = 3, rows = 200, cols = 136;  // tails in both: 2 x 2 blocks per batch
+  for (DType fp8 : {DType::e4m3, DType::e4m3fnuz}) {
+    KernelSpec t{"quantize_fp8", DType::bf16, fp8,
+                 {{"rows", rows}, {"cols", cols}, {"granularity", kBlock128x128}, {"transpose", 1}, {"only_qt", 1},
+                  {"batch", G}}};
+    SCOPED_TRACE(to_string(t));
+    ASSERT_TRUE(quant->validate(t, *find_target(fp8 == DType::e4m3 ? "gfx950" : "gfx942").value()).ok());
+    ASSERT_EQ(quant->tensors(t)[0].shape, (std::vector<int64_t>{G, rows, cols}));
+    ASSERT_EQ(quant->tensors(t)[2].shape, (std::vector<int64_t>{G, 2, 2}));
+    std::vector<TensorInfo> inputs = {quant->tensors(t)[0]};
+    std::vector<std::vector<float>> x;
+    quant->init_inputs(t, inputs, x, rng);
+    std::vector<RefOutput> got;
+    quant->reference(t, {}, x, {}, got);
+    ASSERT_EQ(got.size(), 2u);
+    ASSERT_EQ(got[0].values.size(), static_cast<size_t>(G * rows * cols));
+    for (int64_t z = 0; z < G; ++z) {
+      const KernelSpec plain{"quantize_fp8", DType::bf16, fp8,
+                             {{"rows", rows}, {"cols", cols}, {"granularity", kBlock128x128}, {"transpose", 1}}};
+      std::vector<std::vector<float>> xz(1, std::vector<float>(x[0].begin() + z * rows * cols,
+                                                               x[0].begin() + (z + 1) * rows * cols));
+      std::vector<RefOutput> want;
+      quant->reference(plain, {}, xz, {}, want);  // q, scale [2 (rows), 2 (cols)], qt
+      for (int64_t i = 0; i < rows * cols; ++i)
+        ASSERT_EQ(got[0].values[static_cast<size_t>(z * rows * cols + i)], want[2].values[static_cast<size_t>(i)]);
+      for (int64_t j = 0; j < 2; ++j)
+        for (int64_t b = 0; b < 2; ++b)
+          EXPECT_EQ(got[1].values[static_cast<size_t>(z * 4 + j * 2 + b)], want[1].values[static_cast<size_t>(b * 2 + j)]);
+    }
+  }
+  KernelSpec bad{"quantize_fp8", DType::bf16, DType::e4m3,
+                 {{"rows", 4}, {"cols", 8}, {"granularity", kBlock128x128}, {"transpose", 1}, {"batch", 2}}};
+  auto r = quant->validate(bad, *find_target("gfx950").value());
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("only_qt=1"), std::string::npos) << r.error().message;
+}
+
+// groups: each group's panels are the only_qt 1x128 quantization of that group's rows alone (its
+// blocks restart at its first row), zero-padded to whole panels at offsets[g] / 128 + g; panels
+// of no group are zero with scale 1.
+TEST(Templates, QuantizeFp8GroupedPanelsRestartAtEachGroup) {
+  const OpTemplate* quant = *find_op("quantize_fp8");
+  std::mt19937_64 rng(13);
+  const int64_t G = 4, rows = 470, cols = 136;
+  const std::vector<float> off = {0, 0, 150, 170, 470};  // 0, 150 (a mid-block end), 20, 300 rows
+  KernelSpec t{"quantize_fp8", DType::bf16, DType::e4m3,
+               {{"rows", rows}, {"cols", cols}, {"granularity", kBlock1x128}, {"transpose", 1}, {"only_qt", 1},
+                {"groups", G}}};
+  ASSERT_TRUE(quant->validate(t, *find_target("gfx950").value()).ok());
+  const int64_t P = 4 + G;
+  ASSERT_EQ(quant->tensors(t)[1].name, "offsets");
+  ASSERT_EQ(quant->tensors(t)[2].shape, (std::vector<int64_t>{P, cols, 128}));
+  ASSERT_EQ(quant->tensors(t)[3].shape, (std::vector<int64_t>{P, cols}));
+  std::vector<TensorInfo> inputs = {quant->tensors(t)[0], quant->tensors(t)[1]};
+  std::vector<std::vector<float>> x;
+  quant->init_inputs(t, inputs, x, rng);
+  x[1] = off;
+  std::vector<RefOutput> got;
+  quant->reference(t, {}, x, {}, got);
+  ASSERT_EQ(got[0].values.size(), static_cast<size_t>(P * cols * 128));
+  std::vector<bool> used(static_cast<size_t>(P), false);
+  for (int64_t g = 0; g < G; ++g) {
+    const int64_t r0 = static_cast<int64_t>(off[g]), n = static_cast<int64_t>(off[g + 1]) - r0, p0 = r0 / 128 + g;
+    if (n == 0) continue;
+    KernelSpec one{"quantize_fp8", DType::bf16, DType::e4m3,
+                   {{"rows", n}, {"cols", cols}, {"granularity", kBlock1x128}, {"transpose", 1}, {"only_qt", 1}}};
+    std::vector<std::vector<float>> xg(1, std::vector<float>(x[0].begin() + r0 * cols, x[0].begin() + (r0 + n) * cols));
+    std::vector<RefOutput> want;  // qt [cols, n], qt_scale [cols, ceil(n / 128)]
+    quant->reference(one, {}, xg, {}, want);
+    const int64_t nb = (n + 127) / 128;
+    for (int64_t b = 0; b < nb; ++b) {
+      used[static_cast<size_t>(p0 + b)] = true;
+      for (int64_t c = 0; c < cols; ++c) {
+        EXPECT_EQ(got[1].values[static_cast<size_t>((p0 + b) * cols + c)], want[1].values[static_cast<size_t>(c * nb + b)]);
+        for (int64_t i = 0; i < 128; ++i) {
+          const int64_t r = b * 128 + i;
+          const double w = r < n ? want[0].values[static_cast<size_t>(c * n + r)] : 0.0;
+          ASSERT_EQ(got[0].values[static_cast<size_t>(((p0 + b) * cols + c) * 128 + i)], w)
+              << "group " << g << " panel " << p0 + b << " row " << c << " token " << i;
+        }
+      }
+    }
+  }
+  for (int64_t p = 0; p < P; ++p)
+    if (!used[static_cast<size_t>(p)])
+      for (int64_t c = 0; c < cols; ++c) {
+        EXPECT_EQ(got[1].values[static_cast<size_t>(p * cols + c)], 1.0);
+        for (int64_t i = 0; i < 128; ++i) ASSERT_EQ(got[0].values[static_cast<size_t>((p * cols + c) * 128 + i)], 0.0);
+      }
+  KernelSpec bad = t;
+  bad.params["granularity"] = kBlock128x128;
+  auto r = quant->validate(bad, *find_target("gfx950").value());
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("groups"), std::string::npos) << r.error().message;
 }
 
 TEST(Templates, QuantizeFp8RefusesTransposeWithPerRowScales) {

@@ -377,6 +377,41 @@ TEST_F(CliTest, ManifestOfAnMoeModelListsItsExpertKernels) {
   EXPECT_NE(q.out.find("\"rope\""), std::string::npos);
   EXPECT_NE(q.out.find("qkv.fwd"), std::string::npos);
   expect_one_error_line(kiln({"manifest", "deepseek-v3", "--experts-per-rank", "7"}), {"divisor of 256"});
+  // --fp8 block: the six grouped GEMMs in fp8 (dgrad nt with b = W^T, wgrad tn over panels) and the
+  // quantize_fp8 calls of their operands: W^T batched over the experts, dy^T and x^T in panels.
+  const Output f = kiln({"manifest", "deepseek-v3", "--seq", "1024", "--experts-per-rank", "16", "--fp8", "block"});
+  ASSERT_EQ(f.code, 0) << f.err;
+  auto mf = kiln::parse_manifest(f.out, "stdout");
+  ASSERT_TRUE(mf.ok()) << mf.error().message;
+  int grouped8 = 0, batched = 0, panels = 0;
+  for (const auto& e : mf->kernels) {
+    if (e.spec.op == "grouped_gemm") {
+      EXPECT_EQ(e.spec.dtype, kiln::DType::e4m3) << e.label;
+      ++grouped8;
+    }
+    if (e.label.starts_with("experts.down.dgrad")) {  // dx = dy W_g: nt over b = W^T [G, K, N]
+      EXPECT_EQ(e.spec.params.at("mode"), 0);
+      EXPECT_EQ(e.spec.params.at("N"), 2048);
+      EXPECT_EQ(e.spec.params.at("K"), 7168);
+    }
+    if (e.spec.op == "quantize_fp8" && e.spec.params.count("batch")) {
+      EXPECT_EQ(e.spec.params.at("batch"), 16) << e.label;
+      ++batched;
+    }
+    if (e.spec.op == "quantize_fp8" && e.spec.params.count("groups")) {
+      EXPECT_EQ(e.spec.params.at("groups"), 16) << e.label;
+      ++panels;
+    }
+  }
+  EXPECT_EQ(grouped8, 6);
+  EXPECT_EQ(batched, 2);  // gate_up's and down's W^T
+  EXPECT_EQ(panels, 3);   // x^T and dy^T of gate_up, x^T of down (shared with gate_up's dy^T: both [M k, 7168])
+  EXPECT_NE(f.out.find("fp8 blockwise (e4m3, DeepSeek-V3's recipe)"), std::string::npos);
+  // Another recipe keeps the grouped GEMMs in the step's dtype, and says which one serves them.
+  const Output t = kiln({"manifest", "mixtral-8x7b", "--seq", "512", "--fp8", "tensorwise"});
+  ASSERT_EQ(t.code, 0) << t.err;
+  EXPECT_NE(t.out.find("their fp8 form serves --fp8 block"), std::string::npos);
+  EXPECT_EQ(t.out.find("\"grouped_gemm\", \"dtype\": \"fp8"), std::string::npos);
   expect_one_error_line(kiln({"manifest", "llama3.1-8b", "--experts-per-rank", "8"}), {"llama3.1-8b is dense"});
 }
 

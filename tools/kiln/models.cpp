@@ -155,6 +155,11 @@ Result<Model> find_model(const ModelTable& table, const std::string& name) {
 Manifest training_manifest(const Model& m, const std::vector<int64_t>& micro_batches, int64_t seq, DType dtype,
                            const std::optional<Fp8Recipe>& fp8, int64_t experts_per_rank) {
   const int64_t G = experts_per_rank ? experts_per_rank : (m.moe ? m.experts_per_rank.front() : 0);
+  // The fp8 grouped GEMMs serve DeepSeek-V3's recipe (--fp8 block: 1x128 activations and gradients,
+  // 128x128 weights, all e4m3); the weights' forward copy is one 128x128 call over [G N, K], exact
+  // where no 128-row block spans two experts (N % 128 == 0 for gate_up and down).
+  const bool moe_fp8 = m.moe && fp8 && fp8->activations == kBlock1x128 && fp8->weights == kBlock128x128 &&
+                       fp8->gradients == kBlock1x128 && (2 * m.moe_intermediate) % 128 == 0 && m.hidden % 128 == 0;
   Manifest out;
   out.model = m.name;
   std::vector<std::string> mbs;
@@ -193,7 +198,7 @@ Manifest training_manifest(const Model& m, const std::vector<int64_t>& micro_bat
         "moe_permute of the tokens to this rank's {} experts, the grouped GEMMs of gate_up (N {}) and down (N {}) "
         "(forward nt, dgrad nn, wgrad tn into fp32), swiglu (I {}), moe_unpermute, and their backward (moe_permute_bwd "
         "adding the router path's dx), in place of "
-        "gate_up, down and swiglu{}; the grouped GEMMs stay in {} with --fp8. Shared experts are not modelled.",
+        "gate_up, down and swiglu{}; {} Shared experts are not modelled.",
         m.experts, m.topk, m.scoring ? "sigmoid" : "softmax", m.bias ? " with a score-correction bias" : "",
         m.n_group > 1 ? fmt::format(", {} groups keep {}", m.n_group, m.topk_group) : std::string(), G,
         2 * m.moe_intermediate, m.hidden, m.moe_intermediate,
@@ -201,7 +206,12 @@ Manifest training_manifest(const Model& m, const std::vector<int64_t>& micro_bat
                                     "a Kiln op",
                                     G, m.experts)
                       : std::string(),
-        dtype_name(dtype));
+        moe_fp8 ? "with --fp8 block the grouped GEMMs are fp8 blockwise (e4m3, DeepSeek-V3's recipe): forward and "
+                  "dgrad nt (the dgrad's b is W^T, quantize_fp8 only_qt 128x128 over the experts, batch), wgrad tn over "
+                  "group-aligned 128-token panels of dy^T and x^T (quantize_fp8 only_qt groups), each operand "
+                  "quantized by quantize_fp8 (no fused fp8 output yet)."
+                : fmt::format("the grouped GEMMs stay in {} with --fp8{}.", dtype_name(dtype),
+                              fp8 ? " (their fp8 form serves --fp8 block)" : ""));
   if (m.mla)
     mla_about = fmt::format(
         " Attention: {} uses multi-head latent attention; Kiln serves its attention core (heads = kv_heads = {}, "
@@ -419,15 +429,43 @@ Manifest training_manifest(const Model& m, const std::vector<int64_t>& micro_bat
     }
     // Grouped GEMMs, weights [G, N, K]: forward nt c = a W_g^T; dgrad nn dx = dy W_g (b read as
     // [G, K', N'] = [G, N, K]); wgrad tn dW_g = dy_g^T x_g into fp32.
-    auto grouped = [&](int64_t mode, int64_t N, int64_t K, DType out_dtype) {
-      return KernelSpec{"grouped_gemm", dtype, out_dtype,
+    auto grouped = [&](DType in, int64_t mode, int64_t N, int64_t K, DType out_dtype) {
+      return KernelSpec{"grouped_gemm", in, out_dtype,
                         {{"mode", mode}, {"groups", G}, {"N", N}, {"K", K}, {"tokens", M * m.topk}}};
+    };
+    auto quantize = [&](int64_t rows, int64_t cols, int64_t granularity) {
+      return KernelSpec{"quantize_fp8", dtype, DType::e4m3, {{"rows", rows}, {"cols", cols}, {"granularity", granularity}}};
     };
     for (const auto& [name, N, K] : {std::tuple<const char*, int64_t, int64_t>{"gate_up", 2 * I, m.hidden},
                                      std::tuple<const char*, int64_t, int64_t>{"down", m.hidden, I}}) {
-      add(grouped(0, N, K, dtype), fmt::format("experts.{}.fwd{}", name, suffix));
-      add(grouped(1, K, N, dtype), fmt::format("experts.{}.dgrad{}", name, suffix));
-      add(grouped(2, N, K, DType::f32), fmt::format("experts.{}.wgrad{}", name, suffix));
+      if (!moe_fp8) {
+        add(grouped(dtype, 0, N, K, dtype), fmt::format("experts.{}.fwd{}", name, suffix));
+        add(grouped(dtype, 1, K, N, dtype), fmt::format("experts.{}.dgrad{}", name, suffix));
+        add(grouped(dtype, 2, N, K, DType::f32), fmt::format("experts.{}.wgrad{}", name, suffix));
+        continue;
+      }
+      // DeepSeek-V3's fp8 recipe (docs/grouped-gemm.md), every operand e4m3 and K-major: forward
+      // x . W_g^T (x 1x128, W 128x128); dgrad dy . (W_g^T)^T, nt with b = W^T (dy 1x128, W^T
+      // 128x128 in b's block order); wgrad dy^T x over group-aligned 128-token panels (both 1x128
+      // along the tokens). W [G N, K] in one 128x128 call (N % 128 == 0: no block spans two
+      // experts), W^T per expert (batch), the panels from the device offsets (groups).
+      const int64_t rows = M * m.topk;
+      add(grouped(DType::e4m3, 0, N, K, dtype), fmt::format("experts.{}.fwd{}", name, suffix));
+      add(grouped(DType::e4m3, 0, K, N, dtype), fmt::format("experts.{}.dgrad{}", name, suffix));
+      add(grouped(DType::e4m3, 2, N, K, DType::f32), fmt::format("experts.{}.wgrad{}", name, suffix));
+      add(quantize(rows, K, kBlock1x128), fmt::format("experts.{}.fp8_x{}", name, suffix));
+      add(quantize(G * N, K, kBlock128x128), fmt::format("experts.{}.fp8_w{}", name, suffix));
+      KernelSpec wt = quantize(N, K, kBlock128x128);
+      wt.params["transpose"] = wt.params["only_qt"] = 1;
+      wt.params["batch"] = G;
+      add(std::move(wt), fmt::format("experts.{}.fp8_wT{}", name, suffix));
+      add(quantize(rows, N, kBlock1x128), fmt::format("experts.{}.fp8_dy{}", name, suffix));
+      for (const auto& [operand, cols] : {std::pair<const char*, int64_t>{"dy", N}, {"x", K}}) {
+        KernelSpec panels = quantize(rows, cols, kBlock1x128);
+        panels.params["transpose"] = panels.params["only_qt"] = 1;
+        panels.params["groups"] = G;
+        add(std::move(panels), fmt::format("experts.{}.fp8_{}T{}", name, operand, suffix));
+      }
     }
     add(KernelSpec{"swiglu", dtype, dtype, {{"rows", M * m.topk}, {"intermediate", I}}}, "experts.swiglu.fwd" + suffix);
     add(KernelSpec{"swiglu_bwd", dtype, dtype, {{"rows", M * m.topk}, {"intermediate", I}}},
