@@ -140,11 +140,31 @@ bool mfma(const KernelConfig& c) { return c.count("MFMA") && c.at("MFMA") != 0; 
 int64_t tma_fixed_bytes(const KernelSpec& s, int64_t bm) {
   return 1024 + epilogue_sm90_bytes(bm) + 8 * (s.param("groups") + 1);
 }
+// fp8 with TMA: per stage also the slice's scales (sa of the tile's BM rows, then sb).
+int64_t fp8_scale_stage_bytes(int64_t bm) { return ((bm + 1) * 4 + 15) / 16 * 16; }
 int64_t sm90_shared_bytes(const KernelSpec& s, const KernelConfig& c) {
   const int64_t stages = c.at("STAGES") * (c.at("BM") + c.at("BN")) * c.at("BK") * (fp8(s) ? 1 : 2);
   if (!tma(c)) return 1024 + stages;
-  return tma_fixed_bytes(s, c.at("BM")) + stages + 16 * c.at("STAGES");  // + the stages' mbarriers
+  const int64_t scales = fp8(s) ? c.at("STAGES") * fp8_scale_stage_bytes(c.at("BM")) : 0;
+  return tma_fixed_bytes(s, c.at("BM")) + stages + scales + 16 * c.at("STAGES");  // + the stages' mbarriers
 }
+// fp8 nt with TMA (grouped_gemm_fp8_sm90_tma.kernel): sm_90a, K % 16 == 0 (16-byte rows of a and b,
+// which check() requires on NVIDIA anyway), c's rows 16-byte multiples (its TMA stores), the
+// offsets in shared memory, 32-bit rows of b as [G N, K].
+bool fp8_tma_applies(const KernelSpec& s, const TargetInfo& target) {
+  const int64_t G = s.param("groups"), N = s.param("N");
+  return target.vendor == Vendor::nvidia && target.cpu == "sm_90a" && fp8(s) && !tn(s) && s.param("K") % 16 == 0 &&
+         N * static_cast<int64_t>(dtype_size(s.out_dtype)) % 16 == 0 && G <= kTmaMaxGroups && G * N <= kInt32Max;
+}
+// As many 128 x 128-deep stages as fit next to the epilogue and the offsets (at most 6).
+KernelConfig fp8_tma_config(const KernelSpec& s) {
+  constexpr int64_t bm = 128, bn = 128, bk = 128;
+  const int64_t stage = (bm + bn) * bk + fp8_scale_stage_bytes(bm) + 16;
+  const int64_t stages = std::min<int64_t>(6, (kSm90MaxDynamicShared - tma_fixed_bytes(s, bm)) / stage);
+  return {{"FP8", 1}, {"WGMMA", 1}, {"TMA", 1}, {"BM", bm}, {"BN", bn}, {"BK", bk}, {"STAGES", stages}, {"THREADS", 384}};
+}
+const KernelConfig kFp8CpAsync = {{"FP8", 1}, {"WGMMA", 1}, {"BM", 128}, {"BN", 128},
+                                  {"BK", 128}, {"STAGES", 4},  {"THREADS", 256}};
 // The TMA kernel: sm_90a, m-grouped, 16-byte row strides, nn slices inside a group's b, 32-bit
 // TMA coordinates (rows of b as [G N, K] or [G K, N]).
 bool tma_applies(const KernelSpec& s, const TargetInfo& target) {
@@ -185,8 +205,9 @@ std::vector<KernelConfig> GroupedGemmOp::variants(const KernelSpec& spec, const 
   // there, all pass with the decoder fixed); the choice is then `target.name == "gfx950" ? 64 : 16`.
   if (fp8(spec)) {
     if (tn(spec)) return {fp8_tn_config(target)};
-    if (target.vendor == Vendor::nvidia)
-      return {{{"FP8", 1}, {"WGMMA", 1}, {"BM", 128}, {"BN", 128}, {"BK", 128}, {"STAGES", 4}, {"THREADS", 256}}};
+    // sm_90a: the TMA kernel with the persistent scheduler where it applies, else the cp.async one.
+    if (fp8_tma_applies(spec, target)) return {fp8_tma_config(spec), kFp8CpAsync};
+    if (target.vendor == Vendor::nvidia) return {kFp8CpAsync};
     return {{{"FP8", 1},
              {"MFMA", 1},
              {"BM", 64},
@@ -219,7 +240,7 @@ std::vector<uint32_t> GroupedGemmOp::base_alignment(const KernelSpec& spec, cons
   if (fp8_kernel(c)) {  // a, b, offsets, sa, sb, [c_in,] c: 16-byte rows of a and b (nt MFMA: where K % 16 == 0;
                         // tn: 128-byte panel rows)
     const uint32_t ab = wgmma(c) || fp8_tn_kernel(c) || spec.param("K") % 16 == 0 ? 16 : 1;
-    std::vector<uint32_t> out = {ab, ab, 1, 1, 1, 1};
+    std::vector<uint32_t> out = {ab, ab, 1, 1, 1, tma(c) ? 16u : 1u};  // TMA: c's tensor map
     if (accumulate(with_defaults(spec))) out.push_back(1);
     return out;
   }
@@ -243,6 +264,7 @@ std::vector<KernelConfig> GroupedGemmOp::tuning_candidates(const KernelSpec& spe
     k64["MFMA_K"] = 64;
     return {first, k64};
   }
+  if (fp8_tma_applies(spec, target)) return {fp8_tma_config(spec), kFp8CpAsync};
   if (!tma_applies(spec, target)) return {choose_config(spec, target)};
   const KernelConfig first = choose_config(spec, target);
   return {first, tma_config(spec, first.at("BN") == 256 ? 128 : 256), kCpAsync};
@@ -252,6 +274,7 @@ std::string_view GroupedGemmOp::device_template(const KernelConfig& c) const {
   if (fp8_tn_kernel(c))
     return embedded_file(wgmma(c) ? "templates/grouped_gemm/grouped_gemm_fp8_tn_sm90.kernel"
                                   : "templates/grouped_gemm/grouped_gemm_fp8_tn_mfma.kernel");
+  if (fp8_kernel(c) && tma(c)) return embedded_file("templates/grouped_gemm/grouped_gemm_fp8_sm90_tma.kernel");
   if (fp8_kernel(c))
     return embedded_file(wgmma(c) ? "templates/grouped_gemm/grouped_gemm_fp8_sm90.kernel"
                                   : "templates/grouped_gemm/grouped_gemm_fp8_mfma.kernel");
@@ -336,6 +359,29 @@ Plan GroupedGemmOp::plan(const KernelSpec& call, const KernelConfig& c) const {
     g.grid.y = static_cast<uint32_t>(ceil_div(call.param("N"), c.at("BN")));
   }
   if (wgmma(c)) g.dynamic_shared_bytes = static_cast<uint32_t>(sm90_shared_bytes(call, c));
+  if (fp8_kernel(c) && tma(c)) {
+    // Persistent, as the bf16 TMA kernel: maps of a [tokens, K], b [G N, K] (boxes of 128 K bytes
+    // x 128 rows) and c, then offsets, sa, sb, c, tokens.
+    const uint64_t N = call.param("N"), K = call.param("K");
+    g.grid.x = static_cast<uint32_t>(std::min<int64_t>(static_cast<int64_t>(g.grid.x) * g.grid.y, kInt32Max));
+    g.grid.y = 1;
+    g.persistent = true;
+    const size_t out = c_index(with_defaults(call));
+    Launch l;
+    l.kernel = "kiln_grouped_gemm";
+    l.geometry = g;
+    l.args = {KernelArg::tensor_map_of({0, K, static_cast<uint64_t>(std::max<int64_t>(tokens, 1)), 128, 128}),
+              KernelArg::tensor_map_of({1, K, static_cast<uint64_t>(G) * N, 128, 128}),
+              KernelArg::tensor_map_of({out, N, static_cast<uint64_t>(std::max<int64_t>(tokens, 1)),
+                                        static_cast<uint32_t>(128 / dtype_size(call.out_dtype)), 64}),
+              KernelArg::tensor(2),
+              KernelArg::tensor(3),
+              KernelArg::tensor(4),
+              KernelArg::tensor(static_cast<uint32_t>(out)),
+              KernelArg::i32(tokens)};
+    p.launches.push_back(std::move(l));
+    return p;
+  }
   if (fp8_kernel(c)) {  // a, b, offsets, sa, sb, c (with accumulate the buffer of c_in), tokens
     Launch l;
     l.kernel = "kiln_grouped_gemm";
