@@ -114,7 +114,7 @@ Result<void> GroupedGemmOp::validate_rules(const KernelSpec& spec, const TargetI
   return ok();
 }
 
-// Three kernels:
+// The bf16/fp16 kernels (the fp8 ones: variants() and docs/grouped-gemm.md):
 //  - AMD MFMA (grouped_gemm_mfma.kernel, gfx942 and gfx950): 128 x 128 tiles, four wavefronts of
 //    64 x 64 (2 x 2 blocks of 32 x 32 MFMA), 32-deep k-tiles in two LDS stages (40 KiB), the
 //    structure of the bf16 GEMM's MFMA kernel with bounds from the group's rows; 16-byte aligned a
@@ -196,8 +196,9 @@ KernelConfig fp8_tn_config(const TargetInfo& target) {
 }  // namespace
 
 std::vector<KernelConfig> GroupedGemmOp::variants(const KernelSpec& spec, const TargetInfo& target) const {
-  // fp8 blockwise (nt): the cp.async WGMMA kernel on sm_90a (128-deep slices: one scale block
-  // each), the MFMA kernel on AMD (2 x 2 waves of the 32x32x16 fp8 MFMA, as gemm_fp8 chooses) on
+  // fp8 blockwise (nt): on sm_90a the TMA kernel with the persistent scheduler (128-deep slices:
+  // one scale block each; H100, 2026-11-26: 788-909 TFLOP/s on DeepSeek-V3's forward and dgrad,
+  // 421-526 on the cp.async kernel, which serves what it refuses), the MFMA kernel on AMD (2 x 2 waves of the 32x32x16 fp8 MFMA, as gemm_fp8 chooses) on
   // 64 x 64 tiles: at 128 x 128 (378 VGPRs) the CDNA emulator gave NaN rows for K a multiple of
   // 64 above 128 (docs/grouped-gemm.md), which 64 x 64 (158 VGPRs) passes. gfx950's 32x32x64
   // f8f6f4 (MFMA_K 64) is a tuning candidate, not the choice, for gemm_fp8's reason: the shared
