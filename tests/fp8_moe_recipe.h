@@ -69,6 +69,17 @@ inline std::vector<double> bf16_dgrad(const std::vector<float>& dy, const std::v
   return dx;
 }
 
+/// Tensor i of `d`, copied back from the device and decoded to float (empty if the copy fails).
+inline std::vector<float> read_back(Device& device, const DeviceTensors& d, size_t i) {
+  const TensorInfo& t = d.tensors()[i];
+  std::vector<uint8_t> bytes(static_cast<size_t>(t.bytes()));
+  std::vector<float> v;
+  if (!device.copy_to_host(bytes.data(), d.pointers()[i], bytes.size()).ok()) return v;
+  for (int64_t e = 0; e < t.elements(); ++e)
+    v.push_back(static_cast<float>(decode_value(bytes.data(), static_cast<size_t>(e), t.dtype)));
+  return v;
+}
+
 /// The recipe on a device: each spec's inputs drawn by DeviceTensors (dy and W as quantize_fp8's
 /// test inputs: rows and 128-column blocks at different magnitudes; the offsets as grouped_gemm's:
 /// uneven, some groups empty), the quantized tensors passed from op to op on the device.
@@ -95,15 +106,7 @@ inline Fp8RecipeResult run_fp8_dgrad(Runtime& rt, int64_t G, int64_t tokens, int
   step(s.gemm, ptrs);
   if (auto sync = device.synchronize(nullptr); !sync.ok() && r.error.empty()) r.error = sync.error().message;
   if (!r.error.empty()) return r;
-  auto read = [&](const DeviceTensors& d, size_t i) {
-    const TensorInfo& t = d.tensors()[i];
-    std::vector<uint8_t> bytes(static_cast<size_t>(t.bytes()));
-    std::vector<float> v;
-    if (!device.copy_to_host(bytes.data(), d.pointers()[i], bytes.size()).ok()) return v;
-    for (int64_t e = 0; e < t.elements(); ++e)
-      v.push_back(static_cast<float>(decode_value(bytes.data(), static_cast<size_t>(e), t.dtype)));
-    return v;
-  };
+  auto read = [&](const DeviceTensors& d, size_t i) { return read_back(device, d, i); };
   const std::vector<float>& offsets = gg->inputs()[2];
   const std::vector<std::vector<float>> operands = {read(*dy, 1), read(*w, 1), offsets, read(*dy, 2), read(*w, 2)};
   std::vector<RefOutput> ref;
@@ -179,15 +182,7 @@ inline Fp8RecipeResult run_fp8_wgrad(Runtime& rt, int64_t G, int64_t tokens, int
   step(s.gemm, ptrs);
   if (auto sync = device.synchronize(nullptr); !sync.ok() && r.error.empty()) r.error = sync.error().message;
   if (!r.error.empty()) return r;
-  auto read = [&](const DeviceTensors& d, size_t i) {
-    const TensorInfo& t = d.tensors()[i];
-    std::vector<uint8_t> bytes(static_cast<size_t>(t.bytes()));
-    std::vector<float> v;
-    if (!device.copy_to_host(bytes.data(), d.pointers()[i], bytes.size()).ok()) return v;
-    for (int64_t e = 0; e < t.elements(); ++e)
-      v.push_back(static_cast<float>(decode_value(bytes.data(), static_cast<size_t>(e), t.dtype)));
-    return v;
-  };
+  auto read = [&](const DeviceTensors& d, size_t i) { return read_back(device, d, i); };
   const std::vector<float>& off = gg->inputs()[2];
   std::vector<std::vector<float>> operands = {read(*dy, 2), read(*x, 2), off, read(*dy, 3), read(*x, 3)};
   if (accumulate) operands.push_back(c_in);

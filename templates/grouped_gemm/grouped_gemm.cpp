@@ -289,34 +289,29 @@ std::string GroupedGemmOp::specialize(const KernelSpec& spec, const KernelConfig
   const char* acc = accumulate(with_defaults(spec)) ? "true" : "false";
   if (fp8_kernel(c)) {
     const bool e5m2 = spec.dtype == DType::e5m2 || spec.dtype == DType::e5m2fnuz;
+    // The fp8 kernels' tile constants: WGMMA (sm_90a) or MFMA (AMD), both operands in dtype's format.
+    const std::string tile =
+        wgmma(c) ? fmt::format("constexpr bool A_E5M2 = {0}, B_E5M2 = {0};\n"
+                               "constexpr int BM = {1}, BN = {2}, BK = {3}, STAGES = {4}, THREADS = {5};\n",
+                               e5m2, c.at("BM"), c.at("BN"), c.at("BK"), c.at("STAGES"), c.at("THREADS"))
+                 : fmt::format("constexpr bool A_BF8 = {0}, B_BF8 = {0};\nconstexpr int BM = {1}, BN = {2}, BK = {3}, "
+                               "WAVES_M = {4}, WAVES_N = {5}, THREADS = {6}, MFMA_K = {7};\n",
+                               e5m2, c.at("BM"), c.at("BN"), c.at("BK"), c.at("WAVES_M"), c.at("WAVES_N"),
+                               c.at("THREADS"), c.at("MFMA_K"));
     if (fp8_tn_kernel(c)) {  // no KB, NB: the scales are per panel and row
       std::string out = fmt::format(
           "constexpr int GROUPS = {};\nconstexpr long long N = {}, K = {};\nconstexpr bool ACCUMULATE = {};\n"
           "typedef {} a_t;\ntypedef {} out_t;\n",
           spec.param("groups"), spec.param("N"), spec.param("K"), acc, device_type_name(spec.dtype),
           device_type_name(spec.out_dtype));
-      if (wgmma(c))
-        return out + fmt::format("constexpr bool A_E5M2 = {0}, B_E5M2 = {0};\n"
-                                 "constexpr int BM = {1}, BN = {2}, BK = {3}, STAGES = {4}, THREADS = {5};\n",
-                                 e5m2, c.at("BM"), c.at("BN"), c.at("BK"), c.at("STAGES"), c.at("THREADS"));
-      return out + fmt::format("constexpr bool A_BF8 = {0}, B_BF8 = {0};\nconstexpr int BM = {1}, BN = {2}, BK = {3}, "
-                               "WAVES_M = {4}, WAVES_N = {5}, THREADS = {6}, MFMA_K = {7};\n",
-                               e5m2, c.at("BM"), c.at("BN"), c.at("BK"), c.at("WAVES_M"), c.at("WAVES_N"),
-                               c.at("THREADS"), c.at("MFMA_K"));
+      return out + tile;
     }
     std::string out = fmt::format(
         "constexpr int GROUPS = {};\nconstexpr long long N = {}, K = {}, KB = {}, NB = {};\n"
         "typedef {} a_t;\ntypedef {} out_t;\n",
         spec.param("groups"), spec.param("N"), spec.param("K"), kb(spec), nb(spec), device_type_name(spec.dtype),
         device_type_name(spec.out_dtype));
-    if (wgmma(c))
-      return out + fmt::format("constexpr bool A_E5M2 = {0}, B_E5M2 = {0};\n"
-                               "constexpr int BM = {1}, BN = {2}, BK = {3}, STAGES = {4}, THREADS = {5};\n",
-                               e5m2, c.at("BM"), c.at("BN"), c.at("BK"), c.at("STAGES"), c.at("THREADS"));
-    return out + fmt::format("constexpr bool A_BF8 = {0}, B_BF8 = {0};\nconstexpr int BM = {1}, BN = {2}, BK = {3}, "
-                             "WAVES_M = {4}, WAVES_N = {5}, THREADS = {6}, MFMA_K = {7};\n",
-                             e5m2, c.at("BM"), c.at("BN"), c.at("BK"), c.at("WAVES_M"), c.at("WAVES_N"),
-                             c.at("THREADS"), c.at("MFMA_K"));
+    return out + tile;
   }
   if (wgmma(c))
     return fmt::format(
