@@ -3,7 +3,7 @@
 // in the BENCHMARKS.md GEMM format; bench/grouped_gemm_peers.py times torch._grouped_mm on the
 // same group sizes (CSV.groups.json) in the same job and prints the ratios.
 //
-//   build/bench/bench_grouped_gemm OUT.csv [--quick] [--tune]   # GPU; --list prints the cases
+//   build/bench/bench_grouped_gemm OUT.csv [--quick] [--tune] [--wgrad | --fp8]   # GPU; --list prints the cases
 //
 // Cases (bf16 in and out, fp32 accumulation; weights [G, N, K]):
 //   Mixtral-8x7B gate_up / down, G 8, 16384 tokens; DeepSeek-V3 gate_up / down, G 32 local
@@ -16,6 +16,10 @@
 //   codes (finite), every scale 1/64; check as below against the fp64 product of the codes times
 //   the scales (wgrad: 16 (group, row) pairs of c x 256 columns, over each group's whole panels).
 //   No torch peer is timed for these rows (torch._grouped_mm has no blockwise fp8 form).
+//   --wgrad: after each bf16 forward row, the case's bf16 wgrad (row LABEL_wgrad): tn, dW[g] =
+//   dy_g^T x_g into bf16 [G, N, K] with dy [tokens, N] and x [tokens, K] as a training step holds
+//   them; checked on 16 (group, row) pairs of dW (the empty group's included) x 256 columns;
+//   grouped_gemm_peers.py times torch._grouped_mm(dy.t(), x, offs) on it.
 // Inputs: a fixed table of random bf16 values tiled over a and W (so that the check can recompute
 // any element on the host); c poisoned with NaN. Check: 16 rows spread over the tokens (the last
 // one included) x 256 columns against an fp64 reference, SNR > 40 dB, no
@@ -187,6 +191,57 @@ Result<Row> run_case(kiln::Runtime& rt, const Case& c, const Table& table, Devic
   return row;
 }
 
+// The bf16 wgrad (--wgrad): dW[g] = dy_g^T x_g, tn, into bf16 c [G, N, K].
+Result<Row> run_wgrad_case(kiln::Runtime& rt, const Case& c, const Table& table, DeviceBuffer& flush, bool tune) {
+  kiln::Device& dev = *rt.device();
+  const int64_t G = c.groups, T = c.tokens, N = c.N, K = c.K;
+  const kiln::KernelSpec spec{"grouped_gemm", kiln::DType::bf16, kiln::DType::bf16,
+                              {{"mode", 2}, {"groups", G}, {"N", N}, {"K", K}, {"tokens", T}}};
+  if (tune) KILN_TRY(kiln::bench::tune_and_print(rt, spec, c.label + "_wgrad"));
+  KILN_ASSIGN_OR_RETURN(auto kernel, rt.kernel(spec));
+  DeviceBuffer dy, x, off, dw;
+  KILN_TRY(dy.allocate(dev, static_cast<size_t>(T * N) * 2));
+  KILN_TRY(x.allocate(dev, static_cast<size_t>(T * K) * 2));
+  KILN_TRY(off.allocate(dev, static_cast<size_t>(G + 1) * 4));
+  KILN_TRY(dw.allocate(dev, static_cast<size_t>(G * N * K) * 2));
+  KILN_TRY(fill(dev, dy.ptr, T * N, table, kSaltA));
+  KILN_TRY(fill(dev, x.ptr, T * K, table, kSaltW));
+  std::vector<int32_t> offsets(static_cast<size_t>(G + 1), 0);
+  for (int64_t g = 0; g < G; ++g) offsets[g + 1] = offsets[g] + static_cast<int32_t>(c.sizes[g]);
+  KILN_TRY(dev.copy_to_device(off.ptr, offsets.data(), offsets.size() * 4));
+  KILN_TRY(dw.poison());
+  const std::vector<void*> buffers = {dy.ptr, x.ptr, off.ptr, dw.ptr};
+  auto launch = [&]() -> Result<void> { return kernel->launch(spec, buffers); };
+  KILN_TRY(launch());
+  KILN_TRY(dev.synchronize(nullptr));
+
+  // Check: 16 (group, row n) pairs of dW (the last group, empty under Zipf loads, included) x 256
+  // columns spread over K, fp64 over the group's tokens.
+  Row row;
+  double sig = 0, err = 0;
+  bool finite = true;
+  std::vector<uint16_t> got(static_cast<size_t>(K));
+  for (int s = 0; s < 16; ++s) {
+    const int64_t g = s == 15 ? G - 1 : (s * G) / 16, n = s == 15 ? N - 1 : (s * 7919) % N;
+    KILN_TRY(dev.copy_to_host(got.data(), static_cast<const uint16_t*>(dw.ptr) + (g * N + n) * K, got.size() * 2));
+    for (int64_t j = 0; j < std::min<int64_t>(K, 256); ++j) {
+      const int64_t k = K <= 256 ? j : j * (K / 256) + j % 7;
+      double ref = 0;
+      for (int64_t t = offsets[g]; t < offsets[g + 1]; ++t)
+        ref += Table::value(table.at(t * N + n, kSaltA)) * Table::value(table.at(t * K + k, kSaltW));
+      const double v = Table::value(got[static_cast<size_t>(k)]);
+      if (!std::isfinite(v)) finite = false;
+      sig += ref * ref;
+      err += (v - ref) * (v - ref);
+    }
+  }
+  row.snr = err > 0 ? 10 * std::log10(sig / err) : 200;
+  row.check = finite && row.snr > 40 ? "PASS" : "FAIL";
+  KILN_ASSIGN_OR_RETURN(row.timing,
+                        kiln::bench::time_flushed(dev, flush, launch, 2.0 * double(T) * double(N) * double(K), 100));
+  return row;
+}
+
 // ---- fp8 blockwise rows (--fp8) ------------------------------------------------------------
 enum class Fp8Pass { fwd, dgrad, wgrad };
 constexpr float kFp8Scale = 1.0f / 64;
@@ -308,12 +363,13 @@ Result<Row> run_fp8_case(kiln::Runtime& rt, const Case& c, Fp8Pass pass, DeviceB
 int main(int argc, char** argv) {
   CLI::App app{"Kiln grouped_gemm (MoE forward) on the BENCHMARKS.md grouped-GEMM cases"};
   std::string csv;
-  bool quick = false, list = false, tune = false, fp8 = false;
+  bool quick = false, list = false, tune = false, fp8 = false, wgrad = false;
   app.add_option("csv", csv, "Output CSV (group sizes in CSV.groups.json)");
   app.add_flag("--quick", quick, "The DeepSeek-V3 cases only");
   app.add_flag("--list", list, "Print the cases and exit");
   app.add_flag("--tune", tune, "Time every tuning candidate first (Runtime::tune) and print them");
   app.add_flag("--fp8", fp8, "The fp8 blockwise forward, dgrad and wgrad of each case instead (Kiln only)");
+  app.add_flag("--wgrad", wgrad, "After each bf16 forward row, the case's bf16 wgrad (tn) row");
   CLI11_PARSE(app, argc, argv);
   const std::vector<Case> all = cases(quick);
   if (list) {
@@ -350,26 +406,30 @@ int main(int argc, char** argv) {
   groups << "{";
   std::vector<std::vector<std::string>> rows;
   int failed = 0;
-  // Each case once (bf16 forward), or three times with --fp8 (forward, dgrad, wgrad).
+  // Each case once (bf16 forward; then its bf16 wgrad with --wgrad), or three times with --fp8
+  // (forward, dgrad, wgrad).
   struct Run {
     size_t index;
-    int pass;  // -1: bf16; else Fp8Pass
+    int pass;  // -1: bf16; -2: bf16 wgrad; else Fp8Pass
   };
   std::vector<Run> runs;
-  for (size_t i = 0; i < all.size(); ++i)
+  for (size_t i = 0; i < all.size(); ++i) {
     for (int p = fp8 ? 0 : -1; p < (fp8 ? 3 : 0); ++p) runs.push_back({i, p});
+    if (wgrad && !fp8) runs.push_back({i, -2});
+  }
   for (const Run& run : runs) {
     const Case& c = all[run.index];
-    if (run.pass <= 0) {
+    if (run.pass == 0 || run.pass == -1) {
       groups << (run.index ? ",\n" : "\n") << "\"" << c.label << "\": [";
       for (size_t g = 0; g < c.sizes.size(); ++g) groups << (g ? ", " : "") << c.sizes[g];
       groups << "]";
     }
     static const char* const kPass[] = {"fp8_fwd", "fp8_dgrad", "fp8_wgrad"};
-    const std::string label = run.pass < 0 ? c.label : c.label + "_" + kPass[run.pass];
+    const std::string label = run.pass == -1 ? c.label : run.pass == -2 ? c.label + "_wgrad" : c.label + "_" + kPass[run.pass];
     const bool dgrad = run.pass == static_cast<int>(Fp8Pass::dgrad);
-    auto r = run.pass < 0 ? run_case(runtime, c, table, flush, tune)
-                          : run_fp8_case(runtime, c, static_cast<Fp8Pass>(run.pass), flush);
+    auto r = run.pass == -1   ? run_case(runtime, c, table, flush, tune)
+             : run.pass == -2 ? run_wgrad_case(runtime, c, table, flush, tune)
+                              : run_fp8_case(runtime, c, static_cast<Fp8Pass>(run.pass), flush);
     if (!r) {
       std::fprintf(stderr, "%s: %s\n", label.c_str(), r.error().message.c_str());
       ++failed;

@@ -5,6 +5,9 @@ report with the ratio Kiln / torch._grouped_mm per row and the geomean.
 
     python3 bench/grouped_gemm_peers.py KILN.csv
 
+Rows LABEL_wgrad (bench_grouped_gemm --wgrad) are timed against torch._grouped_mm's k-grouped form,
+torch._grouped_mm(dy.t(), x, offs) with dy [tokens, N] and x [tokens, K].
+
 Timing: triton.testing.do_bench (median; it evicts L2 before each repetition). FLOPs 2 tokens N K.
 """
 import csv
@@ -29,6 +32,19 @@ def time_grouped_mm(sizes, n, k):
     return do_bench(fn, warmup=25, rep=300)
 
 
+def time_grouped_mm_wgrad(sizes, n, k):
+    """dW[g] = dy_g^T x_g into [G, N, K]: the k-grouped form (offsets along the reduction) on dy and x
+    as a training step holds them, [tokens, N] and [tokens, K] row-major."""
+    tokens = sum(sizes)
+    dy = torch.randn(tokens, n, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(tokens, k, device="cuda", dtype=torch.bfloat16)
+    offs = torch.tensor(sizes, device="cuda", dtype=torch.int32).cumsum(0, dtype=torch.int32)
+    fn = lambda: torch._grouped_mm(dy.t(), x, offs=offs)
+    fn()
+    torch.cuda.synchronize()
+    return do_bench(fn, warmup=25, rep=300)
+
+
 def main():
     path = sys.argv[1]
     groups = json.load(open(path + ".groups.json"))
@@ -40,7 +56,11 @@ def main():
         n, k, tokens = int(r["N"]), int(r["K"]), int(r["tokens"])
         flops = 2.0 * tokens * n * k
         try:
-            ms = time_grouped_mm(groups[r["label"]], n, k)
+            label = r["label"]
+            if label.endswith("_wgrad"):  # bench_grouped_gemm --wgrad: the case's tn row
+                ms = time_grouped_mm_wgrad(groups[label[: -len("_wgrad")]], n, k)
+            else:
+                ms = time_grouped_mm(groups[label], n, k)
             peer = flops / ms / 1e9
         except Exception as e:  # a peer that fails is reported, not fatal
             print(f"{r['label']:42} {r['Check']:5} | {float(r['TFLOPS']):7.1f} {'failed':>11}  {type(e).__name__}: {e}")

@@ -119,15 +119,17 @@ Result<void> GroupedGemmOp::validate_rules(const KernelSpec& spec, const TargetI
 //    64 x 64 (2 x 2 blocks of 32 x 32 MFMA), 32-deep k-tiles in two LDS stages (40 KiB), the
 //    structure of the bf16 GEMM's MFMA kernel with bounds from the group's rows; 16-byte aligned a
 //    and b (the portable kernel serves other bases).
-//  - Hopper, nt and nn (grouped_gemm_sm90_tma.kernel, sm_90a, N and K multiples of 8, nn also
-//    K % 64 == 0, at most 1024 groups): TMA loads by a producer warpgroup, two consumer
-//    warpgroups of WGMMA, a persistent scheduler over every group's tiles; 128 x 256 tiles in 4
-//    stages (128 x 128 in 6 where N < 256; fewer where many groups' offsets take shared memory);
-//    TMA stores of c through shared memory where a warpgroup's 64 rows lie in one group; 16-byte
+//  - Hopper (grouped_gemm_sm90_tma.kernel, sm_90a, N and K multiples of 8, nn also K % 64 == 0,
+//    at most 1024 groups): TMA loads by a producer warpgroup, two consumer warpgroups of WGMMA, a
+//    persistent scheduler over every group's tiles; 128 x 256 tiles in 4 stages (128 x 128 in 6
+//    where c has fewer than 256 columns; fewer stages where many groups' offsets take shared
+//    memory); TMA stores of c through shared memory where a warpgroup's 64 rows lie in one group
+//    (tn: in c[g]), TMA reductions for tn's accumulation; 16-byte aligned a, b and c. tn zeroes
+//    the next group's rows of a group's last slice in shared memory.
+//  - Hopper, what the TMA kernel refuses (grouped_gemm_sm90.kernel, N and K multiples of 8):
+//    WGMMA on 128 x 128 tiles, 64-deep slices in a 4-stage cp.async pipeline (129 KiB of shared
+//    memory), the structure of the bf16 GEMM's cp.async kernel, one block per tile; 16-byte
 //    aligned a, b and c.
-//  - Hopper, tn and what the TMA kernel refuses (grouped_gemm_sm90.kernel, N and K multiples of
-//    8): WGMMA on 128 x 128 tiles, 64-deep slices in a 4-stage cp.async pipeline (129 KiB of
-//    shared memory), the structure of the bf16 GEMM's cp.async kernel; 16-byte aligned a, b and c.
 //  - portable (grouped_gemm.kernel, every target; the fallback on sm_90a): 64 x 64 tiles of c,
 //    16-deep slices through LDS in fp32, 4 x 4 outputs per thread (256 threads).
 namespace {
@@ -165,14 +167,15 @@ KernelConfig fp8_tma_config(const KernelSpec& s) {
 }
 const KernelConfig kFp8CpAsync = {{"FP8", 1}, {"WGMMA", 1}, {"BM", 128}, {"BN", 128},
                                   {"BK", 128}, {"STAGES", 4},  {"THREADS", 256}};
-// The TMA kernel: sm_90a, m-grouped, 16-byte row strides, nn slices inside a group's b, 32-bit
-// TMA coordinates (rows of b as [G N, K] or [G K, N]).
+// The TMA kernel: sm_90a, 16-byte row strides, nn slices inside a group's b, 32-bit TMA
+// coordinates (rows of b as [G N, K] or [G K, N]; tn: rows of c as [G N, K]).
 bool tma_applies(const KernelSpec& s, const TargetInfo& target) {
   const int64_t G = s.param("groups"), N = s.param("N"), K = s.param("K"), mode = s.param("mode");
-  return target.vendor == Vendor::nvidia && target.cpu == "sm_90a" && !fp8(s) && mode != kTn && N % 8 == 0 &&
-         K % 8 == 0 &&
-         (mode == kNt || K % 64 == 0) && G <= kTmaMaxGroups && G * (mode == kNt ? N : K) <= kInt32Max;
+  return target.vendor == Vendor::nvidia && target.cpu == "sm_90a" && !fp8(s) && N % 8 == 0 && K % 8 == 0 &&
+         (mode != kNn || K % 64 == 0) && G <= kTmaMaxGroups && G * (mode == kNn ? K : N) <= kInt32Max;
 }
+// The columns of c a tile spans: N (nt, nn) or K (tn: c[g] is [N, K]).
+int64_t c_cols(const KernelSpec& s) { return tn(s) ? s.param("K") : s.param("N"); }
 // 4 stages of 128 x 256 (6 of 128 x 128), fewer where many groups' offsets leave less than
 // Hopper's 227 KiB of shared memory per block.
 KernelConfig tma_config(const KernelSpec& s, int64_t bn) {
@@ -220,7 +223,7 @@ std::vector<KernelConfig> GroupedGemmOp::variants(const KernelSpec& spec, const 
              {"MFMA_K", 16}}};
   }
   KernelConfig portable = {{"BM", 64}, {"BN", 64}, {"BK", 16}, {"TM", 4}, {"TN", 4}, {"THREADS", 256}};
-  if (tma_applies(spec, target)) return {tma_config(spec, spec.param("N") >= 256 ? 256 : 128), portable};
+  if (tma_applies(spec, target)) return {tma_config(spec, c_cols(spec) >= 256 ? 256 : 128), portable};
   if (target.vendor == Vendor::nvidia && target.cpu == "sm_90a" && spec.param("N") % 8 == 0 &&
       spec.param("K") % 8 == 0)
     return {kCpAsync, portable};
@@ -389,6 +392,28 @@ Plan GroupedGemmOp::plan(const KernelSpec& call, const KernelConfig& c) const {
     p.launches.push_back(std::move(l));
     return p;
   }
+  if (tma(c) && tn(call)) {
+    // Persistent over the G x ceil(N / BM) x ceil(K / BN) tiles of c (the launch caps the grid at
+    // one block per SM); maps of a [tokens, N] and b [tokens, K] (boxes of 64 columns x 64 rows)
+    // and of c as [G N, K]. With no tokens, a and b may have no storage: their maps are c's (the
+    // kernel loads nothing then).
+    const uint64_t N = call.param("N"), K = call.param("K"), G = call.param("groups");
+    const size_t out = c_index(with_defaults(call));
+    const TensorMapInfo map_c{out, K, G * N,
+                              static_cast<uint32_t>(128 / dtype_size(call.out_dtype)), 64};
+    g.grid.x = static_cast<uint32_t>(std::min<int64_t>(static_cast<int64_t>(g.grid.x) * g.grid.y, kInt32Max));
+    g.grid.y = 1;
+    g.persistent = true;
+    Launch l;
+    l.kernel = "kiln_grouped_gemm";
+    l.geometry = g;
+    l.args = {KernelArg::tensor_map_of(tokens == 0 ? map_c : TensorMapInfo{0, N, static_cast<uint64_t>(tokens), 64, 64}),
+              KernelArg::tensor_map_of(tokens == 0 ? map_c : TensorMapInfo{1, K, static_cast<uint64_t>(tokens), 64, 64}),
+              KernelArg::tensor_map_of(map_c), KernelArg::tensor(2), KernelArg::tensor(static_cast<uint32_t>(out)),
+              KernelArg::i32(tokens)};
+    p.launches.push_back(std::move(l));
+    return p;
+  }
   if (tma(c)) {
     // Persistent: grid.x bounds the tiles of every group (the launch caps it at one block per
     // SM); a and b as TMA tensor maps (b as [G N, K] for nt, [G K, N] for nn).
@@ -547,6 +572,9 @@ std::vector<TestSpec> GroupedGemmOp::test_specs(const TargetInfo& target) const 
   add(DType::bf16, DType::f32, kTn, 3, 0, 16, 24, "tn with no tokens: every c[g] is zero");
   add(DType::bf16, DType::bf16, kNt, 16, 700, 256, 128, "GPU size: 16 experts");
   add(DType::bf16, DType::bf16, kNn, 5, 300, 136, 128, "nn dgrad, K a multiple of 64 (the TMA kernel on sm_90a)");
+  add(DType::bf16, DType::bf16, kTn, 6, 700, 200, 136,
+      "tn wgrad into bf16 (the TMA kernel on sm_90a): several slices per group with tails, 8 rows of c[g] past "
+      "its last 64, K tail");
   auto add_acc = [&](DType t, int64_t G, int64_t tokens, int64_t N, int64_t K, std::string_view why) {
     out.push_back({{"grouped_gemm", t, DType::f32,
                     {{"mode", kTn}, {"groups", G}, {"tokens", tokens}, {"N", N}, {"K", K}, {"accumulate", 1}}},
@@ -555,6 +583,8 @@ std::vector<TestSpec> GroupedGemmOp::test_specs(const TargetInfo& target) const 
   add_acc(DType::bf16, 5, 120, 40, 70, "tn wgrad accumulated into fp32 c, odd K, empty groups keep c_in");
   add_acc(DType::f16, 3, 100, 48, 72, "tn wgrad accumulated, 16-byte rows (WGMMA on sm_90a), K tail of a tile");
   add_acc(DType::bf16, 3, 0, 16, 24, "tn accumulate with no tokens: c = c_in");
+  add_acc(DType::bf16, 4, 500, 192, 264,
+          "tn wgrad accumulated with TMA reductions (sm_90a), 256-column tiles with an 8-column tail");
   const DType e4 = fp8_for_target(DType::e4m3, target);
   add(e4, DType::bf16, kNt, 4, 150, 136, 256, "fp8 blockwise: uneven groups (one empty), N tail in a 2nd scale block");
   add(e4, DType::bf16, kNt, 3, 70, 64, 160, "fp8 blockwise: groups not multiples of the tile, K tail of a block");
