@@ -106,6 +106,17 @@ Result<void> GroupedGemmOp::validate_rules(const KernelSpec& spec, const TargetI
                       fmt::format("grouped_gemm: fp8 on {} copies 16-byte rows of a and b, but K = {} is not a multiple "
                                   "of 16: pad K to a multiple of 16",
                                   target.name, s.param("K")));
+  // fp8 tn on sm_90a's TMA kernel (where c's rows are 16-byte multiples): the panels' rows, P N
+  // and P K, are 32-bit TMA coordinates. P follows the runtime tokens (absent when a kernel is
+  // built, then 0).
+  if (fp8(s) && tn(s) && target.vendor == Vendor::nvidia &&
+      s.param("K") * static_cast<int64_t>(dtype_size(s.out_dtype)) % 16 == 0 && s.param("tokens") > 0 &&
+      panels(s) * std::max(s.param("N"), s.param("K")) > kInt32Max)
+    return make_error(Errc::invalid_argument,
+                      fmt::format("grouped_gemm: fp8 tn with tokens = {} gives {} panels of up to {} rows, more than "
+                                  "the 2^31 rows TMA addresses on {}: split the tokens over several calls (accumulate=1 "
+                                  "adds them up)",
+                                  s.param("tokens"), panels(s), std::max(s.param("N"), s.param("K")), target.name));
   if (accumulate(s) && s.out_dtype != DType::f32)
     return make_error(Errc::invalid_argument,
                       fmt::format("grouped_gemm: accumulate=1 adds into an fp32 c (wgrad accumulation), but out_dtype "
@@ -137,33 +148,44 @@ bool wgmma(const KernelConfig& c) { return c.count("WGMMA") && c.at("WGMMA") != 
 bool tma(const KernelConfig& c) { return c.count("TMA") && c.at("TMA") != 0; }
 constexpr int64_t kTmaMaxGroups = 1024;  // the offsets and row-tile prefix live in shared memory
 bool mfma(const KernelConfig& c) { return c.count("MFMA") && c.at("MFMA") != 0; }
+// The columns of c a tile spans: N (nt, nn) or K (tn: c[g] is [N, K]).
+int64_t c_cols(const KernelSpec& s) { return tn(s) ? s.param("K") : s.param("N"); }
 // The TMA kernel's shared memory besides its stages: 1 KiB of alignment slack, the epilogue's
 // staging buffers (lib/epilogue_sm90), the offsets and row-tile prefix.
 int64_t tma_fixed_bytes(const KernelSpec& s, int64_t bm) {
   return 1024 + epilogue_sm90_bytes(bm) + 8 * (s.param("groups") + 1);
 }
-// fp8 with TMA: per stage also the slice's scales (sa of the tile's BM rows, then sb).
-int64_t fp8_scale_stage_bytes(int64_t bm) { return ((bm + 1) * 4 + 15) / 16 * 16; }
+// fp8 with TMA: per stage also the slice's scales (nt: sa of the tile's BM rows, then sb; tn: sa
+// of the tile's rows, then sb of its BN columns).
+int64_t fp8_scale_stage_bytes(const KernelSpec& s, int64_t bm, int64_t bn) {
+  return tn(s) ? (bm + bn) * 4 : ((bm + 1) * 4 + 15) / 16 * 16;
+}
 int64_t sm90_shared_bytes(const KernelSpec& s, const KernelConfig& c) {
   const int64_t stages = c.at("STAGES") * (c.at("BM") + c.at("BN")) * c.at("BK") * (fp8(s) ? 1 : 2);
   if (!tma(c)) return 1024 + stages;
-  const int64_t scales = fp8(s) ? c.at("STAGES") * fp8_scale_stage_bytes(c.at("BM")) : 0;
+  const int64_t scales = fp8(s) ? c.at("STAGES") * fp8_scale_stage_bytes(s, c.at("BM"), c.at("BN")) : 0;
   return tma_fixed_bytes(s, c.at("BM")) + stages + scales + 16 * c.at("STAGES");  // + the stages' mbarriers
 }
-// fp8 nt with TMA (grouped_gemm_fp8_sm90_tma.kernel): sm_90a, K % 16 == 0 (16-byte rows of a and b,
-// which check() requires on NVIDIA anyway), c's rows 16-byte multiples (its TMA stores), the
-// offsets in shared memory, 32-bit rows of b as [G N, K].
+// fp8 with TMA (grouped_gemm_fp8_sm90_tma.kernel): sm_90a, c's rows 16-byte multiples (its TMA
+// stores), the offsets in shared memory, 32-bit rows of b as [G N, K] (nt) or of c as [G N, K]
+// (tn); nt also K % 16 == 0 (16-byte rows of a and b, which validation requires on NVIDIA anyway).
+// tn's panel rows (P N and P K) must also fit 32-bit coordinates: validate_rules checks that per
+// call, since P follows the runtime tokens.
 bool fp8_tma_applies(const KernelSpec& s, const TargetInfo& target) {
-  const int64_t G = s.param("groups"), N = s.param("N");
-  return target.vendor == Vendor::nvidia && target.cpu == "sm_90a" && fp8(s) && !tn(s) && s.param("K") % 16 == 0 &&
-         N * static_cast<int64_t>(dtype_size(s.out_dtype)) % 16 == 0 && G <= kTmaMaxGroups && G * N <= kInt32Max;
+  const int64_t G = s.param("groups"), N = s.param("N"), K = s.param("K");
+  return target.vendor == Vendor::nvidia && target.cpu == "sm_90a" && fp8(s) && (tn(s) || K % 16 == 0) &&
+         c_cols(s) * static_cast<int64_t>(dtype_size(s.out_dtype)) % 16 == 0 && G <= kTmaMaxGroups &&
+         G * N <= kInt32Max;
 }
 // As many 128 x 128-deep stages as fit next to the epilogue and the offsets (at most 6).
 KernelConfig fp8_tma_config(const KernelSpec& s) {
   constexpr int64_t bm = 128, bn = 128, bk = 128;
-  const int64_t stage = (bm + bn) * bk + fp8_scale_stage_bytes(bm) + 16;
+  const int64_t stage = (bm + bn) * bk + fp8_scale_stage_bytes(s, bm, bn) + 16;
   const int64_t stages = std::min<int64_t>(6, (kSm90MaxDynamicShared - tma_fixed_bytes(s, bm)) / stage);
-  return {{"FP8", 1}, {"WGMMA", 1}, {"TMA", 1}, {"BM", bm}, {"BN", bn}, {"BK", bk}, {"STAGES", stages}, {"THREADS", 384}};
+  KernelConfig c = {{"FP8", 1}, {"WGMMA", 1}, {"TMA", 1},        {"BM", bm},
+                    {"BN", bn}, {"BK", bk},   {"STAGES", stages}, {"THREADS", 384}};
+  if (tn(s)) c["TN"] = 1;
+  return c;
 }
 const KernelConfig kFp8CpAsync = {{"FP8", 1}, {"WGMMA", 1}, {"BM", 128}, {"BN", 128},
                                   {"BK", 128}, {"STAGES", 4},  {"THREADS", 256}};
@@ -174,8 +196,6 @@ bool tma_applies(const KernelSpec& s, const TargetInfo& target) {
   return target.vendor == Vendor::nvidia && target.cpu == "sm_90a" && !fp8(s) && N % 8 == 0 && K % 8 == 0 &&
          (mode != kNn || K % 64 == 0) && G <= kTmaMaxGroups && G * (mode == kNn ? K : N) <= kInt32Max;
 }
-// The columns of c a tile spans: N (nt, nn) or K (tn: c[g] is [N, K]).
-int64_t c_cols(const KernelSpec& s) { return tn(s) ? s.param("K") : s.param("N"); }
 // 4 stages of 128 x 256 (6 of 128 x 128), fewer where many groups' offsets leave less than
 // Hopper's 227 KiB of shared memory per block.
 KernelConfig tma_config(const KernelSpec& s, int64_t bn) {
@@ -187,9 +207,10 @@ KernelConfig tma_config(const KernelSpec& s, int64_t bn) {
 const KernelConfig kCpAsync = {{"WGMMA", 1}, {"BM", 128}, {"BN", 128}, {"BK", 64}, {"STAGES", 4}, {"THREADS", 256}};
 bool fp8_kernel(const KernelConfig& c) { return c.count("FP8") && c.at("FP8") != 0; }
 bool fp8_tn_kernel(const KernelConfig& c) { return fp8_kernel(c) && c.count("TN") && c.at("TN") != 0; }
-// fp8 tn (k-grouped wgrad): the m-grouped fp8 kernels' structure over a group's 128-token panels
-// (grouped_gemm_fp8_tn_sm90.kernel: 128 x 128 tiles, one panel per 128-deep slice;
-// grouped_gemm_fp8_tn_mfma.kernel: 64 x 64 tiles of 2 x 2 waves, as the nt MFMA kernel).
+// fp8 tn (k-grouped wgrad) without TMA: the m-grouped fp8 kernels' structure over a group's
+// 128-token panels (grouped_gemm_fp8_tn_sm90.kernel: 128 x 128 tiles, one panel per 128-deep
+// slice, the fallback of the TMA kernel on sm_90a; grouped_gemm_fp8_tn_mfma.kernel: 64 x 64 tiles
+// of 2 x 2 waves, as the nt MFMA kernel).
 KernelConfig fp8_tn_config(const TargetInfo& target) {
   if (target.vendor == Vendor::nvidia)
     return {{"FP8", 1}, {"TN", 1}, {"WGMMA", 1}, {"BM", 128}, {"BN", 128}, {"BK", 128}, {"STAGES", 4}, {"THREADS", 256}};
@@ -199,18 +220,19 @@ KernelConfig fp8_tn_config(const TargetInfo& target) {
 }  // namespace
 
 std::vector<KernelConfig> GroupedGemmOp::variants(const KernelSpec& spec, const TargetInfo& target) const {
-  // fp8 blockwise (nt): on sm_90a the TMA kernel with the persistent scheduler (128-deep slices:
-  // one scale block each; H100, 2026-11-26: 788-909 TFLOP/s on DeepSeek-V3's forward and dgrad,
-  // 421-526 on the cp.async kernel, which serves what it refuses), the MFMA kernel on AMD (2 x 2 waves of the 32x32x16 fp8 MFMA, as gemm_fp8 chooses) on
+  // fp8 blockwise: on sm_90a the TMA kernel with the persistent scheduler, nt and tn (128-deep
+  // slices: one scale block or panel each; H100, 2026-11-26: 788-963 TFLOP/s on DeepSeek-V3's
+  // forward and dgrad, 421-526 on the cp.async kernel; wgrad 471-549, 266-317 on the cp.async tn
+  // kernel; the cp.async kernels serve what it refuses), the MFMA kernel on AMD (2 x 2 waves of the 32x32x16 fp8 MFMA, as gemm_fp8 chooses) on
   // 64 x 64 tiles: at 128 x 128 (378 VGPRs) the CDNA emulator gave NaN rows for K a multiple of
   // 64 above 128 (docs/grouped-gemm.md), which 64 x 64 (158 VGPRs) passes. gfx950's 32x32x64
   // f8f6f4 (MFMA_K 64) is a tuning candidate, not the choice, for gemm_fp8's reason: the shared
   // emulator misdecodes it (docs/emulator-repro/f8f6f4-decode/; one of the four fp8 specs fails
   // there, all pass with the decoder fixed); the choice is then `target.name == "gfx950" ? 64 : 16`.
   if (fp8(spec)) {
-    if (tn(spec)) return {fp8_tn_config(target)};
     // sm_90a: the TMA kernel with the persistent scheduler where it applies, else the cp.async one.
-    if (fp8_tma_applies(spec, target)) return {fp8_tma_config(spec), kFp8CpAsync};
+    if (fp8_tma_applies(spec, target)) return {fp8_tma_config(spec), tn(spec) ? fp8_tn_config(target) : kFp8CpAsync};
+    if (tn(spec)) return {fp8_tn_config(target)};
     if (target.vendor == Vendor::nvidia) return {kFp8CpAsync};
     return {{{"FP8", 1},
              {"MFMA", 1},
@@ -244,8 +266,9 @@ std::vector<uint32_t> GroupedGemmOp::base_alignment(const KernelSpec& spec, cons
   if (fp8_kernel(c)) {  // a, b, offsets, sa, sb, [c_in,] c: 16-byte rows of a and b (nt MFMA: where K % 16 == 0;
                         // tn: 128-byte panel rows)
     const uint32_t ab = wgmma(c) || fp8_tn_kernel(c) || spec.param("K") % 16 == 0 ? 16 : 1;
-    std::vector<uint32_t> out = {ab, ab, 1, 1, 1, tma(c) ? 16u : 1u};  // TMA: c's tensor map
-    if (accumulate(with_defaults(spec))) out.push_back(1);
+    std::vector<uint32_t> out = {ab, ab, 1, 1, 1};
+    if (accumulate(with_defaults(spec))) out.push_back(tma(c) ? 16u : 1u);  // c_in: c's buffer
+    out.push_back(tma(c) ? 16u : 1u);                                      // TMA: c's tensor map
     return out;
   }
   std::vector<uint32_t> out = {1, 1, 1, 1};
@@ -268,13 +291,14 @@ std::vector<KernelConfig> GroupedGemmOp::tuning_candidates(const KernelSpec& spe
     k64["MFMA_K"] = 64;
     return {first, k64};
   }
-  if (fp8_tma_applies(spec, target)) return {fp8_tma_config(spec), kFp8CpAsync};
+  if (fp8_tma_applies(spec, target)) return {fp8_tma_config(spec), tn(spec) ? fp8_tn_config(target) : kFp8CpAsync};
   if (!tma_applies(spec, target)) return {choose_config(spec, target)};
   const KernelConfig first = choose_config(spec, target);
   return {first, tma_config(spec, first.at("BN") == 256 ? 128 : 256), kCpAsync};
 }
 
 std::string_view GroupedGemmOp::device_template(const KernelConfig& c) const {
+  if (fp8_kernel(c) && tma(c)) return embedded_file("templates/grouped_gemm/grouped_gemm_fp8_sm90_tma.kernel");
   if (fp8_tn_kernel(c))
     return embedded_file(wgmma(c) ? "templates/grouped_gemm/grouped_gemm_fp8_tn_sm90.kernel"
                                   : "templates/grouped_gemm/grouped_gemm_fp8_tn_mfma.kernel");
@@ -301,6 +325,14 @@ std::string GroupedGemmOp::specialize(const KernelSpec& spec, const KernelConfig
                                "WAVES_M = {4}, WAVES_N = {5}, THREADS = {6}, MFMA_K = {7};\n",
                                e5m2, c.at("BM"), c.at("BN"), c.at("BK"), c.at("WAVES_M"), c.at("WAVES_N"),
                                c.at("THREADS"), c.at("MFMA_K"));
+    if (tma(c)) {  // both modes: TN and ACCUMULATE select tn's tiles, scales and stores
+      std::string out = fmt::format(
+          "constexpr int GROUPS = {};\nconstexpr long long N = {}, K = {}, KB = {}, NB = {};\n"
+          "constexpr bool TN = {}, ACCUMULATE = {};\ntypedef {} a_t;\ntypedef {} out_t;\n",
+          spec.param("groups"), spec.param("N"), spec.param("K"), kb(spec), nb(spec), tn(spec) ? "true" : "false",
+          acc, device_type_name(spec.dtype), device_type_name(spec.out_dtype));
+      return out + tile;
+    }
     if (fp8_tn_kernel(c)) {  // no KB, NB: the scales are per panel and row
       std::string out = fmt::format(
           "constexpr int GROUPS = {};\nconstexpr long long N = {}, K = {};\nconstexpr bool ACCUMULATE = {};\n"
@@ -358,6 +390,29 @@ Plan GroupedGemmOp::plan(const KernelSpec& call, const KernelConfig& c) const {
     g.grid.y = static_cast<uint32_t>(ceil_div(call.param("N"), c.at("BN")));
   }
   if (wgmma(c)) g.dynamic_shared_bytes = static_cast<uint32_t>(sm90_shared_bytes(call, c));
+  if (fp8_kernel(c) && tma(c) && tn(call)) {
+    // Persistent over the G x ceil(N / 128) x ceil(K / 128) tiles of c; maps of the panels a
+    // [P N, 128] and b [P K, 128] (boxes of 128 bytes x 128 rows) and of c as [G N, K], then
+    // offsets, sa, sb, c, tokens.
+    const uint64_t N = call.param("N"), K = call.param("K"), G = call.param("groups"), P = panels(call);
+    const size_t out = c_index(with_defaults(call));
+    g.grid.x = static_cast<uint32_t>(std::min<int64_t>(static_cast<int64_t>(g.grid.x) * g.grid.y, kInt32Max));
+    g.grid.y = 1;
+    g.persistent = true;
+    Launch l;
+    l.kernel = "kiln_grouped_gemm";
+    l.geometry = g;
+    l.args = {KernelArg::tensor_map_of({0, 128, P * N, 128, 128}),
+              KernelArg::tensor_map_of({1, 128, P * K, 128, 128}),
+              KernelArg::tensor_map_of({out, K, G * N, static_cast<uint32_t>(128 / dtype_size(call.out_dtype)), 64}),
+              KernelArg::tensor(2),
+              KernelArg::tensor(3),
+              KernelArg::tensor(4),
+              KernelArg::tensor(static_cast<uint32_t>(out)),
+              KernelArg::i32(tokens)};
+    p.launches.push_back(std::move(l));
+    return p;
+  }
   if (fp8_kernel(c) && tma(c)) {
     // Persistent, as the bf16 TMA kernel: maps of a [tokens, K], b [G N, K] (boxes of 128 K bytes
     // x 128 rows) and c, then offsets, sa, sb, c, tokens.
@@ -600,6 +655,9 @@ std::vector<TestSpec> GroupedGemmOp::test_specs(const TargetInfo& target) const 
                    why});
   };
   add_fp8_acc(3, 200, 64, 96, "fp8 tn wgrad accumulated into fp32 c, empty groups keep c_in");
+  add_fp8_acc(4, 300, 100, 136,
+              "fp8 tn wgrad accumulated (the TMA kernel on sm_90a): TMA reductions and, past c[g]'s last 64 rows, "
+              "register adds; a K tail");
   return out;
 }
 

@@ -13,6 +13,7 @@
 #include <random>
 
 #include "kiln/kiln.h"
+#include "templates/registry.h"
 
 namespace kiln {
 namespace {
@@ -241,6 +242,24 @@ TEST(MoeRouterCheck, OutputSizesAreValidated) {
   auto report = check_outputs(v3_spec(3), kScalars, r.inputs, outputs);
   ASSERT_FALSE(report.ok());
   EXPECT_NE(report.error().message.find("has 3 outputs, got 2"), std::string::npos) << report.error().message;
+}
+
+// grouped_gemm's fp8 wgrad (tn) on sm_90a addresses its panels' rows (P N and P K, P following the
+// runtime tokens) with 32-bit TMA coordinates: a call past them is refused, naming the fix;
+// DeepSeek-V3's sizes and the AMD targets (no TMA) pass.
+TEST(GroupedGemmRules, Fp8WgradPanelRowsPastTmaCoordinatesAreRefused) {
+  const OpTemplate& op = **find_op("grouped_gemm");
+  auto spec = [](DType t, int64_t tokens) {
+    return KernelSpec{"grouped_gemm", t, DType::f32,
+                      {{"mode", 2}, {"groups", 32}, {"N", 4096}, {"K", 7168}, {"tokens", tokens}}};
+  };
+  const TargetInfo &sm90 = **find_target("sm_90a"), &gfx942 = **find_target("gfx942");
+  EXPECT_TRUE(op.validate(spec(DType::e4m3, 32768), sm90).ok());
+  auto r = op.validate(spec(DType::e4m3, 2000000000), sm90);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("split the tokens over several calls"), std::string::npos) << r.error().message;
+  EXPECT_TRUE(op.validate(spec(DType::e4m3fnuz, 2000000000), gfx942).ok());
+  EXPECT_TRUE(op.validate(spec(DType::bf16, 2000000000), sm90).ok());  // the bf16 wgrad's rows are the tokens
 }
 
 }  // namespace
