@@ -23,6 +23,8 @@ const TensorDecl kSignature[] = {
     {"dW", Role::output, DTypeRule::fixed, DType::f32, "[vocab, hidden]", ep::vocab_hidden},
 };
 // Threads of the counting-sort launches (zero, rank, scan, offset, scatter); a power of two.
+// (H100, 2026-11-26, 8192 tokens: rank, one block, takes 133 us with 256 threads and 392 us with
+// 1024: each chunk's compare loop grows with the block.)
 constexpr int64_t kAux = 256;
 
 // The workspace: int32 count [vocab], start [vocab + 1], rank [tokens], sorted [tokens],
@@ -50,6 +52,7 @@ std::string_view EmbeddingBwdOp::device_template(const KernelConfig&) const {
 }
 
 // The sum launch's configuration: a block per (id, column chunk), as embedding's row gather.
+// (H100, 2026-11-26: blocks of 8 or 32 ids took 1.88 / 1.91 ms against 1.56 for one.)
 std::vector<KernelConfig> EmbeddingBwdOp::variants(const KernelSpec& spec, const TargetInfo& target) const {
   return ep::variants(spec, target);
 }
@@ -126,7 +129,8 @@ std::vector<TestSpec> EmbeddingBwdOp::test_specs(const TargetInfo&) const {
   auto add = [&](DType t, int64_t tokens, int64_t vocab, int64_t hidden, int64_t ids, std::string_view why) {
     out.push_back(ep::test_spec(name(), t, tokens, vocab, hidden, ids, why));
   };
-  add(DType::bf16, 300, 40, 64, 1, "int64 ids, many repeats, out of range; two rank chunks");
+  add(DType::bf16, 300, 40, 64, 1, "int64 ids, many repeats (four at a time and a tail), out of range; two rank chunks");
+  add(DType::bf16, 600, 50, 16, 0, "three rank chunks of 256 tokens");
   add(DType::f16, 70, 300, 7, 0, "int32 ids, hidden 7 (scalar), ids never seen; two scan tiles");
   add(DType::f32, 33, 100, 100, 1, "fp32, hidden 100 (vector of 4)");
   add(DType::bf16, 5, 9, 1, 0, "hidden 1");
