@@ -42,6 +42,9 @@ Workspace workspace(int64_t vocab, int64_t tokens) {
   w.bytes = w.tiles + ceil_div(vocab, kAux) * 4;
   return w;
 }
+// The fill stores 16 bytes at a time where dW's base is 16-byte aligned (the vector variants ask
+// for 4 VEC bytes) and its rows whole vectors of 4.
+bool fill16(const KernelSpec& s, const KernelConfig& c) { return c.at("VEC") >= 4 && s.param("hidden") % 4 == 0; }
 }  // namespace
 
 std::span<const ParamInfo> EmbeddingBwdOp::params() const { return kParams; }
@@ -51,8 +54,9 @@ std::string_view EmbeddingBwdOp::device_template(const KernelConfig&) const {
   return embedded_file("templates/embedding_bwd/embedding_bwd.kernel");
 }
 
-// The sum launch's configuration: a block per (id, column chunk), as embedding's row gather.
-// (H100, 2026-11-26: blocks of 8 or 32 ids took 1.88 / 1.91 ms against 1.56 for one.)
+// The sum launch's configuration: a block per (seen id, column chunk), as embedding's row gather.
+// (H100, 2026-11-26, when the sum ran over every id: blocks of 8 or 32 ids took 1.88 / 1.91 ms
+// against 1.56 for one.)
 std::vector<KernelConfig> EmbeddingBwdOp::variants(const KernelSpec& spec, const TargetInfo& target) const {
   return ep::variants(spec, target);
 }
@@ -65,9 +69,11 @@ std::vector<uint32_t> EmbeddingBwdOp::base_alignment(const KernelSpec& spec, con
 std::string EmbeddingBwdOp::specialize(const KernelSpec& given, const KernelConfig& c) const {
   const KernelSpec spec = with_defaults(given);
   return fmt::format("constexpr long long VOCAB = {};\nconstexpr int HIDDEN = {};\n"
-                     "constexpr int THREADS = {}, VEC = {}, ITEMS = {}, AUX = {};\ntypedef {} id_t;\ntypedef {} in_t;\n",
+                     "constexpr int THREADS = {}, VEC = {}, ITEMS = {}, AUX = {};\nconstexpr bool FILL = {};\n"
+                     "typedef {} id_t;\ntypedef {} in_t;\n",
                      spec.param("vocab"), spec.param("hidden"), c.at("THREADS"), c.at("VEC"), c.at("ITEMS"), kAux,
-                     spec.param("ids_dtype") ? "long long" : "int", device_type_name(spec.dtype));
+                     fill16(spec, c) ? "true" : "false", spec.param("ids_dtype") ? "long long" : "int",
+                     device_type_name(spec.dtype));
 }
 
 Plan EmbeddingBwdOp::plan(const KernelSpec& call, const KernelConfig& c) const {
@@ -87,6 +93,8 @@ Plan EmbeddingBwdOp::plan(const KernelSpec& call, const KernelConfig& c) const {
   using A = KernelArg;
   const int64_t tiles = ceil_div(V, kAux);
   // Tensors: ids 0, dy 1, dW 2.
+  const int64_t fill_vectors = ceil_div(V * H, fill16(call, c) ? 4 : 1);
+  launch("kiln_embedding_bwd_fill", ceil_div(fill_vectors, 4 * kAux), 1, kAux, {A::tensor(2)});
   launch("kiln_embedding_bwd_zero", tiles, 1, kAux, {A::workspace(w.count)});
   if (T > 0) launch("kiln_embedding_bwd_rank", 1, 1, kAux, {A::tensor(0), A::workspace(w.count), A::workspace(w.rank), A::i32(T)});
   launch("kiln_embedding_bwd_scan", tiles, 1, kAux, {A::workspace(w.count), A::workspace(w.start), A::workspace(w.tiles)});
@@ -94,8 +102,9 @@ Plan EmbeddingBwdOp::plan(const KernelSpec& call, const KernelConfig& c) const {
   if (T > 0)
     launch("kiln_embedding_bwd_scatter", ceil_div(T, kAux), 1, kAux,
            {A::tensor(0), A::workspace(w.start), A::workspace(w.rank), A::workspace(w.sorted), A::i32(T)});
-  launch("kiln_embedding_bwd_sum", V, ceil_div(ceil_div(H, c.at("VEC")), c.at("THREADS") * c.at("ITEMS")), c.at("THREADS"),
-         {A::tensor(1), A::workspace(w.start), A::workspace(w.sorted), A::tensor(2)});
+  if (T > 0)  // a block per position of the sorted tokens (and column chunk); the first of each id sums it
+    launch("kiln_embedding_bwd_sum", T, ceil_div(ceil_div(H, c.at("VEC")), c.at("THREADS") * c.at("ITEMS")),
+           c.at("THREADS"), {A::tensor(0), A::tensor(1), A::workspace(w.start), A::workspace(w.sorted), A::tensor(2)});
   return p;
 }
 

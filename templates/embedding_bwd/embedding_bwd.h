@@ -9,10 +9,10 @@ namespace kiln {
 /// ids_dtype (int32 or int64, default int64 as embedding's: docs/embedding.md).
 /// Tensors: ids [tokens] (int32/int64), dy [tokens, hidden] (dtype) -> dW [vocab, hidden] fp32:
 /// dW[v] = sum of dy[t] over the tokens with ids[t] = v, in token order, in fp32; 0 for ids
-/// never seen; ids outside [0, vocab) contribute nothing. Bitwise deterministic: a counting sort
-/// of the token indices by id (integer counts, no atomics) in five launches with a workspace,
-/// then one block per (id, column chunk) sums its tokens in order (embedding_bwd.kernel;
-/// docs/embedding.md). bf16/fp16/fp32 dy.
+/// never seen; ids outside [0, vocab) contribute nothing. Bitwise deterministic: dW filled with
+/// zeros, a counting sort of the token indices by id (integer counts, no atomics) in five
+/// launches with a workspace, then one block per (seen id, column chunk) sums its tokens in order
+/// (embedding_bwd.kernel; docs/embedding.md). bf16/fp16/fp32 dy.
 class EmbeddingBwdOp final : public OpTemplate {
  public:
   std::string_view name() const override { return "embedding_bwd"; }
