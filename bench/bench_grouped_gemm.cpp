@@ -3,7 +3,8 @@
 // in the BENCHMARKS.md GEMM format; bench/grouped_gemm_peers.py times torch._grouped_mm on the
 // same group sizes (CSV.groups.json) in the same job and prints the ratios.
 //
-//   build/bench/bench_grouped_gemm OUT.csv [--quick] [--tune] [--wgrad | --fp8]   # GPU; --list prints the cases
+//   build/bench/bench_grouped_gemm OUT.csv [--quick | --models all|MODEL] [--tune] [--wgrad | --fp8]
+//                                           # GPU; --list prints the cases
 //
 // Cases (bf16 in and out, fp32 accumulation; weights [G, N, K]):
 //   Mixtral-8x7B gate_up / down, G 8, 16384 tokens; DeepSeek-V3 gate_up / down, G 32 local
@@ -16,6 +17,9 @@
 //   codes (finite), every scale 1/64; check as below against the fp64 product of the codes times
 //   the scales (wgrad: 16 (group, row) pairs of c x 256 columns, over each group's whole panels).
 //   No torch peer is timed for these rows (torch._grouped_mm has no blockwise fp8 form).
+//   --models all|MODEL: instead, the sweep of models.json's "moe" section (every model, or one):
+//   gate_up and down for each G of the model's list, tokens per group 512 .. 16384 (powers of
+//   two), balanced and Zipf loads; issue 18's table.
 //   --wgrad: after each bf16 forward row, the case's bf16 wgrad (row LABEL_wgrad): tn, dW[g] =
 //   dy_g^T x_g into bf16 [G, N, K] with dy [tokens, N] and x [tokens, K] as a training step holds
 //   them; checked on 16 (group, row) pairs of dW (the empty group's included) x 256 columns;
@@ -73,6 +77,37 @@ std::vector<int64_t> group_sizes(int64_t G, int64_t tokens, bool zipf) {
   }
   sizes[0] += tokens - used;
   return sizes;
+}
+
+// --models: the grouped-GEMM sweep of models.json's "moe" section (copied here from
+// models/models.json): each model's gate_up and down (N x K), each G of its experts-per-rank list,
+// tokens per group M in {512, ..., 16384} (tokens = M G), balanced and Zipf loads (one group:
+// balanced only). `only`: one model's name, or empty for all.
+std::vector<Case> model_cases(const std::string& only) {
+  struct Model {
+    const char* name;
+    std::vector<int64_t> G;
+    int64_t gate_up[2], down[2];
+  };
+  const Model models[] = {{"deepseek-v3", {8, 16, 32}, {4096, 7168}, {7168, 2048}},
+                          {"deepseek-v2-lite", {2, 4, 8}, {2816, 2048}, {2048, 1408}},
+                          {"mixtral-8x7b", {1}, {28672, 4096}, {4096, 14336}},
+                          {"qwen3-235b-a22b", {4, 8, 16}, {8192, 4096}, {4096, 4096}}};
+  std::vector<Case> out;
+  for (const Model& m : models) {
+    if (!only.empty() && only != m.name) continue;
+    for (int64_t G : m.G)
+      for (int proj = 0; proj < 2; ++proj)
+        for (int64_t M = 512; M <= 16384; M *= 2)
+          for (bool zipf : {false, true}) {
+            if (zipf && G == 1) continue;  // one group: Zipf loads are the balanced ones
+            const int64_t* nk = proj == 0 ? m.gate_up : m.down;
+            out.push_back({fmt::format("{}_{}_G{}_M{}_{}", m.name, proj == 0 ? "gate_up" : "down", G, M,
+                                       zipf ? "zipf" : "balanced"),
+                           G, M * G, nk[0], nk[1], zipf, group_sizes(G, M * G, zipf)});
+          }
+  }
+  return out;
 }
 
 std::vector<Case> cases(bool quick) {
@@ -364,14 +399,23 @@ int main(int argc, char** argv) {
   CLI::App app{"Kiln grouped_gemm (MoE forward) on the BENCHMARKS.md grouped-GEMM cases"};
   std::string csv;
   bool quick = false, list = false, tune = false, fp8 = false, wgrad = false;
+  std::string models;
   app.add_option("csv", csv, "Output CSV (group sizes in CSV.groups.json)");
   app.add_flag("--quick", quick, "The DeepSeek-V3 cases only");
   app.add_flag("--list", list, "Print the cases and exit");
   app.add_flag("--tune", tune, "Time every tuning candidate first (Runtime::tune) and print them");
   app.add_flag("--fp8", fp8, "The fp8 blockwise forward, dgrad and wgrad of each case instead (Kiln only)");
   app.add_flag("--wgrad", wgrad, "After each bf16 forward row, the case's bf16 wgrad (tn) row");
+  app.add_option("--models", models,
+                 "Instead of BENCHMARKS.md's cases, models.json's sweep: 'all', or one model (deepseek-v3, "
+                 "deepseek-v2-lite, mixtral-8x7b, qwen3-235b-a22b)");
   CLI11_PARSE(app, argc, argv);
-  const std::vector<Case> all = cases(quick);
+  const std::vector<Case> all = models.empty() ? cases(quick) : model_cases(models == "all" ? "" : models);
+  if (all.empty()) {
+    std::fprintf(stderr, "bench_grouped_gemm: --models %s names no model of models.json's moe section\n",
+                 models.c_str());
+    return 2;
+  }
   if (list) {
     for (const Case& c : all)
       std::printf("%-40s G=%-3lld tokens=%-6lld N=%-6lld K=%-6lld largest group %lld\n", c.label.c_str(),

@@ -6,7 +6,8 @@
 #   scripts/gpu_step.sh attention tests      # (alltests: every op's specs in four parallel processes)
 #   scripts/gpu_step.sh grouped              # bench_grouped_gemm + torch._grouped_mm (GROUPED_QUICK=1: DeepSeek-V3 only;
 #                                            #   GROUPED_FP8=1: its fp8 forward, dgrad and wgrad rows, no peer;
-#                                            #   GROUPED_WGRAD=1: each bf16 case's wgrad (tn) row too, with its peer)
+#                                            #   GROUPED_WGRAD=1: each bf16 case's wgrad (tn) row too, with its peer;
+#                                            #   GROUPED_MODELS=all|MODEL: models.json's moe sweep instead)
 #   scripts/gpu_step.sh fp8                  # bench_gemm_fp8 + torch._scaled_mm (FP8_ARGS, default --quick)
 #   (attention: bench_attention's arguments in ATTN_ARGS, default --quick; e.g. "--quick --only s8192_b1 --tune")
 # check: examples/llama_step at --seq $CHECK_SEQ (2048) dumps weights and gradients, and
@@ -115,7 +116,7 @@ PY
     grouped)  # grouped_gemm (MoE forward) against torch._grouped_mm, same group sizes, same job
       # (GROUPED_FP8=1: the fp8 blockwise forward, dgrad and wgrad rows instead, Kiln only)
       $B/bench/bench_grouped_gemm "$OUT/grouped.csv" ${GROUPED_QUICK:+--quick} ${GROUPED_TUNE:+--tune} ${GROUPED_FP8:+--fp8} \
-        ${GROUPED_WGRAD:+--wgrad} > "$OUT/bench_grouped.log" 2>&1
+        ${GROUPED_WGRAD:+--wgrad} ${GROUPED_MODELS:+--models "$GROUPED_MODELS"} > "$OUT/bench_grouped.log" 2>&1
       if [ -n "${GROUPED_FP8:-}${GROUPED_WGRAD:-}" ]; then tail -28 "$OUT/bench_grouped.log"; else tail -12 "$OUT/bench_grouped.log"; fi
       if [ -z "${GROUPED_FP8:-}" ]; then
         python3 bench/grouped_gemm_peers.py "$OUT/grouped.csv" > "$OUT/grouped_peers.log" 2>&1
