@@ -15,6 +15,9 @@
 //                  the driver's part; needs KILN_CUDA_LIB (the fake driver of tests/fake_driver
 //                  here, libcuda on a GPU machine); sm_90a only
 //   KernelHit      Runtime::kernel on a new runtime of that driver: a hit and the module load
+//   KernelHitNoTuning  the same with RuntimeOptions::use_tuning off: without the tuning-record
+//                  lookup (a spec with several tuning candidates, as gemm, hashes each candidate's
+//                  template and looks for a record in the cache), so the difference is its cost
 //
 //   build/bench/bench_disk_hit [--benchmark_filter=...]
 //   KILN_CUDA_LIB=build/tests/libkiln_fake_cuda.so build/bench/bench_disk_hit
@@ -49,9 +52,10 @@ std::string scratch_dir() {
   return dir;
 }
 
-std::unique_ptr<kiln::Runtime> runtime(const char* backend) {
+std::unique_ptr<kiln::Runtime> runtime(const char* backend, bool use_tuning = true) {
   kiln::RuntimeOptions o;
   o.backend = backend;
+  o.use_tuning = use_tuning;
   o.cache_dir = scratch_dir();
   auto rt = kiln::Runtime::create(o);
   return rt ? std::move(rt).value() : nullptr;
@@ -193,7 +197,7 @@ void LoadModule(benchmark::State& state) {
   }
 }
 
-void KernelHit(benchmark::State& state) {
+void kernel_hit(benchmark::State& state, bool use_tuning) {
   Prepared p;
   if (!have_driver(state) || !prepare(state, p)) return;
   // Holds the device's primary context for the whole loop: without it, each runtime's teardown
@@ -208,12 +212,14 @@ void KernelHit(benchmark::State& state) {
   for (auto _ : state) {
     state.PauseTiming();
     rt.reset();
-    rt = runtime("cuda");
+    rt = runtime("cuda", use_tuning);
     state.ResumeTiming();
     auto k = rt ? rt->kernel(kSpecs[state.range(0)]) : kiln::make_error(kiln::Errc::driver_unavailable, "no runtime");
     if (!k) state.SkipWithError(k.error().message.c_str());
   }
 }
+void KernelHit(benchmark::State& state) { kernel_hit(state, true); }
+void KernelHitNoTuning(benchmark::State& state) { kernel_hit(state, false); }
 
 void AllTargets(benchmark::internal::Benchmark* b) {
   for (int op = 0; op < 3; ++op)
@@ -240,6 +246,7 @@ BENCHMARK(LoadModule)->Apply(Nvidia)->Unit(benchmark::kMicrosecond);
 // that 20 iterations did not end in 60 s) kept the disk_hit step of scripts/gpu_bench_steps.sh
 // from finishing within a 10-minute call.
 BENCHMARK(KernelHit)->Apply(Nvidia)->Unit(benchmark::kMicrosecond)->Iterations(200);
+BENCHMARK(KernelHitNoTuning)->Apply(Nvidia)->Unit(benchmark::kMicrosecond)->Iterations(200);
 
 }  // namespace
 

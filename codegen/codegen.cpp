@@ -135,10 +135,18 @@ Result<KernelSource> generate(const KernelSpec& spec, const TargetInfo& target, 
 }
 
 TuningSubject tuning_subject(const OpTemplate& op, const KernelSpec& spec, const TargetInfo& target) {
+  KernelSpec baked = op.baked_spec(spec);
+  std::vector<KernelConfig> candidates = op.tuning_candidates(baked, target);
+  return tuning_subject(op, std::move(baked), target, std::move(candidates));
+}
+
+TuningSubject tuning_subject(const OpTemplate& op, KernelSpec baked, const TargetInfo& target,
+                             std::vector<KernelConfig> candidates) {
   TuningSubject t;
-  t.spec = op.baked_spec(spec);
-  t.template_sha256 = template_sha256(op, target, op.choose_config(t.spec, target));
-  t.candidates = op.tuning_candidates(t.spec, target);
+  t.spec = std::move(baked);
+  // The heuristic's configuration (tuning_candidates' first) names the template.
+  t.template_sha256 = template_sha256(op, target, candidates.empty() ? op.choose_config(t.spec, target) : candidates.front());
+  t.candidates = std::move(candidates);
   return t;
 }
 

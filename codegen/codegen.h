@@ -61,6 +61,10 @@ struct TuningSubject {
 };
 /// The tuning subject of `spec` on `target` (the spec is assumed valid: OpInterface::validate).
 TuningSubject tuning_subject(const OpTemplate& op, const KernelSpec& spec, const TargetInfo& target);
+/// The same from the baked spec's tuning candidates, already computed (the heuristic's first, as
+/// OpTemplate::tuning_candidates returns them): the runtime's record lookup computes them once.
+TuningSubject tuning_subject(const OpTemplate& op, KernelSpec baked, const TargetInfo& target,
+                             std::vector<KernelConfig> candidates);
 
 /// The prelude text of a target (empty for an unknown vendor).
 std::string_view prelude_for(const TargetInfo& target);

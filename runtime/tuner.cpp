@@ -100,9 +100,11 @@ std::optional<KernelConfig> RuntimeImpl::tuned_config(const KernelSpec& spec) {
   auto op = find_op(spec.op);
   const TargetInfo& target = device_->target();
   if (!op || !(*op)->validate(spec, target)) return std::nullopt;  // get_compiled reports it
-  // Most specs have one candidate: no template hash, no lookup.
-  if ((*op)->tuning_candidates((*op)->baked_spec(spec), target).size() < 2) return std::nullopt;
-  const TuningSubject subject = tuning_subject(**op, spec, target);
+  // Most specs have one candidate: no template hash, no lookup. The candidates are computed once.
+  KernelSpec baked = (*op)->baked_spec(spec);
+  std::vector<KernelConfig> candidates = (*op)->tuning_candidates(baked, target);
+  if (candidates.size() < 2) return std::nullopt;
+  const TuningSubject subject = tuning_subject(**op, std::move(baked), target, std::move(candidates));
   const TuningKey key = TuningKey::make(subject, target, device_->name(), compiler_name(target));
   auto found = tiers_->find_tuning(key, subject.candidates);
   if (!found) return std::nullopt;
