@@ -172,6 +172,29 @@ struct Row {
   kiln::bench::Timing timing;
 };
 
+// The 40 dB check of a row's sampled outputs against their fp64 references: every value finite.
+struct Snr {
+  double sig = 0, err = 0;
+  bool finite = true;
+  void add(double x, double ref) {
+    if (!std::isfinite(x)) finite = false;
+    sig += ref * ref;
+    err += (x - ref) * (x - ref);
+  }
+  void verdict(Row& row) const {
+    row.snr = err > 0 ? 10 * std::log10(sig / err) : 200;
+    row.check = finite && row.snr > 40 ? "PASS" : "FAIL";
+  }
+};
+
+// The case's group offsets [G + 1] (its sizes summed), copied to the device buffer `off`.
+Result<std::vector<int32_t>> upload_offsets(kiln::Device& dev, const DeviceBuffer& off, const Case& c) {
+  std::vector<int32_t> offsets(static_cast<size_t>(c.groups + 1), 0);
+  for (int64_t g = 0; g < c.groups; ++g) offsets[g + 1] = offsets[g] + static_cast<int32_t>(c.sizes[g]);
+  KILN_TRY(dev.copy_to_device(off.ptr, offsets.data(), offsets.size() * 4));
+  return offsets;
+}
+
 constexpr int64_t kSaltA = 0, kSaltW = 499979;
 constexpr size_t kFlushBytes = size_t{256} << 20;
 
@@ -188,9 +211,7 @@ Result<Row> run_case(kiln::Runtime& rt, const Case& c, const Table& table, Devic
   KILN_TRY(out.allocate(dev, static_cast<size_t>(c.tokens * c.N) * 2));
   KILN_TRY(fill(dev, a.ptr, c.tokens * c.K, table, kSaltA));
   KILN_TRY(fill(dev, w.ptr, c.groups * c.N * c.K, table, kSaltW));
-  std::vector<int32_t> offsets(static_cast<size_t>(c.groups + 1), 0);
-  for (int64_t g = 0; g < c.groups; ++g) offsets[g + 1] = offsets[g] + static_cast<int32_t>(c.sizes[g]);
-  KILN_TRY(dev.copy_to_device(off.ptr, offsets.data(), offsets.size() * 4));
+  KILN_ASSIGN_OR_RETURN(const std::vector<int32_t> offsets, upload_offsets(dev, off, c));
   KILN_TRY(out.poison());
   const std::vector<void*> buffers = {a.ptr, w.ptr, off.ptr, out.ptr};
   auto launch = [&]() -> Result<void> { return kernel->launch(spec, buffers); };
@@ -199,8 +220,7 @@ Result<Row> run_case(kiln::Runtime& rt, const Case& c, const Table& table, Devic
 
   // Check: 16 rows spread over the tokens, 256 columns spread over N, fp64.
   Row row;
-  double sig = 0, err = 0;
-  bool finite = true;
+  Snr snr;
   std::vector<uint16_t> got(static_cast<size_t>(c.N));
   for (int s = 0; s < 16; ++s) {
     const int64_t t = s == 15 ? c.tokens - 1 : s * (c.tokens / 16) + s;
@@ -212,14 +232,10 @@ Result<Row> run_case(kiln::Runtime& rt, const Case& c, const Table& table, Devic
       double ref = 0;
       for (int64_t k = 0; k < c.K; ++k)
         ref += Table::value(table.at(t * c.K + k, kSaltA)) * Table::value(table.at((g * c.N + n) * c.K + k, kSaltW));
-      const double x = Table::value(got[static_cast<size_t>(n)]);
-      if (!std::isfinite(x)) finite = false;
-      sig += ref * ref;
-      err += (x - ref) * (x - ref);
+      snr.add(Table::value(got[static_cast<size_t>(n)]), ref);
     }
   }
-  row.snr = err > 0 ? 10 * std::log10(sig / err) : 200;
-  row.check = finite && row.snr > 40 ? "PASS" : "FAIL";
+  snr.verdict(row);
 
   KILN_ASSIGN_OR_RETURN(row.timing, kiln::bench::time_flushed(dev, flush, launch,
                                                                2.0 * double(c.tokens) * double(c.N) * double(c.K), 100));
@@ -241,9 +257,7 @@ Result<Row> run_wgrad_case(kiln::Runtime& rt, const Case& c, const Table& table,
   KILN_TRY(dw.allocate(dev, static_cast<size_t>(G * N * K) * 2));
   KILN_TRY(fill(dev, dy.ptr, T * N, table, kSaltA));
   KILN_TRY(fill(dev, x.ptr, T * K, table, kSaltW));
-  std::vector<int32_t> offsets(static_cast<size_t>(G + 1), 0);
-  for (int64_t g = 0; g < G; ++g) offsets[g + 1] = offsets[g] + static_cast<int32_t>(c.sizes[g]);
-  KILN_TRY(dev.copy_to_device(off.ptr, offsets.data(), offsets.size() * 4));
+  KILN_ASSIGN_OR_RETURN(const std::vector<int32_t> offsets, upload_offsets(dev, off, c));
   KILN_TRY(dw.poison());
   const std::vector<void*> buffers = {dy.ptr, x.ptr, off.ptr, dw.ptr};
   auto launch = [&]() -> Result<void> { return kernel->launch(spec, buffers); };
@@ -253,8 +267,7 @@ Result<Row> run_wgrad_case(kiln::Runtime& rt, const Case& c, const Table& table,
   // Check: 16 (group, row n) pairs of dW (the last group, empty under Zipf loads, included) x 256
   // columns spread over K, fp64 over the group's tokens.
   Row row;
-  double sig = 0, err = 0;
-  bool finite = true;
+  Snr snr;
   std::vector<uint16_t> got(static_cast<size_t>(K));
   for (int s = 0; s < 16; ++s) {
     const int64_t g = s == 15 ? G - 1 : (s * G) / 16, n = s == 15 ? N - 1 : (s * 7919) % N;
@@ -264,14 +277,10 @@ Result<Row> run_wgrad_case(kiln::Runtime& rt, const Case& c, const Table& table,
       double ref = 0;
       for (int64_t t = offsets[g]; t < offsets[g + 1]; ++t)
         ref += Table::value(table.at(t * N + n, kSaltA)) * Table::value(table.at(t * K + k, kSaltW));
-      const double v = Table::value(got[static_cast<size_t>(k)]);
-      if (!std::isfinite(v)) finite = false;
-      sig += ref * ref;
-      err += (v - ref) * (v - ref);
+      snr.add(Table::value(got[static_cast<size_t>(k)]), ref);
     }
   }
-  row.snr = err > 0 ? 10 * std::log10(sig / err) : 200;
-  row.check = finite && row.snr > 40 ? "PASS" : "FAIL";
+  snr.verdict(row);
   KILN_ASSIGN_OR_RETURN(row.timing,
                         kiln::bench::time_flushed(dev, flush, launch, 2.0 * double(T) * double(N) * double(K), 100));
   return row;
@@ -336,9 +345,7 @@ Result<Row> run_fp8_case(kiln::Runtime& rt, const Case& c, Fp8Pass pass, DeviceB
   KILN_TRY(fill_fp8(dev, b.ptr, b_n, table, kSaltW));
   KILN_TRY(fill_scales(dev, sa.ptr, sa_n));
   KILN_TRY(fill_scales(dev, sb.ptr, sb_n));
-  std::vector<int32_t> offsets(static_cast<size_t>(G + 1), 0);
-  for (int64_t g = 0; g < G; ++g) offsets[g + 1] = offsets[g] + static_cast<int32_t>(c.sizes[g]);
-  KILN_TRY(dev.copy_to_device(off.ptr, offsets.data(), offsets.size() * 4));
+  KILN_ASSIGN_OR_RETURN(const std::vector<int32_t> offsets, upload_offsets(dev, off, c));
   KILN_TRY(out.poison());
   const std::vector<void*> buffers = {a.ptr, b.ptr, off.ptr, sa.ptr, sb.ptr, out.ptr};
   auto launch = [&]() -> Result<void> { return kernel->launch(spec, buffers); };
@@ -348,13 +355,7 @@ Result<Row> run_fp8_case(kiln::Runtime& rt, const Case& c, Fp8Pass pass, DeviceB
   auto code = [&](int64_t i, int64_t salt) { return double(kiln::fp8_bits_to_float(table.at(i, salt), e4)); };
   const double s2 = double(kFp8Scale) * double(kFp8Scale);
   Row row;
-  double sig = 0, err = 0;
-  bool finite = true;
-  auto compare = [&](double x, double ref) {
-    if (!std::isfinite(x)) finite = false;
-    sig += ref * ref;
-    err += (x - ref) * (x - ref);
-  };
+  Snr snr;
   if (!wgrad) {  // 16 rows spread over the tokens x 256 columns
     std::vector<uint16_t> got(static_cast<size_t>(N));
     for (int s = 0; s < 16; ++s) {
@@ -366,7 +367,7 @@ Result<Row> run_fp8_case(kiln::Runtime& rt, const Case& c, Fp8Pass pass, DeviceB
         const int64_t n = N <= 256 ? j : j * (N / 256) + j % 7;
         double ref = 0;
         for (int64_t k = 0; k < K; ++k) ref += code(t * K + k, kSaltA) * code((g * N + n) * K + k, kSaltW);
-        compare(Table::value(got[static_cast<size_t>(n)]), ref * s2);
+        snr.add(Table::value(got[static_cast<size_t>(n)]), ref * s2);
       }
     }
   } else {  // 16 (group, row) pairs over the non-empty groups x 256 columns, each group's whole panels
@@ -383,12 +384,11 @@ Result<Row> run_fp8_case(kiln::Runtime& rt, const Case& c, Fp8Pass pass, DeviceB
         double ref = 0;
         for (int64_t p = p0; p < p0 + panels; ++p)
           for (int64_t t = 0; t < 128; ++t) ref += code((p * N + n) * 128 + t, kSaltA) * code((p * K + k) * 128 + t, kSaltW);
-        compare(got[static_cast<size_t>(k)], ref * s2);
+        snr.add(got[static_cast<size_t>(k)], ref * s2);
       }
     }
   }
-  row.snr = err > 0 ? 10 * std::log10(sig / err) : 200;
-  row.check = finite && row.snr > 40 ? "PASS" : "FAIL";
+  snr.verdict(row);
   KILN_ASSIGN_OR_RETURN(row.timing,
                         kiln::bench::time_flushed(dev, flush, launch, 2.0 * double(T) * double(N) * double(K), 100));
   return row;

@@ -375,10 +375,12 @@ std::string GroupedGemmOp::specialize(const KernelSpec& spec, const KernelConfig
 
 // nt, nn: grid.x covers every group's row tiles (at most ceil(tokens / BM) + G - 1 of them: each
 // group wastes less than one tile), grid.y the column tiles; a block finds its group from the
-// offsets and blocks past the last tile exit. tn: one block per (BM x BN tile of c[g], g).
+// offsets and blocks past the last tile exit. tn: one block per (BM x BN tile of c[g], g). The
+// TMA kernels are persistent over the same tiles.
 Plan GroupedGemmOp::plan(const KernelSpec& call, const KernelConfig& c) const {
   Plan p;
-  const int64_t tokens = call.param("tokens"), G = call.param("groups");
+  const int64_t tokens = call.param("tokens");
+  const uint64_t N = call.param("N"), K = call.param("K"), G = call.param("groups");
   LaunchGeometry g;
   g.block.x = static_cast<uint32_t>(c.at("THREADS"));
   if (tn(call)) {  // every c[g] is written, zeros for empty groups, even with no tokens
@@ -386,117 +388,75 @@ Plan GroupedGemmOp::plan(const KernelSpec& call, const KernelConfig& c) const {
     g.grid.y = static_cast<uint32_t>(G);
   } else {
     if (tokens == 0) return p;
-    g.grid.x = static_cast<uint32_t>(ceil_div(tokens, c.at("BM")) + G - 1);
+    g.grid.x = static_cast<uint32_t>(ceil_div(tokens, c.at("BM")) + static_cast<int64_t>(G) - 1);
     g.grid.y = static_cast<uint32_t>(ceil_div(call.param("N"), c.at("BN")));
   }
   if (wgmma(c)) g.dynamic_shared_bytes = static_cast<uint32_t>(sm90_shared_bytes(call, c));
-  if (fp8_kernel(c) && tma(c) && tn(call)) {
-    // Persistent over the G x ceil(N / 128) x ceil(K / 128) tiles of c; maps of the panels a
-    // [P N, 128] and b [P K, 128] (boxes of 128 bytes x 128 rows) and of c as [G N, K], then
-    // offsets, sa, sb, c, tokens.
-    const uint64_t N = call.param("N"), K = call.param("K"), G = call.param("groups"), P = panels(call);
-    const size_t out = c_index(with_defaults(call));
-    g.grid.x = static_cast<uint32_t>(std::min<int64_t>(static_cast<int64_t>(g.grid.x) * g.grid.y, kInt32Max));
-    g.grid.y = 1;
-    g.persistent = true;
+  const uint32_t out = c_index(with_defaults(call));  // c: with accumulate the buffer of c_in
+  // c's TMA map: boxes of one 128-byte line x 64 rows, over `rows` rows of `cols` columns.
+  const auto map_of_c = [&](uint64_t cols, uint64_t rows) {
+    return TensorMapInfo{out, cols, rows, static_cast<uint32_t>(128 / dtype_size(call.out_dtype)), 64};
+  };
+  const auto launch = [&](std::vector<KernelArg> args, bool persistent) {
+    if (persistent) {  // grid.x bounds the tiles of every group; the launch caps it at one block per SM
+      g.grid.x = static_cast<uint32_t>(std::min<int64_t>(static_cast<int64_t>(g.grid.x) * g.grid.y, kInt32Max));
+      g.grid.y = 1;
+      g.persistent = true;
+    }
     Launch l;
     l.kernel = "kiln_grouped_gemm";
     l.geometry = g;
-    l.args = {KernelArg::tensor_map_of({0, 128, P * N, 128, 128}),
-              KernelArg::tensor_map_of({1, 128, P * K, 128, 128}),
-              KernelArg::tensor_map_of({out, K, G * N, static_cast<uint32_t>(128 / dtype_size(call.out_dtype)), 64}),
-              KernelArg::tensor(2),
-              KernelArg::tensor(3),
-              KernelArg::tensor(4),
-              KernelArg::tensor(static_cast<uint32_t>(out)),
-              KernelArg::i32(tokens)};
+    l.args = std::move(args);
     p.launches.push_back(std::move(l));
     return p;
+  };
+  using A = KernelArg;
+  if (fp8_kernel(c) && tma(c) && tn(call)) {
+    // Over the G x ceil(N / 128) x ceil(K / 128) tiles of c; maps of the panels a [P N, 128] and b
+    // [P K, 128] (boxes of 128 bytes x 128 rows) and of c as [G N, K], then offsets, sa, sb, c,
+    // tokens.
+    const uint64_t P = panels(call);
+    return launch({A::tensor_map_of({0, 128, P * N, 128, 128}), A::tensor_map_of({1, 128, P * K, 128, 128}),
+                   A::tensor_map_of(map_of_c(K, G * N)), A::tensor(2), A::tensor(3), A::tensor(4), A::tensor(out),
+                   A::i32(tokens)},
+                  true);
   }
   if (fp8_kernel(c) && tma(c)) {
-    // Persistent, as the bf16 TMA kernel: maps of a [tokens, K], b [G N, K] (boxes of 128 K bytes
-    // x 128 rows) and c, then offsets, sa, sb, c, tokens.
-    const uint64_t N = call.param("N"), K = call.param("K");
-    g.grid.x = static_cast<uint32_t>(std::min<int64_t>(static_cast<int64_t>(g.grid.x) * g.grid.y, kInt32Max));
-    g.grid.y = 1;
-    g.persistent = true;
-    const size_t out = c_index(with_defaults(call));
-    Launch l;
-    l.kernel = "kiln_grouped_gemm";
-    l.geometry = g;
-    l.args = {KernelArg::tensor_map_of({0, K, static_cast<uint64_t>(std::max<int64_t>(tokens, 1)), 128, 128}),
-              KernelArg::tensor_map_of({1, K, static_cast<uint64_t>(G) * N, 128, 128}),
-              KernelArg::tensor_map_of({out, N, static_cast<uint64_t>(std::max<int64_t>(tokens, 1)),
-                                        static_cast<uint32_t>(128 / dtype_size(call.out_dtype)), 64}),
-              KernelArg::tensor(2),
-              KernelArg::tensor(3),
-              KernelArg::tensor(4),
-              KernelArg::tensor(static_cast<uint32_t>(out)),
-              KernelArg::i32(tokens)};
-    p.launches.push_back(std::move(l));
-    return p;
+    // As the bf16 TMA kernel: maps of a [tokens, K], b [G N, K] (boxes of 128 K bytes x 128 rows)
+    // and c, then offsets, sa, sb, c, tokens.
+    const uint64_t rows = static_cast<uint64_t>(std::max<int64_t>(tokens, 1));
+    return launch({A::tensor_map_of({0, K, rows, 128, 128}), A::tensor_map_of({1, K, G * N, 128, 128}),
+                   A::tensor_map_of(map_of_c(N, rows)), A::tensor(2), A::tensor(3), A::tensor(4), A::tensor(out),
+                   A::i32(tokens)},
+                  true);
   }
-  if (fp8_kernel(c)) {  // a, b, offsets, sa, sb, c (with accumulate the buffer of c_in), tokens
-    Launch l;
-    l.kernel = "kiln_grouped_gemm";
-    l.geometry = g;
-    l.args = {KernelArg::tensor(0), KernelArg::tensor(1),
-              KernelArg::tensor(2), KernelArg::tensor(3),
-              KernelArg::tensor(4), KernelArg::tensor(c_index(with_defaults(call))),
-              KernelArg::i32(tokens)};
-    p.launches.push_back(std::move(l));
-    return p;
-  }
+  if (fp8_kernel(c))  // a, b, offsets, sa, sb, c, tokens
+    return launch({A::tensor(0), A::tensor(1), A::tensor(2), A::tensor(3), A::tensor(4), A::tensor(out),
+                   A::i32(tokens)},
+                  false);
   if (tma(c) && tn(call)) {
-    // Persistent over the G x ceil(N / BM) x ceil(K / BN) tiles of c (the launch caps the grid at
-    // one block per SM); maps of a [tokens, N] and b [tokens, K] (boxes of 64 columns x 64 rows)
-    // and of c as [G N, K]. With no tokens, a and b may have no storage: their maps are c's (the
-    // kernel loads nothing then).
-    const uint64_t N = call.param("N"), K = call.param("K"), G = call.param("groups");
-    const size_t out = c_index(with_defaults(call));
-    const TensorMapInfo map_c{out, K, G * N,
-                              static_cast<uint32_t>(128 / dtype_size(call.out_dtype)), 64};
-    g.grid.x = static_cast<uint32_t>(std::min<int64_t>(static_cast<int64_t>(g.grid.x) * g.grid.y, kInt32Max));
-    g.grid.y = 1;
-    g.persistent = true;
-    Launch l;
-    l.kernel = "kiln_grouped_gemm";
-    l.geometry = g;
-    l.args = {KernelArg::tensor_map_of(tokens == 0 ? map_c : TensorMapInfo{0, N, static_cast<uint64_t>(tokens), 64, 64}),
-              KernelArg::tensor_map_of(tokens == 0 ? map_c : TensorMapInfo{1, K, static_cast<uint64_t>(tokens), 64, 64}),
-              KernelArg::tensor_map_of(map_c), KernelArg::tensor(2), KernelArg::tensor(static_cast<uint32_t>(out)),
-              KernelArg::i32(tokens)};
-    p.launches.push_back(std::move(l));
-    return p;
+    // Over the G x ceil(N / BM) x ceil(K / BN) tiles of c; maps of a [tokens, N] and b [tokens, K]
+    // (boxes of 64 columns x 64 rows) and of c as [G N, K]. With no tokens, a and b may have no
+    // storage: their maps are c's (the kernel loads nothing then).
+    const TensorMapInfo map_c = map_of_c(K, G * N);
+    const uint64_t rows = static_cast<uint64_t>(tokens);
+    return launch({A::tensor_map_of(tokens == 0 ? map_c : TensorMapInfo{0, N, rows, 64, 64}),
+                   A::tensor_map_of(tokens == 0 ? map_c : TensorMapInfo{1, K, rows, 64, 64}), A::tensor_map_of(map_c),
+                   A::tensor(2), A::tensor(out), A::i32(tokens)},
+                  true);
   }
   if (tma(c)) {
-    // Persistent: grid.x bounds the tiles of every group (the launch caps it at one block per
-    // SM); a and b as TMA tensor maps (b as [G N, K] for nt, [G K, N] for nn).
-    const uint64_t N = call.param("N"), K = call.param("K"), G = call.param("groups");
+    // a and b as TMA tensor maps (b as [G N, K] for nt, [G K, N] for nn).
     const uint32_t bn = static_cast<uint32_t>(c.at("BN"));
-    g.grid.x = static_cast<uint32_t>(std::min<int64_t>(static_cast<int64_t>(g.grid.x) * g.grid.y, kInt32Max));
-    g.grid.y = 1;
-    g.persistent = true;
-    Launch l;
-    l.kernel = "kiln_grouped_gemm";
-    l.geometry = g;
-    l.args = {KernelArg::tensor_map_of({0, K, static_cast<uint64_t>(tokens), 64, 128}),
-              KernelArg::tensor_map_of(call.param("mode") == kNt ? TensorMapInfo{1, K, G * N, 64, bn}
-                                                                 : TensorMapInfo{1, N, G * K, 64, 64}),
-              KernelArg::tensor_map_of({3, N, static_cast<uint64_t>(tokens),
-                                        static_cast<uint32_t>(128 / dtype_size(call.out_dtype)), 64}),
-              KernelArg::tensor(2), KernelArg::tensor(3), KernelArg::i32(tokens)};
-    p.launches.push_back(std::move(l));
-    return p;
+    const uint64_t rows = static_cast<uint64_t>(tokens);
+    return launch({A::tensor_map_of({0, K, rows, 64, 128}),
+                   A::tensor_map_of(call.param("mode") == kNt ? TensorMapInfo{1, K, G * N, 64, bn}
+                                                              : TensorMapInfo{1, N, G * K, 64, 64}),
+                   A::tensor_map_of(map_of_c(N, rows)), A::tensor(2), A::tensor(out), A::i32(tokens)},
+                  true);
   }
-  // a, b, offsets, c (with accumulate the buffer of c_in, read and written), tokens.
-  Launch l;
-  l.kernel = "kiln_grouped_gemm";
-  l.geometry = g;
-  l.args = {KernelArg::tensor(0), KernelArg::tensor(1), KernelArg::tensor(2),
-            KernelArg::tensor(c_index(with_defaults(call))), KernelArg::i32(tokens)};
-  p.launches.push_back(std::move(l));
-  return p;
+  // a, b, offsets, c (read and written with accumulate), tokens.
+  return launch({A::tensor(0), A::tensor(1), A::tensor(2), A::tensor(out), A::i32(tokens)}, false);
 }
 
 // Random rows, and offsets that split the tokens over the groups unevenly (a Zipf-like law: group
