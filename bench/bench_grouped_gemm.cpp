@@ -25,7 +25,8 @@
 //   them; checked on 16 (group, row) pairs of dW (the empty group's included) x 256 columns;
 //   grouped_gemm_peers.py times torch._grouped_mm(dy.t(), x, offs) on it.
 // Inputs: a fixed table of random bf16 values tiled over a and W (so that the check can recompute
-// any element on the host); c poisoned with NaN. Check: 16 rows spread over the tokens (the last
+// any element on the host), copied to the GPU once per size and reused as a prefix by smaller
+// rows (TablePool); c poisoned with NaN. Check: 16 rows spread over the tokens (the last
 // one included) x 256 columns against an fp64 reference, SNR > 40 dB, no
 // non-finite value.
 // Timing: device events around each launch, L2 evicted (a 256 MiB memset) before each, 1 warm-up,
@@ -96,10 +97,12 @@ std::vector<Case> model_cases(const std::string& only) {
   std::vector<Case> out;
   for (const Model& m : models) {
     if (!only.empty() && only != m.name) continue;
-    for (int64_t G : m.G)
+    // Largest first (G and M descending): the operands' table pools fill once per model.
+    for (auto g = m.G.rbegin(); g != m.G.rend(); ++g)
       for (int proj = 0; proj < 2; ++proj)
-        for (int64_t M = 512; M <= 16384; M *= 2)
+        for (int64_t M = 16384; M >= 512; M /= 2)
           for (bool zipf : {false, true}) {
+            const int64_t G = *g;
             if (zipf && G == 1) continue;  // one group: Zipf loads are the balanced ones
             const int64_t* nk = proj == 0 ? m.gate_up : m.down;
             out.push_back({fmt::format("{}_{}_G{}_M{}_{}", m.name, proj == 0 ? "gate_up" : "down", G, M,
@@ -172,6 +175,25 @@ struct Row {
   kiln::bench::Timing timing;
 };
 
+// A device copy of the table's values from element 0 on (`salt` fixed), grown on demand: element i
+// of any tensor filled from the table is the same whatever its shape, so a row reuses the prefix
+// that earlier (larger or equal) rows filled instead of copying gigabytes from the host again (the
+// --models sweep's largest operands hold 3.8 G elements).
+struct TablePool {
+  int64_t salt = 0;
+  DeviceBuffer buf;
+  int64_t filled = 0;
+  Result<void*> get(kiln::Device& dev, int64_t n, const Table& table) {
+    if (n > filled) {
+      filled = 0;
+      KILN_TRY(buf.allocate(dev, static_cast<size_t>(n) * 2));
+      KILN_TRY(fill(dev, buf.ptr, n, table, salt));
+      filled = n;
+    }
+    return buf.ptr;
+  }
+};
+
 // The 40 dB check of a row's sampled outputs against their fp64 references: every value finite.
 struct Snr {
   double sig = 0, err = 0;
@@ -198,22 +220,21 @@ Result<std::vector<int32_t>> upload_offsets(kiln::Device& dev, const DeviceBuffe
 constexpr int64_t kSaltA = 0, kSaltW = 499979;
 constexpr size_t kFlushBytes = size_t{256} << 20;
 
-Result<Row> run_case(kiln::Runtime& rt, const Case& c, const Table& table, DeviceBuffer& flush, bool tune) {
+Result<Row> run_case(kiln::Runtime& rt, const Case& c, const Table& table, TablePool& pool_a, TablePool& pool_w,
+                     DeviceBuffer& flush, bool tune) {
   kiln::Device& dev = *rt.device();
   const kiln::KernelSpec spec{"grouped_gemm", kiln::DType::bf16, kiln::DType::bf16,
                               {{"mode", 0}, {"groups", c.groups}, {"N", c.N}, {"K", c.K}, {"tokens", c.tokens}}};
   if (tune) KILN_TRY(kiln::bench::tune_and_print(rt, spec, c.label));  // on the op's own random group sizes
   KILN_ASSIGN_OR_RETURN(auto kernel, rt.kernel(spec));
-  DeviceBuffer a, w, off, out;
-  KILN_TRY(a.allocate(dev, static_cast<size_t>(c.tokens * c.K) * 2));
-  KILN_TRY(w.allocate(dev, static_cast<size_t>(c.groups * c.N * c.K) * 2));
+  DeviceBuffer off, out;
+  KILN_ASSIGN_OR_RETURN(void* const a, pool_a.get(dev, c.tokens * c.K, table));
+  KILN_ASSIGN_OR_RETURN(void* const w, pool_w.get(dev, c.groups * c.N * c.K, table));
   KILN_TRY(off.allocate(dev, static_cast<size_t>(c.groups + 1) * 4));
   KILN_TRY(out.allocate(dev, static_cast<size_t>(c.tokens * c.N) * 2));
-  KILN_TRY(fill(dev, a.ptr, c.tokens * c.K, table, kSaltA));
-  KILN_TRY(fill(dev, w.ptr, c.groups * c.N * c.K, table, kSaltW));
   KILN_ASSIGN_OR_RETURN(const std::vector<int32_t> offsets, upload_offsets(dev, off, c));
   KILN_TRY(out.poison());
-  const std::vector<void*> buffers = {a.ptr, w.ptr, off.ptr, out.ptr};
+  const std::vector<void*> buffers = {a, w, off.ptr, out.ptr};
   auto launch = [&]() -> Result<void> { return kernel->launch(spec, buffers); };
   KILN_TRY(launch());
   KILN_TRY(dev.synchronize(nullptr));
@@ -243,23 +264,22 @@ Result<Row> run_case(kiln::Runtime& rt, const Case& c, const Table& table, Devic
 }
 
 // The bf16 wgrad (--wgrad): dW[g] = dy_g^T x_g, tn, into bf16 c [G, N, K].
-Result<Row> run_wgrad_case(kiln::Runtime& rt, const Case& c, const Table& table, DeviceBuffer& flush, bool tune) {
+Result<Row> run_wgrad_case(kiln::Runtime& rt, const Case& c, const Table& table, TablePool& pool_a,
+                           TablePool& pool_w, DeviceBuffer& flush, bool tune) {
   kiln::Device& dev = *rt.device();
   const int64_t G = c.groups, T = c.tokens, N = c.N, K = c.K;
   const kiln::KernelSpec spec{"grouped_gemm", kiln::DType::bf16, kiln::DType::bf16,
                               {{"mode", 2}, {"groups", G}, {"N", N}, {"K", K}, {"tokens", T}}};
   if (tune) KILN_TRY(kiln::bench::tune_and_print(rt, spec, c.label + "_wgrad"));
   KILN_ASSIGN_OR_RETURN(auto kernel, rt.kernel(spec));
-  DeviceBuffer dy, x, off, dw;
-  KILN_TRY(dy.allocate(dev, static_cast<size_t>(T * N) * 2));
-  KILN_TRY(x.allocate(dev, static_cast<size_t>(T * K) * 2));
+  DeviceBuffer off, dw;
+  KILN_ASSIGN_OR_RETURN(void* const dy, pool_a.get(dev, T * N, table));  // dy's values: the table with a's salt
+  KILN_ASSIGN_OR_RETURN(void* const x, pool_w.get(dev, T * K, table));   // x's: with W's
   KILN_TRY(off.allocate(dev, static_cast<size_t>(G + 1) * 4));
   KILN_TRY(dw.allocate(dev, static_cast<size_t>(G * N * K) * 2));
-  KILN_TRY(fill(dev, dy.ptr, T * N, table, kSaltA));
-  KILN_TRY(fill(dev, x.ptr, T * K, table, kSaltW));
   KILN_ASSIGN_OR_RETURN(const std::vector<int32_t> offsets, upload_offsets(dev, off, c));
   KILN_TRY(dw.poison());
-  const std::vector<void*> buffers = {dy.ptr, x.ptr, off.ptr, dw.ptr};
+  const std::vector<void*> buffers = {dy, x, off.ptr, dw.ptr};
   auto launch = [&]() -> Result<void> { return kernel->launch(spec, buffers); };
   KILN_TRY(launch());
   KILN_TRY(dev.synchronize(nullptr));
@@ -439,6 +459,9 @@ int main(int argc, char** argv) {
     return 1;
   }
   const Table table(20261126);
+  TablePool pool_a, pool_w;  // a and dy; W and x
+  pool_a.salt = kSaltA;
+  pool_w.salt = kSaltW;
   std::FILE* out = std::fopen(csv.c_str(), "w");
   std::ofstream groups(csv + ".groups.json");
   if (!out || !groups) {
@@ -471,8 +494,8 @@ int main(int argc, char** argv) {
     static const char* const kPass[] = {"fp8_fwd", "fp8_dgrad", "fp8_wgrad"};
     const std::string label = run.pass == -1 ? c.label : run.pass == -2 ? c.label + "_wgrad" : c.label + "_" + kPass[run.pass];
     const bool dgrad = run.pass == static_cast<int>(Fp8Pass::dgrad);
-    auto r = run.pass == -1   ? run_case(runtime, c, table, flush, tune)
-             : run.pass == -2 ? run_wgrad_case(runtime, c, table, flush, tune)
+    auto r = run.pass == -1   ? run_case(runtime, c, table, pool_a, pool_w, flush, tune)
+             : run.pass == -2 ? run_wgrad_case(runtime, c, table, pool_a, pool_w, flush, tune)
                               : run_fp8_case(runtime, c, static_cast<Fp8Pass>(run.pass), flush);
     if (!r) {
       std::fprintf(stderr, "%s: %s\n", label.c_str(), r.error().message.c_str());
