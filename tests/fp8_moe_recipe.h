@@ -69,6 +69,13 @@ inline std::vector<double> bf16_dgrad(const std::vector<float>& dy, const std::v
   return dx;
 }
 
+/// A recipe's launch, one op after another on the runtime's stream: the first failure is kept in
+/// r.error (later steps still run; their outputs are then not compared).
+inline void launch_step(Runtime& rt, Fp8RecipeResult& r, const KernelSpec& spec, std::span<void* const> ptrs) {
+  auto l = rt.launch(spec, ptrs);
+  if (!l.ok() && r.error.empty()) r.error = to_string(spec) + ": " + l.error().message;
+}
+
 /// Tensor i of `d`, copied back from the device and decoded to float (empty if the copy fails).
 inline std::vector<float> read_back(Device& device, const DeviceTensors& d, size_t i) {
   const TensorInfo& t = d.tensors()[i];
@@ -94,10 +101,7 @@ inline Fp8RecipeResult run_fp8_dgrad(Runtime& rt, int64_t G, int64_t tokens, int
   auto w = DeviceTensors::make(device, quant, quant.with_defaults(s.quantize_w), rng);
   auto gg = DeviceTensors::make(device, grouped, grouped.with_defaults(s.gemm), rng);
   if (!dy || !w || !gg) return {0, 0, "allocation failed"};
-  auto step = [&](const KernelSpec& spec, std::span<void* const> ptrs) {
-    auto l = rt.launch(spec, ptrs);
-    if (!l.ok() && r.error.empty()) r.error = to_string(spec) + ": " + l.error().message;
-  };
+  auto step = [&](const KernelSpec& spec, std::span<void* const> ptrs) { launch_step(rt, r, spec, ptrs); };
   step(s.quantize_dy, dy->pointers());  // x, q, scale
   step(s.quantize_w, w->pointers());    // x, qt, qt_scale
   // a = dy's q, b = W^T, offsets, sa = dy's scale, sb = W^T's scales, c.
@@ -167,10 +171,7 @@ inline Fp8RecipeResult run_fp8_wgrad(Runtime& rt, int64_t G, int64_t tokens, int
   auto x = DeviceTensors::make(device, quant, quant.with_defaults(s.quantize_x), rng);
   auto gg = DeviceTensors::make(device, grouped, grouped.with_defaults(s.gemm), rng);
   if (!dy || !x || !gg) return {0, 0, "allocation failed"};
-  auto step = [&](const KernelSpec& spec, std::span<void* const> ptrs) {
-    auto l = rt.launch(spec, ptrs);
-    if (!l.ok() && r.error.empty()) r.error = to_string(spec) + ": " + l.error().message;
-  };
+  auto step = [&](const KernelSpec& spec, std::span<void* const> ptrs) { launch_step(rt, r, spec, ptrs); };
   // The GEMM's offsets for all three: x, offsets, qt, qt_scale.
   void* offsets = gg->pointers()[2];
   step(s.quantize_dy, std::vector<void*>{dy->pointers()[0], offsets, dy->pointers()[2], dy->pointers()[3]});
