@@ -93,10 +93,10 @@ Plan EmbeddingBwdOp::plan(const KernelSpec& call, const KernelConfig& c) const {
   using A = KernelArg;
   const int64_t tiles = ceil_div(V, kAux);
   // Tensors: ids 0, dy 1, dW 2.
+  // Block 0 zeroes count and ranks the tokens; the others fill dW, 4 vectors per thread.
   const int64_t fill_vectors = ceil_div(V * H, fill16(call, c) ? 4 : 1);
-  launch("kiln_embedding_bwd_fill", ceil_div(fill_vectors, 4 * kAux), 1, kAux, {A::tensor(2)});
-  launch("kiln_embedding_bwd_zero", tiles, 1, kAux, {A::workspace(w.count)});
-  if (T > 0) launch("kiln_embedding_bwd_rank", 1, 1, kAux, {A::tensor(0), A::workspace(w.count), A::workspace(w.rank), A::i32(T)});
+  launch("kiln_embedding_bwd_rank_fill", 1 + ceil_div(fill_vectors, 4 * kAux), 1, kAux,
+         {A::tensor(0), A::workspace(w.count), A::workspace(w.rank), A::i32(T), A::tensor(2)});
   launch("kiln_embedding_bwd_scan", tiles, 1, kAux, {A::workspace(w.count), A::workspace(w.start), A::workspace(w.tiles)});
   launch("kiln_embedding_bwd_offset", tiles, 1, kAux, {A::workspace(w.start), A::workspace(w.tiles)});
   if (T > 0)
