@@ -4,20 +4,35 @@
 
 namespace kiln {
 
-KernelConfig elementwise_row_config(int64_t columns, int64_t vec, const TargetInfo& target) {
-  // Up to 256 threads of 2 accesses each per block: enough blocks for every SM/CU even at few
-  // rows, and two independent 16-byte loads in flight per thread and tensor.
+KernelConfig elementwise_row_config(int64_t columns, int64_t vec, const TargetInfo& target, RowBlock block) {
+  // By default up to 256 threads of 2 accesses each per block: enough blocks for every SM/CU even
+  // at few rows, and two independent 16-byte loads in flight per thread and tensor.
   const int64_t nvec = ceil_div(columns, vec);
-  const int64_t threads = std::clamp<int64_t>(round_up(ceil_div(nvec, 2), target.wave_size), target.wave_size, 256);
-  const int64_t items = std::clamp<int64_t>(ceil_div(nvec, threads), 1, 2);
+  const int64_t max_threads = std::min<int64_t>(block.max_threads, target.max_threads_per_block);
+  const int64_t threads =
+      std::clamp<int64_t>(round_up(ceil_div(nvec, block.items), target.wave_size), target.wave_size, max_threads);
+  const int64_t items = std::clamp<int64_t>(ceil_div(nvec, threads), 1, block.items);
   return {{"THREADS", threads}, {"VEC", vec}, {"ITEMS", items}};
 }
 
-std::vector<KernelConfig> elementwise_row_variants(int64_t columns, DType t, const TargetInfo& target) {
+std::vector<KernelConfig> elementwise_row_variants(int64_t columns, DType t, const TargetInfo& target, RowBlock block) {
   const int64_t vec = 16 / static_cast<int64_t>(dtype_size(t));
   std::vector<KernelConfig> out;
-  if (columns % vec == 0) out.push_back(elementwise_row_config(columns, vec, target));
-  out.push_back(elementwise_row_config(columns, 1, target));
+  if (columns % vec == 0) out.push_back(elementwise_row_config(columns, vec, target, block));
+  out.push_back(elementwise_row_config(columns, 1, target, block));
+  return out;
+}
+
+std::vector<KernelConfig> elementwise_row_candidates(int64_t columns, KernelConfig first, const TargetInfo& target) {
+  const int64_t vec = first.at("VEC"), nvec = ceil_div(columns, vec);
+  std::vector<KernelConfig> out = {std::move(first)};
+  for (int64_t threads : {64, 128, 256, 512, 1024})
+    for (int64_t items : {1, 2, 4}) {
+      KernelConfig c = {{"THREADS", threads}, {"VEC", vec}, {"ITEMS", items}};
+      if (threads % target.wave_size == 0 && threads <= target.max_threads_per_block && threads * items <= nvec &&
+          std::find(out.begin(), out.end(), c) == out.end())
+        out.push_back(std::move(c));
+    }
   return out;
 }
 

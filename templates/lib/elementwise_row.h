@@ -12,12 +12,25 @@
 
 namespace kiln {
 
-/// The elementwise-row configuration shared by swiglu and swiglu_bwd: VEC elements per access
-/// (16 bytes, or 1), THREADS per block, ITEMS accesses per thread; grid (rows, chunks of a row).
-KernelConfig elementwise_row_config(int64_t columns, int64_t vec, const TargetInfo& target);
+/// A block's shape for elementwise_row_config: up to `max_threads` threads of `items` accesses
+/// each. The default (256 x 2) serves most ops; swiglu and swiglu_bwd take their measured best
+/// (H100, 2026-11-27, `scripts/gpu_tune_membound.sh`: swiglu 1024 x 1, swiglu_bwd 512 x 2).
+struct RowBlock {
+  int64_t max_threads = 256;
+  int64_t items = 2;
+};
+/// The elementwise-row configuration: VEC elements per access (16 bytes, or 1), THREADS per
+/// block (whole wavefronts, at most `block.max_threads`), ITEMS accesses per thread (at most
+/// `block.items`); grid (rows, chunks of a row).
+KernelConfig elementwise_row_config(int64_t columns, int64_t vec, const TargetInfo& target, RowBlock block = {});
 /// Variants for rows of `columns` elements of dtype `t`: vector loads when columns is a
 /// multiple of a 16-byte vector, then scalar loads.
-std::vector<KernelConfig> elementwise_row_variants(int64_t columns, DType t, const TargetInfo& target);
+std::vector<KernelConfig> elementwise_row_variants(int64_t columns, DType t, const TargetInfo& target,
+                                                   RowBlock block = {});
+/// Tuning candidates of an elementwise-row op after `first` (the heuristic's choice, kept first):
+/// THREADS 64 to 1024 with ITEMS 1, 2 or 4, at `first`'s VEC, where one block's accesses fit in a
+/// row (`kiln run --bench` times them on the GPU).
+std::vector<KernelConfig> elementwise_row_candidates(int64_t columns, KernelConfig first, const TargetInfo& target);
 /// The test specs of an elementwise-row op over [rows, I] (swiglu, swiglu_bwd): I 1, 7, 100, 1024
 /// in each dtype, 0 rows, and I 18944.
 std::vector<TestSpec> elementwise_row_test_specs(std::string_view op);

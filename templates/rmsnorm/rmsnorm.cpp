@@ -72,11 +72,15 @@ Result<void> RmsNormOp::validate_rules(const KernelSpec& spec, const TargetInfo&
 }
 
 // Each thread loads ITEMS vectors of VEC elements (16 bytes when VEC > 1) and keeps them in
-// registers between the sum-of-squares pass and the scaling pass. About 4 vectors per thread give
-// the memory system enough loads in flight; whole wavefronts, at most 1024 threads.
+// registers between the sum-of-squares pass and the scaling pass: about 2 vectors per thread on
+// NVIDIA, whole wavefronts, at most 1024 threads. On the H100 (2026-11-27, `scripts/gpu_tune_membound.sh`,
+// bf16, 8192 rows) 2 vectors a thread beat 4 by 2.5-4.2% at hidden 4096-16384, and 1 or 8 were
+// slower still (the residual form: within 2% of each other). AMD keeps the 4 vectors a thread
+// that no measurement there has replaced.
 KernelConfig norm_row_config(int64_t hidden, int64_t vec, const TargetInfo& target) {
-  const int64_t nvec = ceil_div(hidden, vec);
-  const int64_t threads = std::clamp<int64_t>(round_up(ceil_div(nvec, 4), target.wave_size), target.wave_size, 1024);
+  const int64_t nvec = ceil_div(hidden, vec), per_thread = target.vendor == Vendor::nvidia ? 2 : 4;
+  const int64_t threads =
+      std::clamp<int64_t>(round_up(ceil_div(nvec, per_thread), target.wave_size), target.wave_size, 1024);
   return {{"THREADS", threads}, {"VEC", vec}, {"ITEMS", ceil_div(nvec, threads)}};
 }
 
@@ -91,6 +95,21 @@ std::vector<KernelConfig> RmsNormOp::variants(const KernelSpec& spec, const Targ
   return out;
 }
 
+std::vector<KernelConfig> RmsNormOp::tuning_candidates(const KernelSpec& spec, const TargetInfo& target) const {
+  // The heuristic's, then 1, 2, 4 or 8 accesses per thread over whole wavefronts (at most 1024
+  // threads): one block per row either way, a row in registers (`kiln run --bench` times them).
+  const KernelSpec s = with_defaults(spec);
+  std::vector<KernelConfig> out = {choose_config(s, target)};
+  if (fp8_fused(s)) return out;
+  const int64_t vec = out.front().at("VEC"), nvec = ceil_div(s.param("hidden"), vec);
+  for (int64_t items : {1, 2, 4, 8}) {
+    const int64_t threads = round_up(ceil_div(nvec, items), target.wave_size);
+    KernelConfig c = {{"THREADS", threads}, {"VEC", vec}, {"ITEMS", ceil_div(nvec, threads)}};
+    if (threads <= std::min<int64_t>(1024, target.max_threads_per_block) && std::find(out.begin(), out.end(), c) == out.end())
+      out.push_back(std::move(c));
+  }
+  return out;
+}
 std::vector<uint32_t> RmsNormOp::base_alignment(const KernelSpec& spec, const KernelConfig& config) const {
   return fp8_fused_alignment(config, tensors(spec));
 }

@@ -66,12 +66,22 @@ Result<void> SwiGluOp::validate_rules(const KernelSpec& spec, const TargetInfo&)
 
 std::vector<KernelConfig> SwiGluOp::variants(const KernelSpec& spec, const TargetInfo& target) const {
   const KernelSpec s = with_defaults(spec);
-  if (!fp8_fused(s)) return elementwise_row_variants(s.param("intermediate"), s.dtype, target);
+  // The H100's measured block (lib/elementwise_row.h); AMD keeps the default, which no
+  // measurement there has replaced.
+  if (!fp8_fused(s))
+    return elementwise_row_variants(s.param("intermediate"), s.dtype, target,
+                                    target.vendor == Vendor::nvidia ? RowBlock{1024, 1} : RowBlock{});
   const int64_t I = s.param("intermediate"), vec = 16 / static_cast<int64_t>(dtype_size(s.dtype));
   std::vector<KernelConfig> out;
   if (I % vec == 0) out.push_back(fp8_row_config(I, vec, target));
   out.push_back(fp8_row_config(I, 1, target));
   return out;
+}
+std::vector<KernelConfig> SwiGluOp::tuning_candidates(const KernelSpec& spec, const TargetInfo& target) const {
+  const KernelSpec s = with_defaults(spec);
+  KernelConfig first = choose_config(s, target);
+  if (fp8_fused(s)) return {std::move(first)};
+  return elementwise_row_candidates(s.param("intermediate"), std::move(first), target);
 }
 std::vector<uint32_t> SwiGluOp::base_alignment(const KernelSpec& spec, const KernelConfig& config) const {
   return fp8_fused_alignment(config, tensors(spec));

@@ -134,8 +134,14 @@ TEST(Templates, TuningCandidatesStartWithTheHeuristicAndAreDistinct) {
   EXPECT_EQ(gemm->tuning_candidates(gemm_spec(1024, 1024, 1024, false, true, DType::f32, DType::f32), sm90).size(), 1u);
   const KernelSpec cp_async = gemm_spec(100, 70, 33, false, true);
   EXPECT_EQ(gemm->tuning_candidates(cp_async, sm90), std::vector<KernelConfig>{gemm->choose_config(cp_async, sm90)});
+  // rmsnorm: the heuristic's, then 1, 2, 4, 8 accesses per thread (hidden 4096 bf16: 512 vectors;
+  // the heuristic's is the 2-access one on sm_90a), each distinct.
   const OpTemplate* norm = *find_op("rmsnorm");
-  EXPECT_EQ(norm->tuning_candidates(rmsnorm_spec(8, 4096), sm90).size(), 1u);
+  const std::vector<KernelConfig> nc = norm->tuning_candidates(rmsnorm_spec(8, 4096), sm90);
+  ASSERT_EQ(nc.size(), 4u);
+  EXPECT_EQ(nc.front(), norm->choose_config(rmsnorm_spec(8, 4096), sm90));
+  for (size_t i = 0; i < nc.size(); ++i)
+    for (size_t j = i + 1; j < nc.size(); ++j) EXPECT_NE(nc[i], nc[j]) << i << " and " << j;
 }
 
 // rmsnorm_bwd's row pass: the heuristic keeps the next row in flight (PREFETCH 1, ITEMS 4) with

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Times every tuning candidate of the memory-bound ops at bench_membound's sizes on this machine's
+# GPU (`kiln run OP --bench`: the tuner times each candidate, then the winner is checked against
+# the CPU reference), and prints each op's candidate table. Run after `scripts/gpu_step.sh build`.
+#   scripts/gpu_tune_membound.sh [OP ...]     # default: rmsnorm rmsnorm_residual rmsnorm_bwd swiglu swiglu_bwd
+# Logs under $OUT (tune_OP.log). A fresh cache directory, so every candidate is timed.
+set -uo pipefail
+B=${B:-build-gpu}
+OUT=${OUT:-$PWD/out}
+mkdir -p "$OUT"
+export LD_LIBRARY_PATH=$PWD/.gpu-carry/hiredis/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export KILN_CACHE_DIR=$(mktemp -d)
+ops=("$@")
+[ ${#ops[@]} -eq 0 ] && ops=(rmsnorm rmsnorm_residual rmsnorm_bwd swiglu swiglu_bwd)
+for op in "${ops[@]}"; do
+  case $op in
+    rmsnorm) specs=("rmsnorm -p hidden=4096" "rmsnorm -p hidden=8192" "rmsnorm -p hidden=16384") ;;
+    rmsnorm_residual) specs=("rmsnorm -p residual=true,hidden=4096" "rmsnorm -p residual=true,hidden=16384") ;;
+    rmsnorm_bwd) specs=("rmsnorm_bwd -p hidden=4096" "rmsnorm_bwd -p hidden=16384") ;;
+    swiglu) specs=("swiglu -p intermediate=14336" "swiglu -p intermediate=29568" "swiglu -p intermediate=53248") ;;
+    swiglu_bwd) specs=("swiglu_bwd -p intermediate=14336" "swiglu_bwd -p intermediate=53248") ;;
+    *) echo "gpu_tune_membound.sh: unknown op $op" >&2; exit 2 ;;
+  esac
+  for s in "${specs[@]}"; do
+    echo "== kiln run $s -p rows=8192 --dtype bf16 --bench"
+    # shellcheck disable=SC2086
+    $B/kiln run $s -p rows=8192 --dtype bf16 --bench --iterations 200 2>&1 | head -60
+  done > "$OUT/tune_$op.log"
+  cat "$OUT/tune_$op.log"
+done
