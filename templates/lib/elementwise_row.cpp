@@ -12,7 +12,9 @@ KernelConfig elementwise_row_config(int64_t columns, int64_t vec, const TargetIn
   const int64_t threads =
       std::clamp<int64_t>(round_up(ceil_div(nvec, block.items), target.wave_size), target.wave_size, max_threads);
   const int64_t items = std::clamp<int64_t>(ceil_div(nvec, threads), 1, block.items);
-  return {{"THREADS", threads}, {"VEC", vec}, {"ITEMS", items}};
+  KernelConfig c = {{"THREADS", threads}, {"VEC", vec}, {"ITEMS", items}};
+  if (block.chunk_major) c["CHUNK_MAJOR"] = 1;
+  return c;
 }
 
 std::vector<KernelConfig> elementwise_row_variants(int64_t columns, DType t, const TargetInfo& target, RowBlock block) {
@@ -23,28 +25,41 @@ std::vector<KernelConfig> elementwise_row_variants(int64_t columns, DType t, con
   return out;
 }
 
-std::vector<KernelConfig> elementwise_row_candidates(int64_t columns, KernelConfig first, const TargetInfo& target) {
+std::vector<KernelConfig> elementwise_row_candidates(int64_t columns, KernelConfig first, const TargetInfo& target,
+                                                     bool both_orders) {
   const int64_t vec = first.at("VEC"), nvec = ceil_div(columns, vec);
   std::vector<KernelConfig> out = {std::move(first)};
-  for (int64_t threads : {64, 128, 256, 512, 1024})
-    for (int64_t items : {1, 2, 4}) {
-      KernelConfig c = {{"THREADS", threads}, {"VEC", vec}, {"ITEMS", items}};
-      if (threads % target.wave_size == 0 && threads <= target.max_threads_per_block && threads * items <= nvec &&
-          std::find(out.begin(), out.end(), c) == out.end())
-        out.push_back(std::move(c));
-    }
+  for (int chunk_major = 0; chunk_major <= (both_orders ? 1 : 0); ++chunk_major)
+    for (int64_t threads : {64, 128, 256, 512, 1024})
+      for (int64_t items : {1, 2, 4}) {
+        KernelConfig c = {{"THREADS", threads}, {"VEC", vec}, {"ITEMS", items}};
+        if (chunk_major) c["CHUNK_MAJOR"] = 1;
+        if (threads % target.wave_size == 0 && threads <= target.max_threads_per_block && threads * items <= nvec &&
+            std::find(out.begin(), out.end(), c) == out.end())
+          out.push_back(std::move(c));
+      }
   return out;
+}
+
+std::string elementwise_row_defines(const KernelConfig& c) {
+  return c.count("CHUNK_MAJOR") && c.at("CHUNK_MAJOR") ? "#define CHUNK_MAJOR 1\n" : "#define CHUNK_MAJOR 0\n";
 }
 
 LaunchGeometry elementwise_row_geometry(int64_t rows, int64_t columns, const KernelConfig& c) {
   LaunchGeometry g;
-  g.grid.x = static_cast<uint32_t>(rows);
-  g.grid.y = static_cast<uint32_t>(ceil_div(ceil_div(columns, c.at("VEC")), c.at("THREADS") * c.at("ITEMS")));
+  const auto chunks = static_cast<uint32_t>(ceil_div(ceil_div(columns, c.at("VEC")), c.at("THREADS") * c.at("ITEMS")));
+  if (c.count("CHUNK_MAJOR") && c.at("CHUNK_MAJOR")) {
+    constexpr int64_t kRowsPerY = 65535;  // kiln::kRowsPerGridY of lib/elementwise_row.kernel
+    g.grid = {chunks, static_cast<uint32_t>(std::min(rows, kRowsPerY)), static_cast<uint32_t>(ceil_div(rows, kRowsPerY))};
+  } else {
+    g.grid.x = static_cast<uint32_t>(rows);
+    g.grid.y = chunks;
+  }
   g.block.x = static_cast<uint32_t>(c.at("THREADS"));
   return g;
 }
 
-std::vector<TestSpec> elementwise_row_test_specs(std::string_view op) {
+std::vector<TestSpec> elementwise_row_test_specs(std::string_view op, const TargetInfo& target) {
   std::vector<TestSpec> out;
   auto add = [&](DType t, int64_t rows, int64_t I, std::string_view why) {
     out.push_back({{std::string(op), t, t, {{"rows", rows}, {"intermediate", I}}}, why});
@@ -57,6 +72,7 @@ std::vector<TestSpec> elementwise_row_test_specs(std::string_view op) {
   }
   add(DType::bf16, 0, 64, "0 rows: a no-op");
   add(DType::bf16, 2, 18944, "I 18944 (Qwen2.5-7B)");
+  if (target.vendor == Vendor::nvidia) add(DType::bf16, 70000, 64, "70000 rows: more than the grid's y extent");
   return out;
 }
 

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -14,10 +15,15 @@ namespace kiln {
 
 /// A block's shape for elementwise_row_config: up to `max_threads` threads of `items` accesses
 /// each. The default (256 x 2) serves most ops; swiglu and swiglu_bwd take their measured best
-/// (H100, 2026-11-27, `scripts/gpu_tune_membound.sh`: swiglu 1024 x 1, swiglu_bwd 512 x 2).
+/// (H100, 2026-11-27, `scripts/gpu_tune_membound.sh`: swiglu 1024 x 1, swiglu_bwd 512 x 2, both
+/// chunk-major).
+/// `chunk_major`: the launch order of lib/elementwise_row.kernel's CHUNK_MAJOR (the chunks of one
+/// row adjacent; config key CHUNK_MAJOR = 1, absent otherwise); only kernels that take their row
+/// and chunk from kiln::row_chunk() may set it.
 struct RowBlock {
   int64_t max_threads = 256;
   int64_t items = 2;
+  bool chunk_major = false;
 };
 /// The elementwise-row configuration: VEC elements per access (16 bytes, or 1), THREADS per
 /// block (whole wavefronts, at most `block.max_threads`), ITEMS accesses per thread (at most
@@ -29,12 +35,18 @@ std::vector<KernelConfig> elementwise_row_variants(int64_t columns, DType t, con
                                                    RowBlock block = {});
 /// Tuning candidates of an elementwise-row op after `first` (the heuristic's choice, kept first):
 /// THREADS 64 to 1024 with ITEMS 1, 2 or 4, at `first`'s VEC, where one block's accesses fit in a
-/// row (`kiln run --bench` times them on the GPU).
-std::vector<KernelConfig> elementwise_row_candidates(int64_t columns, KernelConfig first, const TargetInfo& target);
+/// row, each in both launch orders when `both_orders` (the kernel takes kiln::row_chunk()), else
+/// in row-major order (`kiln run --bench` times them on the GPU).
+std::vector<KernelConfig> elementwise_row_candidates(int64_t columns, KernelConfig first, const TargetInfo& target,
+                                                     bool both_orders = false);
+/// "#define CHUNK_MAJOR 0|1\n" for a configuration (lib/elementwise_row.kernel).
+std::string elementwise_row_defines(const KernelConfig& config);
 /// The test specs of an elementwise-row op over [rows, I] (swiglu, swiglu_bwd): I 1, 7, 100, 1024
-/// in each dtype, 0 rows, and I 18944.
-std::vector<TestSpec> elementwise_row_test_specs(std::string_view op);
-/// The launch geometry of an elementwise-row config over `rows` rows of `columns`.
+/// in each dtype, 0 rows, and I 18944; on NVIDIA also 70000 rows (a chunk-major grid's rows span
+/// its y and z: too many blocks for the AMD emulator).
+std::vector<TestSpec> elementwise_row_test_specs(std::string_view op, const TargetInfo& target);
+/// The launch geometry of an elementwise-row config over `rows` rows of `columns` (grid (rows,
+/// chunks), or with CHUNK_MAJOR (chunks, rows in y and z)).
 LaunchGeometry elementwise_row_geometry(int64_t rows, int64_t columns, const KernelConfig& config);
 
 }  // namespace kiln

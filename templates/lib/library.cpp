@@ -18,6 +18,7 @@ constexpr std::array kParts = {
     LibraryPart{"amd_vectors", true, false, "ext_vector_type registers of MFMA and 16-byte accesses (u32x4, f32x16, ...)"},
     LibraryPart{"attention", true, true, "attention masks (causal, sliding window), softcap tanh, LDS tile loads and dot products"},
     LibraryPart{"attention_sm90", false, true, "sm_90a attention registers: exp2, bf16/fp16 A fragments, quad reductions, Q K^T and P V WGMMAs"},
+    LibraryPart{"elementwise_row", true, true, "an elementwise-row kernel's block: its row and its chunk of the row, row-major or chunk-major launch order"},
     LibraryPart{"epilogue_sm90", false, true, "sm_90a GEMM epilogue: fp32 accumulators to C through swizzled shared-memory chunks and TMA stores"},
     LibraryPart{"fp8", true, true, "fp8 storage types (OCP e4m3/e5m2, FNUZ), round-to-nearest-even saturating conversions"},
     LibraryPart{"fp8_mfma", true, false, "fp8 MFMA steps of 64 k (gfx942 32x32x16, gfx950 32x32x64) and the K-major fp8 row staging through LDS"},
