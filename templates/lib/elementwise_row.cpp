@@ -25,19 +25,18 @@ std::vector<KernelConfig> elementwise_row_variants(int64_t columns, DType t, con
   return out;
 }
 
-std::vector<KernelConfig> elementwise_row_candidates(int64_t columns, KernelConfig first, const TargetInfo& target,
-                                                     bool both_orders) {
+std::vector<KernelConfig> elementwise_row_candidates(int64_t columns, KernelConfig first, const TargetInfo& target) {
   const int64_t vec = first.at("VEC"), nvec = ceil_div(columns, vec);
+  const bool chunk_major = first.count("CHUNK_MAJOR") && first.at("CHUNK_MAJOR");
   std::vector<KernelConfig> out = {std::move(first)};
-  for (int chunk_major = 0; chunk_major <= (both_orders ? 1 : 0); ++chunk_major)
-    for (int64_t threads : {64, 128, 256, 512, 1024})
-      for (int64_t items : {1, 2, 4}) {
-        KernelConfig c = {{"THREADS", threads}, {"VEC", vec}, {"ITEMS", items}};
-        if (chunk_major) c["CHUNK_MAJOR"] = 1;
-        if (threads % target.wave_size == 0 && threads <= target.max_threads_per_block && threads * items <= nvec &&
-            std::find(out.begin(), out.end(), c) == out.end())
-          out.push_back(std::move(c));
-      }
+  for (int64_t threads : {64, 128, 256, 512, 1024})
+    for (int64_t items : {1, 2}) {
+      KernelConfig c = {{"THREADS", threads}, {"VEC", vec}, {"ITEMS", items}};
+      if (chunk_major) c["CHUNK_MAJOR"] = 1;
+      if (threads % target.wave_size == 0 && threads <= target.max_threads_per_block && threads * items <= nvec &&
+          std::find(out.begin(), out.end(), c) == out.end())
+        out.push_back(std::move(c));
+    }
   return out;
 }
 

@@ -34,11 +34,12 @@ KernelConfig elementwise_row_config(int64_t columns, int64_t vec, const TargetIn
 std::vector<KernelConfig> elementwise_row_variants(int64_t columns, DType t, const TargetInfo& target,
                                                    RowBlock block = {});
 /// Tuning candidates of an elementwise-row op after `first` (the heuristic's choice, kept first):
-/// THREADS 64 to 1024 with ITEMS 1, 2 or 4, at `first`'s VEC, where one block's accesses fit in a
-/// row, each in both launch orders when `both_orders` (the kernel takes kiln::row_chunk()), else
-/// in row-major order (`kiln run --bench` times them on the GPU).
-std::vector<KernelConfig> elementwise_row_candidates(int64_t columns, KernelConfig first, const TargetInfo& target,
-                                                     bool both_orders = false);
+/// THREADS 64 to 1024 with ITEMS 1 or 2, at `first`'s VEC and launch order, where one block's
+/// accesses fit in a row (`kiln run --bench` times them on the GPU). ITEMS 4 and the row-major
+/// order lost every swiglu and swiglu_bwd spec of the H100 sweep
+/// (bench/results/h100-2026-11-27-membound-rows/), and each candidate costs the tuning-record
+/// lookup of a process's first build of the kernel.
+std::vector<KernelConfig> elementwise_row_candidates(int64_t columns, KernelConfig first, const TargetInfo& target);
 /// "#define CHUNK_MAJOR 0|1\n" for a configuration (lib/elementwise_row.kernel).
 std::string elementwise_row_defines(const KernelConfig& config);
 /// The test specs of an elementwise-row op over [rows, I] (swiglu, swiglu_bwd): I 1, 7, 100, 1024

@@ -83,7 +83,7 @@ std::vector<KernelConfig> SwiGluOp::tuning_candidates(const KernelSpec& spec, co
   const KernelSpec s = with_defaults(spec);
   KernelConfig first = choose_config(s, target);
   if (fp8_fused(s)) return {std::move(first)};
-  return elementwise_row_candidates(s.param("intermediate"), std::move(first), target, /*both_orders=*/true);
+  return elementwise_row_candidates(s.param("intermediate"), std::move(first), target);
 }
 std::vector<uint32_t> SwiGluOp::base_alignment(const KernelSpec& spec, const KernelConfig& config) const {
   return fp8_fused_alignment(config, tensors(spec));

@@ -90,7 +90,7 @@ std::vector<KernelConfig> SwiGluBwdOp::tuning_candidates(const KernelSpec& spec,
   const KernelSpec s = with_defaults(spec);
   KernelConfig first = choose_config(s, target);
   if (fp8_fused(s)) return {std::move(first)};
-  return elementwise_row_candidates(s.param("intermediate"), std::move(first), target, /*both_orders=*/true);
+  return elementwise_row_candidates(s.param("intermediate"), std::move(first), target);
 }
 std::vector<uint32_t> SwiGluBwdOp::base_alignment(const KernelSpec& spec, const KernelConfig& config) const {
   return fp8_fused_alignment(config, tensors(spec));
