@@ -358,6 +358,7 @@ KILN_GLOBAL KILN_LAUNCH_BOUNDS(256) void kiln_library_test(float* out, const kil
       row1, reinterpret_cast<kiln::fp8_e4m3*>(q), out, 1.0f, qscratch);
   s += kiln::fp8_quantize_row<kiln::fp8_e4m3, float, 0, 256, 1, 2, 300>(
       row1, reinterpret_cast<kiln::fp8_e4m3*>(q), out, 2.0f, qscratch);
+  s += (float)(kiln::row_chunk<1>().row + kiln::row_chunk<0>().chunk);
   out[kiln::thread_x()] = s + kiln::to_float(p.e[3]);
 }
 )";
