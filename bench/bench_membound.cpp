@@ -86,7 +86,8 @@ std::vector<Case> cases(bool quick) {
     out.push_back({"embedding_bwd", {"embedding_bwd", bf16, bf16, emb}, t, 4096});
   }
   // Cross-entropy over Llama-3 (128256), Qwen2.5 (152064) and Llama-2 (32000) vocabularies:
-  // the forward (loss and lse), the backward into its own buffer and in place over the logits.
+  // the forward (loss and lse), the backward into its own buffer and in place over the logits, and
+  // both in one launch.
   const std::pair<int64_t, int64_t> ce_shapes[] = {{8192, 128256}, {8192, 152064}, {16384, 32000}};
   for (const auto& [t, v] : ce_shapes) {
     if (quick && v != 128256) continue;
@@ -94,6 +95,10 @@ std::vector<Case> cases(bool quick) {
     out.push_back({"cross_entropy_bwd", {"cross_entropy_bwd", bf16, bf16, {{"tokens", t}, {"vocab", v}}}, t, v});
     out.push_back({"cross_entropy_bwd_inplace",
                    {"cross_entropy_bwd", bf16, bf16, {{"tokens", t}, {"vocab", v}, {"inplace", 1}}}, t, v});
+    // The loss and dlogits over the logits in one launch (grad_inplace); bytes: one read and one
+    // write of the logits.
+    out.push_back({"cross_entropy_grad",
+                   {"cross_entropy", bf16, bf16, {{"tokens", t}, {"vocab", v}, {"grad_inplace", 1}}}, t, v});
   }
   // MoE of DeepSeek-V3 (issue 18) at 16384 tokens: its routing of fp32 logits [16384, 256] (sigmoid +
   // bias, 8 groups by top-2 sums, 4 kept, top-8, renormalized), and the permutation of bf16 rows

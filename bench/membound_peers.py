@@ -131,17 +131,24 @@ def ce_bwd_peers(x, t, dloss):
     return eager, compiled
 
 
-def ce_step_ms(x, t):
-    """torch.compile of the mean loss, forward then its AOTAutograd backward (issue 16's 4.93 ms
-    peer): the time of one forward + backward."""
+def ce_step(x, t, compiled=True):
+    """The mean loss's forward then its backward (AOTAutograd's under torch.compile): one call."""
     x = x.detach().requires_grad_(True)
-    loss_fn = torch.compile(lambda x, t: F.cross_entropy(x.float(), t, ignore_index=-100), dynamic=False)
+    loss_fn = lambda x, t: F.cross_entropy(x.float(), t, ignore_index=-100)
+    if compiled:
+        loss_fn = torch.compile(loss_fn, dynamic=False)
 
     def step():
         x.grad = None
         loss_fn(x, t).backward()
     step()
-    return do_bench(step, warmup=10, rep=100)
+    return step
+
+
+def ce_step_ms(x, t):
+    """torch.compile of the mean loss, forward then its AOTAutograd backward (issue 16's 4.93 ms
+    peer): the time of one forward + backward."""
+    return do_bench(ce_step(x, t), warmup=10, rep=100)
 # RoPE as transformers' Llama applies it (modeling_llama.apply_rotary_pos_emb, rotate-half) on
 # q [tokens, 32, 128] and k [tokens, 8, 128], with cos/sin [tokens, 128] precomputed in bf16 by
 # LlamaRotaryEmbedding (theta 500000, Llama-3.1 scaling), as the model does once per step.
@@ -264,6 +271,9 @@ def inputs(label, rows, cols):
     t = lambda *s: torch.randn(*s, device=dev, dtype=bf16)
     if label == "cross_entropy":
         return ce_fwd, (t(rows, cols), ce_targets(rows, cols))
+    if label == "cross_entropy_grad":  # Kiln's fused loss + gradient against the loss's fwd + bwd
+        x, tg = t(rows, cols), ce_targets(rows, cols)
+        return ce_step(x, tg, compiled=False), ce_step(x, tg)
     if label.startswith("cross_entropy_bwd"):
         dloss = torch.rand(rows, device=dev) + 0.5
         return ce_bwd_peers(t(rows, cols), ce_targets(rows, cols), dloss)
@@ -331,6 +341,8 @@ def main():
             comp_ms = do_bench(compiled, warmup=10, rep=100)
         # The peer's form: the backward graph alone (BENCHMARKS.md's fair backward peer) or the op's forward.
         peer = "bwd graph" if bwd or alone is not None or label.startswith("cross_entropy_bwd") else "forward"
+        if label == "cross_entropy_grad":
+            peer = "fwd+bwd"
         kiln_gbs = float(r["GB/s"])
         eager_gbs, comp_gbs = nbytes / (eager_ms * 1e6), nbytes / (comp_ms * 1e6)
         out.append(dict(label=f"{label} [{n}x{c}]", Check=r["Check"], peer=peer, **{"GB/s": kiln_gbs, "GB/s_stddev": float(r["GB/s_stddev"]),

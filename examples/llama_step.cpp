@@ -10,8 +10,8 @@
 //                 gu = hn @ Wgu^T ; s = swiglu(gu) ; d = s @ Wd^T
 //   fn, rL = rmsnorm(h_{L-1} + d_{L-1}) ; logits = fn @ Wlm^T ; loss = mean(cross_entropy(logits, targets))
 //
-// then the backward of all of it to every weight's gradient: cross_entropy_bwd (dlogits written
-// over the logits), the dgrad (NN) and wgrad (TN, fp32 out) GEMMs, rmsnorm_bwd with the residual
+// then the backward of all of it to every weight's gradient: dlogits (written over the logits by
+// the forward's cross_entropy in the same launch as the loss: grad_inplace), the dgrad (NN) and wgrad (TN, fp32 out) GEMMs, rmsnorm_bwd with the residual
 // gradient added in the same pass (dres), swiglu_bwd, attention_bwd writing dq/dk/dv into views
 // of one dqkv buffer, rope_bwd in place, embedding_bwd (deterministic). Every add of the residual
 // stream, forward and backward, is fused into a norm; no separate add kernel runs.
@@ -205,11 +205,11 @@ KernelSpec attention(const Model& m, bool bwd) {
   for (const char* p : {"q_row_stride", "k_row_stride", "v_row_stride"}) s.params[p] = m.dims.qkv_cols();
   return s;
 }
-KernelSpec cross_entropy(const Model& m, bool bwd) {
-  KernelSpec s{bwd ? "cross_entropy_bwd" : "cross_entropy", m.dt, m.dt,
-               {{"tokens", m.dims.tokens()}, {"vocab", m.dims.vocab}, {"target_dtype", 1}}};  // int32 targets
-  if (bwd) s.params["inplace"] = 1;
-  return s;
+// The loss and dlogits (over the logits) in one launch: cross_entropy's grad_inplace (Liger-Kernel's
+// fused form), with dloss = 1 / T known before the forward; int32 targets.
+KernelSpec cross_entropy(const Model& m) {
+  return {"cross_entropy", m.dt, m.dt,
+          {{"tokens", m.dims.tokens()}, {"vocab", m.dims.vocab}, {"target_dtype", 1}, {"grad_inplace", 1}}};
 }
 // Ids and targets are int32 here (half the bytes of the ops' int64 default, PyTorch's torch.long),
 // named explicitly: the step and its manifest (tools/kiln/models.cpp) must agree.
@@ -482,8 +482,9 @@ Result<void> forward(Graph& g, Model& m) {
                  {whole(*m.fn), whole(*m.r_final), whole(*m.rstd_f)}, kEps));
   KILN_TRY(g.run("gemm lm_head", gemm(m, T, d.vocab, d.hidden, false, true, m.dt), {whole(*m.fn), whole(*m.wlm)},
                  {whole(*m.logits)}));
-  KILN_TRY(g.run("cross_entropy", cross_entropy(m, false), {whole(*m.logits), whole(*m.targets)},
-                 {whole(*m.loss), whole(*m.lse_ce)}));
+  // The loss, and dlogits written over the logits for the backward's lm_head GEMMs.
+  KILN_TRY(g.run("cross_entropy+bwd", cross_entropy(m), {whole(*m.logits), whole(*m.targets), whole(*m.dloss)},
+                 {whole(*m.loss), whole(*m.lse_ce), whole(*m.logits)}));
   return kiln::ok();
 }
 
@@ -506,9 +507,8 @@ Result<void> backward(Graph& g, Model& m) {
     if (!f8) return kiln::ok();
     return quantize(g, m, whole(dy), c, m.e5, xg, !produced_fused);
   };
-  // dlogits over the logits (in place), then the lm_head's gradients (bf16 in both steps).
-  KILN_TRY(g.run("cross_entropy_bwd", cross_entropy(m, true),
-                 {whole(*m.dloss), whole(*m.logits), whole(*m.targets), whole(*m.lse_ce)}, {whole(*m.logits)}));
+  // The lm_head's gradients from dlogits, which the forward's cross_entropy wrote over the logits
+  // (bf16 in both steps).
   KILN_TRY(g.run("gemm lm_head wgrad", gemm(m, d.vocab, H, T, true, false, f32), {whole(*m.logits), whole(*m.fn)},
                  {whole(*m.dwlm)}));
   KILN_TRY(g.run("gemm lm_head dgrad", gemm(m, T, H, d.vocab, false, false, m.dt), {whole(*m.logits), whole(*m.wlm)},

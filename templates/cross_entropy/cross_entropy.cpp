@@ -22,16 +22,25 @@ const ParamInfo kParams[] = {
     cp::z_loss_param("add z_loss_weight * lse^2 (PaLM's z-loss)"),
     {"split_rows", "several blocks per row and a second launch: auto (below 2 blocks per SM/CU), never, always",
      true, false, 0, 2, kSplitChoices, 0},
+    {"grad_inplace",
+     "also write dlogits = dloss * d loss / d logits over the logits in the same launch (Liger-Kernel's fused form); "
+     "takes dloss",
+     true, true, 0, 1, {}, 0},
 };
+bool with_grad(const KernelSpec& s) { return s.param("grad_inplace") != 0; }
 constexpr uint32_t kFinishThreads = 64;  // FINISH_THREADS of the template
 
 const TensorDecl kSignature[] = {
     {"logits", Role::input, DTypeRule::in, DType::f32, "[tokens, vocab]", cp::tokens_vocab},
     cp::targets_decl(cp::kTargets64),
     cp::targets_decl(cp::kTargets32),
+    {"dloss", Role::input, DTypeRule::fixed, DType::f32, "[tokens]", cp::tokens, with_grad,
+     "upstream gradient per token (grad_inplace; 1 / count(targets != ignore_index) for a mean loss)"},
     {"loss", Role::output, DTypeRule::fixed, DType::f32, "[tokens]", cp::tokens, nullptr,
      "per-token loss; 0 where ignored"},
     {"lse", Role::output, DTypeRule::fixed, DType::f32, "[tokens]", cp::tokens, nullptr, "log-sum-exp of each row"},
+    {"dlogits", Role::output, DTypeRule::in, DType::f32, "[tokens, vocab]", cp::tokens_vocab, with_grad,
+     "grad_inplace: the gradient, written over the logits", "logits"},
 };
 
 // A configuration of `threads` threads with `unroll` loads in flight each, and its split form:
@@ -53,6 +62,23 @@ KernelConfig row_config(int64_t vocab, int64_t vec, const TargetInfo& target) {
   return config_of(nvec, vec, threads, unroll, target);
 }
 
+// The fused form (grad_inplace): `blocks_per_cu` blocks per SM/CU, each looping over rows, of
+// `threads` threads with `unroll` loads in flight each (kiln_cross_entropy_grad). BLOCKS is the
+// grid (the plan has no target); SPLIT 1, no split form.
+KernelConfig grad_config(int64_t vec, int64_t threads, int64_t unroll, int64_t blocks_per_cu, const TargetInfo& target) {
+  return {{"GRAD", 1}, {"THREADS", threads}, {"VEC", vec}, {"UNROLL", unroll}, {"SPLIT", 1}, {"SPLIT_BELOW", 0},
+          {"BLOCKS", blocks_per_cu * target.compute_units}};
+}
+// One block of up to 1024 threads with 2 loads in flight each per SM/CU: the rows in flight
+// (one per SM/CU) stay in the L2 cache between the two passes.
+KernelConfig grad_row_config(int64_t vocab, int64_t vec, const TargetInfo& target) {
+  const int64_t nvec = ceil_div(vocab, vec);
+  const int64_t max_threads = std::min<int64_t>(1024, target.max_threads_per_block);
+  const int64_t threads = std::clamp<int64_t>(round_up(ceil_div(nvec, 2), target.wave_size), target.wave_size, max_threads);
+  const int64_t unroll = std::clamp<int64_t>(ceil_div(nvec, threads), 1, 2);
+  return grad_config(vec, threads, unroll, 1, target);
+}
+
 // Workspace of the split form: one normalizer (m, s, sum_x) per token and block.
 uint64_t split_workspace(int64_t tokens, const KernelConfig& c) {
   return static_cast<uint64_t>(tokens) * static_cast<uint64_t>(c.at("SPLIT")) * 3 * sizeof(float);
@@ -68,7 +94,20 @@ std::string_view CrossEntropyOp::device_template(const KernelConfig&) const {
 }
 
 std::vector<KernelConfig> CrossEntropyOp::variants(const KernelSpec& spec, const TargetInfo& target) const {
+  if (with_grad(with_defaults(spec)))
+    return cp::vector_then_scalar(spec, [&](int64_t vocab, int64_t vec) { return grad_row_config(vocab, vec, target); });
   return cp::vector_then_scalar(spec, [&](int64_t vocab, int64_t vec) { return row_config(vocab, vec, target); });
+}
+Result<void> CrossEntropyOp::validate_rules(const KernelSpec& spec, const TargetInfo&) const {
+  const KernelSpec s = with_defaults(spec);
+  if (with_grad(s) && s.param("split_rows") == 2)
+    return make_error(Errc::invalid_argument,
+                      "cross_entropy: grad_inplace runs one block per row (the gradient needs the row's lse first): "
+                      "split_rows must be auto or never, not always");
+  return ok();
+}
+std::string_view CrossEntropyOp::kernel_name(const KernelConfig& c) const {
+  return c.count("GRAD") ? "kiln_cross_entropy_grad" : "kiln_cross_entropy";
 }
 std::vector<KernelConfig> CrossEntropyOp::tuning_candidates(const KernelSpec& spec, const TargetInfo& target) const {
   // The heuristic's, then 256 / 512 threads with 2 / 4 / 8 loads in flight each and 1024 threads
@@ -78,6 +117,15 @@ std::vector<KernelConfig> CrossEntropyOp::tuning_candidates(const KernelSpec& sp
   // gfx950 with smoothing.
   std::vector<KernelConfig> out = {choose_config(spec, target)};
   const int64_t vec = out.front().at("VEC"), nvec = ceil_div(spec.param("vocab"), vec);
+  if (with_grad(with_defaults(spec))) {
+    // The fused form: 512 threads with 2 or 4 loads, 1 or 2 blocks per SM/CU.
+    for (int64_t unroll : {2, 4})
+      for (int64_t per_cu : {1, 2}) {
+        KernelConfig c = grad_config(vec, 512, unroll, per_cu, target);
+        if (512 * unroll <= nvec && std::find(out.begin(), out.end(), c) == out.end()) out.push_back(std::move(c));
+      }
+    return out;
+  }
   for (int64_t threads : {256, 512, 1024})
     for (int64_t unroll : {2, 4, 8}) {
       KernelConfig c = config_of(nvec, vec, threads, unroll, target);
@@ -108,6 +156,18 @@ Plan CrossEntropyOp::plan(const KernelSpec& call, const KernelConfig& c) const {
   Plan p;
   const int64_t n = call.param("tokens"), mode = call.param("split_rows");
   if (n == 0) return p;
+  if (c.count("GRAD")) {  // logits 0, targets 1, dloss 2, loss 3, lse 4, dlogits 5 (the logits' buffer)
+    Launch l;
+    l.kernel = "kiln_cross_entropy_grad";
+    const auto blocks = static_cast<uint32_t>(std::min<int64_t>(n, c.at("BLOCKS")));
+    l.geometry.grid.x = blocks;
+    l.geometry.block.x = static_cast<uint32_t>(c.at("THREADS"));
+    l.args = {KernelArg::tensor(0), KernelArg::tensor(1), KernelArg::tensor(2), KernelArg::tensor(3),
+              KernelArg::tensor(4), KernelArg::tensor(5), KernelArg::i32(n),    KernelArg::scalar(0),
+              KernelArg::scalar(1), KernelArg::i32(blocks)};
+    p.launches.push_back(std::move(l));
+    return p;
+  }
   const bool split = mode == 2 || (mode == 0 && n < c.at("SPLIT_BELOW"));
   const uint32_t tokens = static_cast<uint32_t>(n), threads = static_cast<uint32_t>(c.at("THREADS"));
   if (!split) {  // one block per token
@@ -139,6 +199,7 @@ void CrossEntropyOp::init_inputs(const KernelSpec& spec, std::span<const TensorI
   values.assign(inputs.size(), {});
   cp::init_logits(values[0], inputs[0].elements(), inputs[0].dtype, rng);
   cp::init_targets(spec, values[1], rng);
+  if (with_grad(with_defaults(spec))) cp::init_dloss(spec.param("tokens"), values[2], rng);
 }
 
 void CrossEntropyOp::reference(const KernelSpec& spec, const Scalars& scalars, std::span<const std::vector<float>> in,
@@ -146,11 +207,13 @@ void CrossEntropyOp::reference(const KernelSpec& spec, const Scalars& scalars, s
   const int64_t n = spec.param("tokens"), V = spec.param("vocab"), ignore = spec.param("ignore_index");
   const double s = spec.param("smoothing") ? scalar(scalars, "label_smoothing") : 0.0;
   const double z = spec.param("z_loss") ? scalar(scalars, "z_loss_weight") : 0.0;
-  outputs.assign(2, {});
+  const bool grad = with_grad(with_defaults(spec));
+  outputs.assign(grad ? 3 : 2, {});
   std::vector<int64_t> rows(sample.begin(), sample.end());
   if (rows.empty())
     for (int64_t r = 0; r < n; ++r) rows.push_back(r);
   outputs[0].rows = outputs[1].rows = rows;
+  if (grad) outputs[2].rows = rows;
   for (int64_t r : rows) {
     const float* x = &in[0][static_cast<size_t>(r * V)];
     double m = -std::numeric_limits<double>::infinity(), sum = 0, sum_x = 0;
@@ -167,6 +230,10 @@ void CrossEntropyOp::reference(const KernelSpec& spec, const Scalars& scalars, s
     else loss = lse - (1 - s) * x[t] - s / double(V) * sum_x + z * lse * lse;
     outputs[0].values.push_back(loss);
     outputs[1].values.push_back(lse);
+    if (grad)
+      for (int64_t j = 0; j < V; ++j)
+        outputs[2].values.push_back(
+            cp::grad_reference(in[2][static_cast<size_t>(r)], x[j], lse, j, t, V, ignore, s, z));
   }
 }
 
@@ -191,6 +258,15 @@ std::vector<TestSpec> CrossEntropyOp::test_specs(const TargetInfo&) const {
   add(DType::bf16, 3, 128256, 1, 1, 1, 0, "vocab 128256 (Llama-3), smoothing and z-loss");
   add(DType::bf16, 300, 128256, 0, 0, 0, 0, "vocab 128256, 300 tokens (one block per row on the H100)");
   add(DType::f32, 2, 152064, 0, 0, 0, 1, "vocab 152064 (Qwen2.5) in fp32, one block per row");
+  // grad_inplace: the loss and dlogits over the logits in one launch.
+  auto fused = [&](DType t, int64_t tokens, int64_t vocab, int64_t target_dtype, int64_t smoothing, int64_t z,
+                   std::string_view why) {
+    out.push_back(cp::test_spec(name(), t, tokens, vocab, target_dtype, smoothing, z, {"grad_inplace", 1}, why));
+  };
+  fused(DType::f32, 5, 1000, 1, 1, 1, "grad_inplace: vocab 1000 fp32, smoothing and z-loss");
+  fused(DType::f16, 4, 4099, 0, 0, 0, "grad_inplace: vocab 4099 (scalar variant, a tail chunk)");
+  fused(DType::bf16, 6, 4096, 1, 0, 1, "grad_inplace: vocab 4096 bf16, vector accesses, z-loss");
+  fused(DType::bf16, 3, 128256, 1, 1, 0, "grad_inplace: vocab 128256 (Llama-3), smoothing");
   return out;
 }
 

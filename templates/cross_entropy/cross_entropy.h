@@ -25,6 +25,13 @@ namespace kiln {
 /// Gimelshein, "Online normalizer calculation for softmax", 2018): one read of the logits. With
 /// few tokens (split_rows: auto, below 2 blocks per SM/CU; or always), SPLIT blocks per token each
 /// reduce a slice of the row into a workspace normalizer, and a second launch merges them.
+/// grad_inplace (baked boolean, default 0): Liger-Kernel's fused loss and gradient for a loss
+/// whose upstream gradient is known before the forward (a mean or sum): also takes dloss [tokens]
+/// fp32 and writes dlogits [tokens, vocab] (the logits' dtype) over the logits in the same launch,
+/// dlogits_j = dloss_i (p_j (1 + 2 z lse_i) - s/vocab - (1 - s) [j == t]) as cross_entropy_bwd;
+/// the caller passes the logits' buffer for both. One block per SM/CU loops over rows and reads
+/// each row twice, the second time from the L2 cache: one read and one write of the logits where
+/// cross_entropy + cross_entropy_bwd make two reads and a write. split_rows=always is refused.
 /// Variants: 16-byte vector loads when vocab is a multiple of 16 bytes of elements and the
 /// logits are 16-byte aligned; else one element per load.
 class CrossEntropyOp final : public OpTemplate {
@@ -41,7 +48,8 @@ class CrossEntropyOp final : public OpTemplate {
   std::vector<KernelConfig> tuning_candidates(const KernelSpec& spec, const TargetInfo& target) const override;
   std::string_view device_template(const KernelConfig& config) const override;
   std::string specialize(const KernelSpec& spec, const KernelConfig& config) const override;
-  std::string_view kernel_name(const KernelConfig&) const override { return "kiln_cross_entropy"; }
+  std::string_view kernel_name(const KernelConfig& config) const override;
+  Result<void> validate_rules(const KernelSpec& spec, const TargetInfo& target) const override;
   Plan plan(const KernelSpec& call, const KernelConfig& config) const override;
   std::vector<uint32_t> base_alignment(const KernelSpec& spec, const KernelConfig& config) const override;
   void init_inputs(const KernelSpec& spec, std::span<const TensorInfo> inputs, std::vector<std::vector<float>>& values,

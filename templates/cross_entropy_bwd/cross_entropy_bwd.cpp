@@ -107,10 +107,7 @@ void CrossEntropyBwdOp::init_inputs(const KernelSpec& spec, std::span<const Tens
                                     std::vector<std::vector<float>>& values, std::mt19937_64& rng) const {
   values.assign(inputs.size(), {});
   const int64_t n = spec.param("tokens"), V = spec.param("vocab");
-  // dloss: positive and negative upstream gradients, never 0.
-  std::uniform_real_distribution<float> du(0.5f, 2.0f);
-  std::bernoulli_distribution sign(0.5);
-  for (int64_t i = 0; i < n; ++i) values[0].push_back(sign(rng) ? du(rng) : -du(rng));
+  cp::init_dloss(n, values[0], rng);
   cp::init_logits(values[1], n * V, inputs[1].dtype, rng);  // as cross_entropy's
   cp::init_targets(spec, values[2], rng);
   // lse as the forward saves it, from the rounded logits. fp32 exponentials (a benchmark's
@@ -141,13 +138,7 @@ void CrossEntropyBwdOp::reference(const KernelSpec& spec, const Scalars& scalars
     const float* x = &in[1][static_cast<size_t>(r * V)];
     const double dloss = in[0][static_cast<size_t>(r)], lse = in[3][static_cast<size_t>(r)];
     const int64_t t = static_cast<int64_t>(in[2][static_cast<size_t>(r)]);
-    for (int64_t j = 0; j < V; ++j) {
-      double g;
-      if (t == ignore) g = 0;
-      else if (t < 0 || t >= V) g = std::numeric_limits<double>::quiet_NaN();
-      else g = dloss * (std::exp(double(x[j]) - lse) * (1 + 2 * z * lse) - s / double(V) - (j == t ? 1 - s : 0.0));
-      out.values.push_back(g);
-    }
+    for (int64_t j = 0; j < V; ++j) out.values.push_back(cp::grad_reference(dloss, x[j], lse, j, t, V, ignore, s, z));
   }
 }
 

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <random>
 #include <string>
@@ -98,6 +99,24 @@ inline void init_targets(const KernelSpec& spec, std::vector<float>& targets, st
     const bool ignored = vocab == 1 || i == 1 || one_in(rng) == 0;
     targets[i] = static_cast<float>(ignored ? ignore : cls(rng));
   }
+}
+
+/// dloss [tokens]: positive and negative upstream gradients, never 0.
+inline void init_dloss(int64_t tokens, std::vector<float>& dloss, std::mt19937_64& rng) {
+  std::uniform_real_distribution<float> du(0.5f, 2.0f);
+  std::bernoulli_distribution sign(0.5);
+  dloss.clear();
+  for (int64_t i = 0; i < tokens; ++i) dloss.push_back(sign(rng) ? du(rng) : -du(rng));
+}
+
+/// The fp64 reference of dlogits_j for one logit x (class j) of a row with target t and log-sum-exp
+/// lse: dloss (exp(x - lse) (1 + 2 z lse) - s / vocab - (1 - s) [j == t]); 0 for an ignored row,
+/// NaN for a target outside [0, vocab).
+inline double grad_reference(double dloss, double x, double lse, int64_t j, int64_t t, int64_t vocab,
+                             int64_t ignore, double s, double z) {
+  if (t == ignore) return 0;
+  if (t < 0 || t >= vocab) return std::numeric_limits<double>::quiet_NaN();
+  return dloss * (std::exp(x - lse) * (1 + 2 * z * lse) - s / double(vocab) - (j == t ? 1 - s : 0.0));
 }
 
 /// One test spec of op `op`, with the op's own parameter `own` (split_rows or inplace).
