@@ -42,7 +42,8 @@ using Action = ClangAction;
 // lld keeps global state: one link at a time per process.
 std::mutex g_lld_mutex;
 
-Result<std::string> run_frontend(const KernelSource& src, Action action) {
+// `warnings`, when given, receives clang's warnings (CompiledCode::log); nothing is printed.
+Result<std::string> run_frontend(const KernelSource& src, Action action, std::string* warnings = nullptr) {
   const std::vector<std::string> args = clang_cc1_args(*src.target, action);
   std::vector<const char*> argv;
   for (const auto& s : args) argv.push_back(s.c_str());
@@ -68,6 +69,10 @@ Result<std::string> run_frontend(const KernelSource& src, Action action) {
   clang::CompilerInstance ci(invocation);
   ci.createVirtualFileSystem();
   ci.createDiagnostics(new clang::TextDiagnosticPrinter(diag_os, ci.getDiagnosticOpts()), true);
+  // ExecuteAction prints "N warnings generated" to the verbose stream, stderr by default: a library
+  // writes nothing there (the warnings themselves are in diag_text).
+  std::string stats;
+  ci.setVerboseOutputStream(std::make_unique<llvm::raw_string_ostream>(stats));
   llvm::SmallString<0> out;
   ci.setOutputStream(std::make_unique<llvm::raw_svector_ostream>(out));
 
@@ -86,6 +91,7 @@ Result<std::string> run_frontend(const KernelSource& src, Action action) {
                                   "(kiln_kernel.hip) ---\n{}",
                                   to_string(src.spec), src.target->name, diag_text, src.text));
   if (!diag_text.empty()) KILN_LOG_DEBUG("clang warnings for {}:\n{}", to_string(src.spec), diag_text);
+  if (warnings) *warnings = diag_text;
   return std::string(out.data(), out.size());
 }
 
@@ -195,13 +201,17 @@ class ClangCompiler final : public Compiler {
     const auto start = std::chrono::steady_clock::now();
     CompiledCode out;
     if (src.target->vendor == Vendor::amd) {
-      KILN_ASSIGN_OR_RETURN(std::string object, run_frontend(src, ClangAction::object));
+      std::string warnings;
+      KILN_ASSIGN_OR_RETURN(std::string object, run_frontend(src, ClangAction::object, &warnings));
       KILN_ASSIGN_OR_RETURN(out.code.bytes, link_hsaco(object));
+      out.log = std::move(warnings);
       out.code.format = "hsaco";
       KILN_ASSIGN_OR_RETURN(out.info, read_amdgpu_metadata(out.code.bytes, src.kernel_name));
     } else {
-      KILN_ASSIGN_OR_RETURN(std::string ptx, run_frontend(src, ClangAction::assembly));
+      std::string warnings;
+      KILN_ASSIGN_OR_RETURN(std::string ptx, run_frontend(src, ClangAction::assembly, &warnings));
       KILN_ASSIGN_OR_RETURN(out, assemble_cubin(ptx, src));
+      if (!warnings.empty()) out.log = warnings + (out.log.empty() ? "" : "\n" + out.log);
     }
     out.info.kernel = src.kernel_name;
     out.info.wave_size = src.target->wave_size;
