@@ -11,9 +11,10 @@
 //   fn, rL = rmsnorm(h_{L-1} + d_{L-1}) ; logits = fn @ Wlm^T ; loss = mean(cross_entropy(logits, targets))
 //
 // then the backward of all of it to every weight's gradient: dlogits (written over the logits by
-// the forward's cross_entropy in the same launch as the loss: grad_inplace), the dgrad (NN) and wgrad (TN, fp32 out) GEMMs, rmsnorm_bwd with the residual
-// gradient added in the same pass (dres), swiglu_bwd, attention_bwd writing dq/dk/dv into views
-// of one dqkv buffer, rope_bwd in place, embedding_bwd (deterministic). Every add of the residual
+// the forward's cross_entropy in the same launch as the loss: grad_inplace), the dgrad (NN) and
+// wgrad (TN, fp32 out) GEMMs, rmsnorm_bwd with the residual gradient added in the same pass
+// (dres), swiglu_bwd, attention_bwd writing dq/dk/dv into views of one dqkv buffer, rope_bwd in
+// place, embedding_bwd (deterministic). Every add of the residual
 // stream, forward and backward, is fused into a norm; no separate add kernel runs.
 //
 // Modes:

@@ -25,14 +25,22 @@ std::vector<KernelConfig> elementwise_row_variants(int64_t columns, DType t, con
   return out;
 }
 
+RowBlock swiglu_row_block(const TargetInfo& target, RowBlock nvidia) {
+  RowBlock b = target.vendor == Vendor::nvidia ? nvidia : RowBlock{};
+  b.chunk_major = true;
+  return b;
+}
+
+bool chunk_major(const KernelConfig& c) { return c.count("CHUNK_MAJOR") && c.at("CHUNK_MAJOR"); }
+
 std::vector<KernelConfig> elementwise_row_candidates(int64_t columns, KernelConfig first, const TargetInfo& target) {
   const int64_t vec = first.at("VEC"), nvec = ceil_div(columns, vec);
-  const bool chunk_major = first.count("CHUNK_MAJOR") && first.at("CHUNK_MAJOR");
+  const bool order = chunk_major(first);
   std::vector<KernelConfig> out = {std::move(first)};
   for (int64_t threads : {64, 128, 256, 512, 1024})
     for (int64_t items : {1, 2}) {
       KernelConfig c = {{"THREADS", threads}, {"VEC", vec}, {"ITEMS", items}};
-      if (chunk_major) c["CHUNK_MAJOR"] = 1;
+      if (order) c["CHUNK_MAJOR"] = 1;
       if (threads % target.wave_size == 0 && threads <= target.max_threads_per_block && threads * items <= nvec &&
           std::find(out.begin(), out.end(), c) == out.end())
         out.push_back(std::move(c));
@@ -41,13 +49,13 @@ std::vector<KernelConfig> elementwise_row_candidates(int64_t columns, KernelConf
 }
 
 std::string elementwise_row_defines(const KernelConfig& c) {
-  return c.count("CHUNK_MAJOR") && c.at("CHUNK_MAJOR") ? "#define CHUNK_MAJOR 1\n" : "#define CHUNK_MAJOR 0\n";
+  return chunk_major(c) ? "#define CHUNK_MAJOR 1\n" : "#define CHUNK_MAJOR 0\n";
 }
 
 LaunchGeometry elementwise_row_geometry(int64_t rows, int64_t columns, const KernelConfig& c) {
   LaunchGeometry g;
   const auto chunks = static_cast<uint32_t>(ceil_div(ceil_div(columns, c.at("VEC")), c.at("THREADS") * c.at("ITEMS")));
-  if (c.count("CHUNK_MAJOR") && c.at("CHUNK_MAJOR")) {
+  if (chunk_major(c)) {
     constexpr int64_t kRowsPerY = 65535;  // kiln::kRowsPerGridY of lib/elementwise_row.kernel
     g.grid = {chunks, static_cast<uint32_t>(std::min(rows, kRowsPerY)), static_cast<uint32_t>(ceil_div(rows, kRowsPerY))};
   } else {

@@ -77,11 +77,15 @@ Result<void> RmsNormOp::validate_rules(const KernelSpec& spec, const TargetInfo&
 // bf16, 8192 rows) 2 vectors a thread beat 4 by 2.5-4.2% at hidden 4096-16384, and 1 or 8 were
 // slower still (the residual form: within 2% of each other). AMD keeps the 4 vectors a thread
 // that no measurement there has replaced.
-KernelConfig norm_row_config(int64_t hidden, int64_t vec, const TargetInfo& target) {
-  const int64_t nvec = ceil_div(hidden, vec), per_thread = target.vendor == Vendor::nvidia ? 2 : 4;
+// About `per_thread` vectors a thread (more where a row needs more than 1024 threads).
+KernelConfig norm_row_config_of(int64_t hidden, int64_t vec, int64_t per_thread, const TargetInfo& target) {
+  const int64_t nvec = ceil_div(hidden, vec);
   const int64_t threads =
       std::clamp<int64_t>(round_up(ceil_div(nvec, per_thread), target.wave_size), target.wave_size, 1024);
   return {{"THREADS", threads}, {"VEC", vec}, {"ITEMS", ceil_div(nvec, threads)}};
+}
+KernelConfig norm_row_config(int64_t hidden, int64_t vec, const TargetInfo& target) {
+  return norm_row_config_of(hidden, vec, target.vendor == Vendor::nvidia ? 2 : 4, target);
 }
 
 std::vector<KernelConfig> RmsNormOp::variants(const KernelSpec& spec, const TargetInfo& target) const {
@@ -101,11 +105,9 @@ std::vector<KernelConfig> RmsNormOp::tuning_candidates(const KernelSpec& spec, c
   const KernelSpec s = with_defaults(spec);
   std::vector<KernelConfig> out = {choose_config(s, target)};
   if (fp8_fused(s)) return out;
-  const int64_t vec = out.front().at("VEC"), nvec = ceil_div(s.param("hidden"), vec);
   for (int64_t items : {1, 2, 4, 8}) {
-    const int64_t threads = round_up(ceil_div(nvec, items), target.wave_size);
-    KernelConfig c = {{"THREADS", threads}, {"VEC", vec}, {"ITEMS", ceil_div(nvec, threads)}};
-    if (threads <= std::min<int64_t>(1024, target.max_threads_per_block) && std::find(out.begin(), out.end(), c) == out.end())
+    KernelConfig c = norm_row_config_of(s.param("hidden"), out.front().at("VEC"), items, target);
+    if (c.at("THREADS") <= target.max_threads_per_block && std::find(out.begin(), out.end(), c) == out.end())
       out.push_back(std::move(c));
   }
   return out;

@@ -66,13 +66,8 @@ Result<void> SwiGluOp::validate_rules(const KernelSpec& spec, const TargetInfo&)
 
 std::vector<KernelConfig> SwiGluOp::variants(const KernelSpec& spec, const TargetInfo& target) const {
   const KernelSpec s = with_defaults(spec);
-  // Chunk-major launch order everywhere (lib/elementwise_row.kernel; on the H100 1.4-4.1% faster
-  // than row-major at I 14336-53248; unmeasured on AMD, where it also puts the order's code path
-  // under the emulator tests of CI); on NVIDIA the H100's measured block (lib/elementwise_row.h),
-  // on AMD the default block, which no measurement there has replaced.
-  if (!fp8_fused(s))
-    return elementwise_row_variants(s.param("intermediate"), s.dtype, target,
-                                    target.vendor == Vendor::nvidia ? RowBlock{1024, 1, true} : RowBlock{256, 2, true});
+  if (!fp8_fused(s))  // lib/elementwise_row.h: the measured block and the chunk-major order
+    return elementwise_row_variants(s.param("intermediate"), s.dtype, target, swiglu_row_block(target, RowBlock{1024, 1}));
   const int64_t I = s.param("intermediate"), vec = 16 / static_cast<int64_t>(dtype_size(s.dtype));
   std::vector<KernelConfig> out;
   if (I % vec == 0) out.push_back(fp8_row_config(I, vec, target));
