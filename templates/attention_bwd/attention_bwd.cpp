@@ -86,8 +86,8 @@ Result<void> AttentionBwdOp::validate_rules(const KernelSpec& spec, const Target
 // threads. 16 x 16 tiles for head dims above 128 keep Q, dO, K, V, P and dS within 48 KiB of
 // static shared memory (36 KiB at 256/256; 43 KiB with 32 x 32 tiles at 128/128).
 // sm_90a, head dims 64 and 128 (equal): the TMA + WGMMA kernels (attention_bwd_sm90.kernel),
-// resident tiles of 128 rows, streamed tiles of 64 in a 2-stage ring (132 KiB of shared memory at
-// head dim 128); THREADS is the D = rowsum(dO O) launch's. The portable kernels follow as the
+// resident tiles of 128 rows, streamed tiles of 64 in a 3-stage ring (165 KiB of shared memory at
+// head dim 128: the dq kernel's pipeline holds two stages while the third loads); THREADS is the D = rowsum(dO O) launch's. The portable kernels follow as the
 // fallback and serve every other case.
 // gfx942 and gfx950, head dims up to 128: the MFMA kernels (attention_bwd_mfma.kernel), WAVES = 2
 // wavefronts of 32 resident rows each, streamed tiles of 32 rows; MFMA_K 8 (gfx942's 32x32x8) or
@@ -97,7 +97,7 @@ std::vector<KernelConfig> AttentionBwdOp::variants(const KernelSpec& spec, const
   const int64_t dmax = std::max(spec.param("head_dim"), ah::dim_v(spec));
   const int64_t tile = dmax <= 128 ? 32 : 16;
   KernelConfig portable = {{"QB", tile}, {"KB", tile}, {"THREADS", 256}};
-  if (has_wgmma(spec, target)) return {{{"WGMMA", 1}, {"STAGES", 2}, {"THREADS", 256}}, portable};
+  if (has_wgmma(spec, target)) return {{{"WGMMA", 1}, {"STAGES", 3}, {"THREADS", 256}}, portable};
   if (has_mfma(spec, target))
     return {{{"MFMA", 1}, {"WAVES", 2}, {"MFMA_K", target.name == "gfx950" ? 16 : 8}, {"THREADS", 256}}, portable};
   return {portable};

@@ -402,6 +402,9 @@ inline std::vector<TestSpec> test_specs(std::string_view op, bool backward) {
   bshd(DType::f16, 2, 9, 11, 2, 1, 64, {{"q_row_stride", 256}, {"k_row_stride", 136}, {"v_row_stride", 72}},
        "bshd, three different row strides");
   bshd(DType::bf16, 2, 300, 300, 8, 2, 128, causal, "GPU size: causal GQA, several tiles");
+  bshd(DType::bf16, 1, 333, 333, 4, 2, 64, causal,
+       "GPU size: causal GQA at head_dim 64, 1-6 key blocks per query block (odd and even counts: the "
+       "sm_90a backward's two-step software pipeline and its tails)");
   thd_spec(DType::bf16, 5, 700, 900, 300, 400, 4, 1, 128, {{"window_left", 64}}, "GPU size: thd, window 64");
   return out;
 }
