@@ -155,8 +155,9 @@ Plan AttentionOp::plan(const KernelSpec& call, const KernelConfig& c) const {
     l.args = {map(0, ah::q_stride(call), ah::tokens_q(call), block_rows(c)),
               map(1, ah::k_stride(call), ah::tokens_k(call), 128), map(2, ah::v_stride(call), ah::tokens_k(call), 128)};
     if (thd) l.args.insert(l.args.end(), {KernelArg::tensor(3), KernelArg::tensor(4)});
+    // seqlen_k: with thd the longest key sequence (the persistent item order's L2 budget).
     l.args.insert(l.args.end(), {KernelArg::tensor(out), KernelArg::tensor(out + 1), KernelArg::i32(call.param("seqlen_q")),
-                                 KernelArg::i32(call.param("seqlen_k")), KernelArg::i32(q_blocks), KernelArg::i32(batch),
+                                 KernelArg::i32(ah::max_len_k(call)), KernelArg::i32(q_blocks), KernelArg::i32(batch),
                                  KernelArg::i32(ah::tokens_q(call)), KernelArg::scalar(0)});
     l.geometry.dynamic_shared_bytes = static_cast<uint32_t>(sm90_shared_bytes(call, c));
     // Persistent: grid.x counts the work items (query blocks x sequences x heads); the launch caps
