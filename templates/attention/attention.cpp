@@ -78,14 +78,27 @@ int64_t sm90_shared_bytes(const KernelSpec& spec, const KernelConfig& c) {
 // lost 0-5%, and persistence won up to 12% on 7 of the 8 dense rows (lost 3% on one) and 6% on the
 // packed varlen batch; at 64 ping-pong won 16%, persistence lost 4-8%, and three consumers won
 // 0-7% at seq 4096 and 7% at 8192. The others stay tuning candidates.
-KernelConfig sm90_config(bool pingpong, int64_t stages, bool persistent, int64_t consumers = 2) {
+// SNAKE and L2_MIN_MIB: the persistent item order (attention_sm90.kernel, next_item and kv_group):
+// alternate the direction of each round of items, and group the (sequence, kv head) pairs for L2
+// once the launch's K and V exceed L2_MIN_MIB: 160 under a mask or for packed batches, whose items
+// differ in length, 0 (always) for dense batches without a mask, whose items are all alike.
+int64_t l2_min_mib(const KernelSpec& spec) {
+  const bool masked = spec.param("causal") || spec.param("window_left", -1) >= 0 || spec.param("window_right", -1) >= 0;
+  return masked || ah::thd(spec) ? 160 : 0;
+}
+KernelConfig sm90_config(const KernelSpec& spec, bool pingpong, int64_t stages, bool persistent, int64_t consumers = 2,
+                         bool snake = true) {
   KernelConfig c = {{"WGMMA", 1}, {"STAGES", stages}, {"PINGPONG", pingpong ? 1 : 0}, {"PERSISTENT", persistent ? 1 : 0}};
   if (consumers != 2) c["CONSUMERS"] = consumers;  // absent: 2 (the configurations tuned before it existed)
+  if (persistent) {
+    c["SNAKE"] = snake ? 1 : 0;
+    c["L2_MIN_MIB"] = l2_min_mib(spec);
+  }
   return c;
 }
 KernelConfig sm90_default(const KernelSpec& spec) {
   const bool d64 = spec.param("head_dim") == 64;
-  return sm90_config(d64, d64 ? 4 : 3, !d64, d64 ? 3 : 2);
+  return sm90_config(spec, d64, d64 ? 4 : 3, !d64, d64 ? 3 : 2);
 }
 bool has_wgmma(const KernelSpec& spec, const TargetInfo& t) {
   const int64_t d = spec.param("head_dim");
@@ -101,7 +114,7 @@ bool has_mfma(const TargetInfo& t) { return t.vendor == Vendor::amd && (t.name =
 std::vector<KernelConfig> AttentionOp::variants(const KernelSpec& spec, const TargetInfo& target) const {
   if (has_wgmma(spec, target)) {
     const KernelConfig d = sm90_default(spec);
-    return {d, sm90_config(!d.at("PINGPONG"), d.at("STAGES"), d.at("PERSISTENT")), portable_config(spec)};
+    return {d, sm90_config(spec, !d.at("PINGPONG"), d.at("STAGES"), d.at("PERSISTENT")), portable_config(spec)};
   }
   if (!has_mfma(target)) return {portable_config(spec)};
   const int64_t dmax = std::max(spec.param("head_dim"), ah::dim_v(spec));
@@ -118,10 +131,13 @@ std::string AttentionOp::specialize(const KernelSpec& spec, const KernelConfig& 
   if (wgmma(c))
     return ah::specialize_common(spec) +
            fmt::format("constexpr int BM = {}, BN = 128, STAGES = {}, CONSUMERS = {};\n"
-                       "constexpr bool IN_BF16 = {}, PINGPONG = {}, PERSISTENT = {};\n",
+                       "constexpr bool IN_BF16 = {}, PINGPONG = {}, PERSISTENT = {}, SNAKE = {};\n"
+                       "constexpr int L2_MIN_MIB = {};\n",
                        block_rows(c), c.at("STAGES"), consumers(c), spec.dtype == DType::bf16 ? "true" : "false",
                        c.at("PINGPONG") ? "true" : "false",
-                       c.count("PERSISTENT") && c.at("PERSISTENT") ? "true" : "false");
+                       c.count("PERSISTENT") && c.at("PERSISTENT") ? "true" : "false",
+                       c.count("SNAKE") && c.at("SNAKE") ? "true" : "false",
+                       c.count("L2_MIN_MIB") ? c.at("L2_MIN_MIB") : 160);
   if (mfma(c))
     return ah::specialize_common(spec) +
            fmt::format("constexpr int WAVES = {}, BN = {}, MFMA_K = {};\nconstexpr bool IN_BF16 = {};\n", c.at("WAVES"),
@@ -187,9 +203,16 @@ std::vector<KernelConfig> AttentionOp::tuning_candidates(const KernelSpec& spec,
   const bool pingpong = d.at("PINGPONG") != 0, persistent = d.at("PERSISTENT") != 0;
   const int64_t stages = d.at("STAGES");
   const int64_t n = consumers(d);
-  std::vector<KernelConfig> c = {d, sm90_config(pingpong, stages, !persistent, n), sm90_config(!pingpong, stages, persistent, n)};
-  if (stages == 3) c.push_back(sm90_config(pingpong, 2, persistent));
-  if (consumers(d) == 3) c.push_back(sm90_config(pingpong, stages, persistent, 2));
+  std::vector<KernelConfig> c = {d, sm90_config(spec, pingpong, stages, !persistent, n),
+                                 sm90_config(spec, !pingpong, stages, persistent, n)};
+  if (stages == 3) c.push_back(sm90_config(spec, pingpong, 2, persistent));
+  if (consumers(d) == 3) c.push_back(sm90_config(spec, pingpong, stages, persistent, 2));
+  if (persistent) {  // the item order: a plain stride, and the other L2 threshold
+    c.push_back(sm90_config(spec, pingpong, stages, persistent, n, false));
+    KernelConfig other = d;
+    other["L2_MIN_MIB"] = d.at("L2_MIN_MIB") == 0 ? 160 : 0;
+    c.push_back(other);
+  }
   return c;
 }
 
