@@ -48,6 +48,12 @@ std::span<const TensorDecl> AttentionBwdOp::signature() const { return kSignatur
 namespace {
 bool wgmma(const KernelConfig& c) { return c.count("WGMMA") && c.at("WGMMA") != 0; }
 bool mfma(const KernelConfig& c) { return c.count("MFMA") && c.at("MFMA") != 0; }
+// The Hopper kernels; L2_GROUP_MIB, L2_MIN_MIB: the launch order's L2 groups
+// (attention_bwd_sm90.kernel, longest_first), about L2_GROUP_MIB of streamed tiles per group once
+// a launch streams more than L2_MIN_MIB (0, 0: one group).
+KernelConfig sm90_config(int64_t group_mib, int64_t min_mib) {
+  return {{"WGMMA", 1}, {"STAGES", 3}, {"THREADS", 256}, {"L2_GROUP_MIB", group_mib}, {"L2_MIN_MIB", min_mib}};
+}
 // The MFMA kernels serve head dims up to 128 (both of q/k and v): K, V (or Q, dO) resident for
 // 64 rows and Q, dO (or K, V) streamed for 32 keep LDS at 52 KiB at 128/128; the accumulators
 // dK^T and dV^T take 128 VGPRs there. Above 128 the portable kernels serve.
@@ -67,6 +73,12 @@ int64_t sm90_shared_bytes(const KernelSpec& spec, const KernelConfig& c) {
   return 1024 + 2 * 128 * d * 2 + 2 * stages * 64 * d * 2 + 8 * (1 + 3 * stages) + stages * 2 * 64 * 4;
 }
 }  // namespace
+
+// Tuning on sm_90a times the launch order's L2 groups always (the default), above 160 MiB, and never.
+std::vector<KernelConfig> AttentionBwdOp::tuning_candidates(const KernelSpec& spec, const TargetInfo& target) const {
+  if (!has_wgmma(spec, target)) return {choose_config(spec, target)};
+  return {sm90_config(24, 0), sm90_config(24, 160), sm90_config(0, 0)};
+}
 
 std::string_view AttentionBwdOp::device_template(const KernelConfig& c) const {
   if (wgmma(c)) return embedded_file("templates/attention_bwd/attention_bwd_sm90.kernel");
@@ -97,7 +109,7 @@ std::vector<KernelConfig> AttentionBwdOp::variants(const KernelSpec& spec, const
   const int64_t dmax = std::max(spec.param("head_dim"), ah::dim_v(spec));
   const int64_t tile = dmax <= 128 ? 32 : 16;
   KernelConfig portable = {{"QB", tile}, {"KB", tile}, {"THREADS", 256}};
-  if (has_wgmma(spec, target)) return {{{"WGMMA", 1}, {"STAGES", 3}, {"THREADS", 256}}, portable};
+  if (has_wgmma(spec, target)) return {sm90_config(24, 0), portable};
   if (has_mfma(spec, target))
     return {{{"MFMA", 1}, {"WAVES", 2}, {"MFMA_K", target.name == "gfx950" ? 16 : 8}, {"THREADS", 256}}, portable};
   return {portable};
@@ -106,8 +118,10 @@ std::vector<KernelConfig> AttentionBwdOp::variants(const KernelSpec& spec, const
 std::string AttentionBwdOp::specialize(const KernelSpec& spec, const KernelConfig& c) const {
   if (wgmma(c))
     return ah::specialize_common(spec) +
-           fmt::format("constexpr int STAGES = {}, THREADS = {};\nconstexpr bool IN_BF16 = {};\n", c.at("STAGES"),
-                       c.at("THREADS"), spec.dtype == DType::bf16 ? "true" : "false");
+           fmt::format("constexpr int STAGES = {}, THREADS = {}, L2_GROUP_MIB = {}, L2_MIN_MIB = {};\n"
+                       "constexpr bool IN_BF16 = {};\n",
+                       c.at("STAGES"), c.at("THREADS"), c.at("L2_GROUP_MIB"), c.at("L2_MIN_MIB"),
+                       spec.dtype == DType::bf16 ? "true" : "false");
   if (mfma(c))
     return ah::specialize_common(spec) +
            fmt::format("constexpr int WAVES = {}, MFMA_K = {}, DOT_THREADS = {};\nconstexpr bool IN_BF16 = {};\n",
