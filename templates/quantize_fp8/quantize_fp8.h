@@ -84,6 +84,7 @@ class QuantizeFp8Op final : public OpTemplate {
   bool supports_out_dtype(DType in, DType out) const override;
   std::span<const TensorDecl> signature() const override;
   std::vector<KernelConfig> variants(const KernelSpec& spec, const TargetInfo& target) const override;
+  std::vector<KernelConfig> tuning_candidates(const KernelSpec& spec, const TargetInfo& target) const override;
   std::string_view device_template(const KernelConfig& config) const override;
   std::string specialize(const KernelSpec& spec, const KernelConfig& config) const override;
   std::string_view kernel_name(const KernelConfig& config) const override;
