@@ -90,10 +90,10 @@ PY
       python3 bench/attention_peers.py "$OUT/attention.csv" "$OUT/attention_peers" > "$OUT/attention_peers.log" 2>&1
       tail -30 "$OUT/attention_peers.log" ;;
     tests)
-      # every op's test specs with NVRTC (Compilers/Gpu.*/0), the determinism test of embedding_bwd,
+      # every op's test specs with NVRTC (Compilers/Gpu.*/0), the determinism tests of embedding_bwd and attention_bwd,
       # the fp8 MoE dgrad and wgrad as a caller runs them (GpuFp8Moe: quantize_fp8, then grouped_gemm)
       # (TEST_OPS=op1,op2: only those ops' specs, through KILN_GPU_TEST_OPS)
-      KILN_GPU_TEST_OPS=${TEST_OPS:-} $B/tests/test_gpu --gtest_filter='Compilers/Gpu.*/0:GpuEmbedding*:GpuFp8Moe*' > "$OUT/test_gpu.log" 2>&1
+      KILN_GPU_TEST_OPS=${TEST_OPS:-} $B/tests/test_gpu --gtest_filter='Compilers/Gpu.*/0:GpuEmbedding*:GpuAttention*:GpuFp8Moe*' > "$OUT/test_gpu.log" 2>&1
       grep -E "specs pass|^\[  (PASSED|FAILED)|FAILED  \]|FAIL |\[ gpu \]" "$OUT/test_gpu.log" | head -40 ;;
     alltests)  # every op's specs with NVRTC, in four processes at once (their compiles run in parallel)
       groups=("gemm" "rmsnorm,swiglu,rmsnorm_bwd,swiglu_bwd,quantize_fp8,dequantize_fp8"

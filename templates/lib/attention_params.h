@@ -406,6 +406,9 @@ inline std::vector<TestSpec> test_specs(std::string_view op, bool backward) {
        "GPU size: causal GQA at head_dim 64, 1-6 key blocks per query block (odd and even counts: the "
        "sm_90a backward's two-step software pipeline and its tails)");
   thd_spec(DType::bf16, 5, 700, 900, 300, 400, 4, 1, 128, {{"window_left", 64}}, "GPU size: thd, window 64");
+  if (!backward)  // the persistent forward's later rounds (9 query blocks x 2 x 16 heads = 288 items, more
+                  // than two per block of the grid: the snake order's backward rounds run)
+    bshd(DType::bf16, 2, 1100, 1100, 16, 4, 128, causal, "GPU size: causal GQA, 288 work items");
   return out;
 }
 
