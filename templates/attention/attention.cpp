@@ -82,10 +82,10 @@ int64_t sm90_shared_bytes(const KernelSpec& spec, const KernelConfig& c) {
 // alternate the direction of each round of items, and group the (sequence, kv head) pairs for L2
 // once the launch's K and V exceed L2_MIN_MIB: 160 under a mask or for packed batches, whose items
 // differ in length, 0 (always) for dense batches without a mask, whose items are all alike.
-int64_t l2_min_mib(const KernelSpec& spec) {
-  const bool masked = spec.param("causal") || spec.param("window_left", -1) >= 0 || spec.param("window_right", -1) >= 0;
-  return masked || ah::thd(spec) ? 160 : 0;
+bool masked(const KernelSpec& spec) {
+  return spec.param("causal") || spec.param("window_left", -1) >= 0 || spec.param("window_right", -1) >= 0;
 }
+int64_t l2_min_mib(const KernelSpec& spec) { return masked(spec) || ah::thd(spec) ? 160 : 0; }
 KernelConfig sm90_config(const KernelSpec& spec, bool pingpong, int64_t stages, bool persistent, int64_t consumers = 2,
                          bool snake = true) {
   KernelConfig c = {{"WGMMA", 1}, {"STAGES", stages}, {"PINGPONG", pingpong ? 1 : 0}, {"PERSISTENT", persistent ? 1 : 0}};
@@ -101,9 +101,7 @@ KernelConfig sm90_config(const KernelSpec& spec, bool pingpong, int64_t stages, 
 // groups always); with a causal mask persistence stays ahead (1.060 against 1.195).
 KernelConfig sm90_default(const KernelSpec& spec) {
   const bool d64 = spec.param("head_dim") == 64;
-  const bool packed_unmasked = ah::thd(spec) && !spec.param("causal") && spec.param("window_left", -1) < 0 &&
-                               spec.param("window_right", -1) < 0;
-  return sm90_config(spec, d64, d64 ? 4 : 3, !d64 && !packed_unmasked, d64 ? 3 : 2);
+  return sm90_config(spec, d64, d64 ? 4 : 3, !d64 && !(ah::thd(spec) && !masked(spec)), d64 ? 3 : 2);
 }
 bool has_wgmma(const KernelSpec& spec, const TargetInfo& t) {
   const int64_t d = spec.param("head_dim");

@@ -292,76 +292,62 @@ TEST(GpuFp8Moe, WgradAsACallerRunsIt) {
   }
 }
 
-// embedding_bwd's dW is bitwise the same on every run: 8192 tokens over 1000 ids (a quarter of
-// them over 8 ids: hundreds of tokens per row), hidden 4096, five launches on the same inputs.
-// A dW accumulated with float atomics would differ in the last bits between runs.
-TEST(GpuEmbedding, TheBackwardIsBitwiseDeterministic) {
+// Launches `spec` five times on the same random inputs, the `outputs` (tensor indices) poisoned
+// with a different byte before each launch, and expects every output bitwise equal to the first
+// run's. Skips without a GPU.
+void expect_bitwise_reproducible(const KernelSpec& spec, std::initializer_list<size_t> outputs) {
   testing::TempDir scratch;
   RuntimeOptions o;
   o.cache_dir = scratch.path();
   auto rt = std::move(Runtime::create(o)).value();
   if (!rt->device()) GTEST_SKIP() << "no GPU: no NVIDIA or AMD device found";
   Device& dev = *rt->device();
-  const KernelSpec spec{"embedding_bwd", DType::bf16, DType::bf16,
-                        {{"tokens", 8192}, {"vocab", 1000}, {"hidden", 4096}, {"ids_dtype", 1}}};
   const OpTemplate* op = *find_op(spec.op);
   std::mt19937_64 rng(std::random_device{}());
   auto tensors = DeviceTensors::make(dev, *op, op->with_defaults(spec), rng);
   ASSERT_TRUE(tensors.ok()) << tensors.error().message;
   auto k = rt->kernel(spec);
   ASSERT_TRUE(k.ok()) << k.error().message;
-  const size_t bytes = 1000 * 4096 * 4;
-  void* dw = tensors->pointers()[2];
-  std::vector<uint8_t> first(bytes), again(bytes);
-  for (int run = 0; run < 5; ++run) {
-    ASSERT_TRUE(dev.memset(dw, static_cast<uint8_t>(0xff - run), bytes).ok());
-    ASSERT_TRUE((*k)->launch(spec, tensors->pointers()).ok());
-    ASSERT_TRUE(dev.synchronize().ok());
-    ASSERT_TRUE(dev.copy_to_host(run == 0 ? first.data() : again.data(), dw, bytes).ok());
-    if (run > 0) {
-      EXPECT_EQ(std::memcmp(first.data(), again.data(), bytes), 0) << "dW of run " << run << " differs";
-    }
-  }
-}
-
-// attention_bwd with deterministic = 1 gives the same dq, dk, dv bits on every run (the kernels that
-// serve it sum in a fixed order): causal GQA at head dim 128, five launches on the same inputs,
-// outputs poisoned differently before each. On sm_90a this is the TMA + WGMMA backward.
-TEST(GpuAttention, TheDeterministicBackwardIsBitwiseReproducible) {
-  testing::TempDir scratch;
-  RuntimeOptions o;
-  o.cache_dir = scratch.path();
-  auto rt = std::move(Runtime::create(o)).value();
-  if (!rt->device()) GTEST_SKIP() << "no GPU: no NVIDIA or AMD device found";
-  Device& dev = *rt->device();
-  const KernelSpec spec{"attention_bwd", DType::bf16, DType::bf16,
-                        {{"batch", 2}, {"seqlen_q", 700}, {"seqlen_k", 700}, {"heads", 8}, {"kv_heads", 2},
-                         {"head_dim", 128}, {"causal", 1}, {"deterministic", 1}}};
-  const OpTemplate* op = *find_op(spec.op);
-  std::mt19937_64 rng(std::random_device{}());
-  auto tensors = DeviceTensors::make(dev, *op, op->with_defaults(spec), rng);
-  ASSERT_TRUE(tensors.ok()) << tensors.error().message;
-  auto k = rt->kernel(spec);
-  ASSERT_TRUE(k.ok()) << k.error().message;
-  std::printf("[ gpu ] attention_bwd deterministic: %s\n", (*k)->compiled().info().config.c_str());
+  std::printf("[ gpu ] %s: %s\n", spec.op.c_str(), (*k)->compiled().info().config.c_str());
   const std::vector<TensorInfo>& ts = tensors->tensors();
   std::vector<std::vector<uint8_t>> first;
   for (int run = 0; run < 5; ++run) {
-    for (size_t i = 6; i < 9; ++i)  // dq, dk, dv
+    for (size_t i : outputs)
       ASSERT_TRUE(dev.memset(tensors->pointers()[i], static_cast<uint8_t>(0xff - run), ts[i].bytes()).ok());
     ASSERT_TRUE((*k)->launch(spec, tensors->pointers()).ok());
     ASSERT_TRUE(dev.synchronize().ok());
-    for (size_t i = 6; i < 9; ++i) {
+    size_t n = 0;
+    for (size_t i : outputs) {
       std::vector<uint8_t> out(ts[i].bytes());
       ASSERT_TRUE(dev.copy_to_host(out.data(), tensors->pointers()[i], out.size()).ok());
       if (run == 0) {
         first.push_back(std::move(out));
       } else {
-        EXPECT_EQ(std::memcmp(first[i - 6].data(), out.data(), out.size()), 0)
+        EXPECT_EQ(std::memcmp(first[n].data(), out.data(), out.size()), 0)
             << ts[i].name << " of run " << run << " differs";
       }
+      ++n;
     }
   }
+}
+
+// embedding_bwd's dW is bitwise the same on every run: 8192 tokens over 1000 ids (a quarter of
+// them over 8 ids: hundreds of tokens per row), hidden 4096, five launches on the same inputs.
+// A dW accumulated with float atomics would differ in the last bits between runs.
+TEST(GpuEmbedding, TheBackwardIsBitwiseDeterministic) {
+  expect_bitwise_reproducible({"embedding_bwd", DType::bf16, DType::bf16,
+                               {{"tokens", 8192}, {"vocab", 1000}, {"hidden", 4096}, {"ids_dtype", 1}}},
+                              {2});  // dW
+}
+
+// attention_bwd with deterministic = 1 gives the same dq, dk, dv bits on every run (the kernels that
+// serve it sum in a fixed order): causal GQA at head dim 128. On sm_90a this is the TMA + WGMMA
+// backward.
+TEST(GpuAttention, TheDeterministicBackwardIsBitwiseReproducible) {
+  expect_bitwise_reproducible({"attention_bwd", DType::bf16, DType::bf16,
+                               {{"batch", 2}, {"seqlen_q", 700}, {"seqlen_k", 700}, {"heads", 8}, {"kv_heads", 2},
+                                {"head_dim", 128}, {"causal", 1}, {"deterministic", 1}}},
+                              {6, 7, 8});  // dq, dk, dv
 }
 
 TEST(GpuRuntime, AnUnalignedViewFallsBackFromTmaToTheCpAsyncKernel) {
