@@ -19,6 +19,9 @@ struct Dim3 {
 /// CUDA launch raises the function's opt-in limit). Codegen emits the op's
 /// dynamic_shared_bytes() as `KILN_DYNAMIC_SHARED_BYTES`, and a template that carves dynamic
 /// shared memory static_asserts that it fits: geometry and kernel cannot disagree.
+/// The largest grid.y and grid.z, in blocks, on both vendors (CUDA and HIP); grid.x goes to 2^31 - 1.
+inline constexpr int64_t kMaxGridYZ = 65535;
+
 struct LaunchGeometry {
   Dim3 grid;
   Dim3 block;

@@ -14,8 +14,8 @@
 namespace kiln {
 namespace {
 constexpr int64_t kMaxDim = int64_t{1} << 24;
-// The grid is (ceil(N / BN), ceil(M / BM)); grid.y is limited to 65535 blocks on both vendors.
-constexpr int64_t kMaxGridY = 65535;
+// The grid is (ceil(N / BN), ceil(M / BM)); grid.y is limited to kMaxGridYZ blocks (plan.h).
+constexpr int64_t kMaxGridY = kMaxGridYZ;
 
 const ParamInfo kParams[] = {
     {"M", "rows of C and of op(A)", true, false, 1, kMaxDim},

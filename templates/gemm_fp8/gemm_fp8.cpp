@@ -11,7 +11,7 @@
 namespace kiln {
 namespace {
 constexpr int64_t kMaxDim = int64_t{1} << 24;
-constexpr int64_t kMaxGridY = 65535;  // grid.y (row blocks) on both vendors
+constexpr int64_t kMaxGridY = kMaxGridYZ;  // grid.y (row blocks), plan.h
 constexpr int64_t kBlock = 128;       // K (and B's N) extent of a blockwise scale
 constexpr std::string_view kFormats[] = {"e4m3", "e5m2"};
 

@@ -56,8 +56,8 @@ LaunchGeometry elementwise_row_geometry(int64_t rows, int64_t columns, const Ker
   LaunchGeometry g;
   const auto chunks = static_cast<uint32_t>(ceil_div(ceil_div(columns, c.at("VEC")), c.at("THREADS") * c.at("ITEMS")));
   if (chunk_major(c)) {
-    constexpr int64_t kRowsPerY = 65535;  // kiln::kRowsPerGridY of lib/elementwise_row.kernel
-    g.grid = {chunks, static_cast<uint32_t>(std::min(rows, kRowsPerY)), static_cast<uint32_t>(ceil_div(rows, kRowsPerY))};
+    // kMaxGridYZ rows per grid y (kiln::kRowsPerGridY of lib/elementwise_row.kernel), then z.
+    g.grid = {chunks, static_cast<uint32_t>(std::min(rows, kMaxGridYZ)), static_cast<uint32_t>(ceil_div(rows, kMaxGridYZ))};
   } else {
     g.grid.x = static_cast<uint32_t>(rows);
     g.grid.y = chunks;

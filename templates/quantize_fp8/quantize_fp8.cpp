@@ -64,9 +64,9 @@ std::vector<int64_t> batched(const KernelSpec& s, std::vector<int64_t> shape) {
 std::vector<int64_t> x_shape(const KernelSpec& s) { return batched(s, rows_cols(s)); }
 int64_t groups(const KernelSpec& s) { return s.param("groups", 0); }
 bool grouped(const KernelSpec& s) { return groups(s) > 0; }
-// Grouped: 128-row panels of x, ceil(rows / 128) + G of them (each group wastes less than one).
 // The tile kernel's grid with the column block in x (quantize_fp8.kernel, COL_MAJOR_GRID).
 bool col_major_grid(const KernelConfig& c) { return c.count("COL_MAJOR_GRID") && c.at("COL_MAJOR_GRID") != 0; }
+// Grouped: 128-row panels of x, ceil(rows / 128) + G of them (each group wastes less than one).
 int64_t panels(const KernelSpec& s) { return ceil_div(s.param("rows"), 128) + groups(s); }
 std::vector<int64_t> qt_shape(const KernelSpec& s) {
   if (grouped(s)) return {panels(s), s.param("cols"), 128};
@@ -275,10 +275,10 @@ Plan QuantizeFp8Op::plan(const KernelSpec& call, const KernelConfig& c) const {
   Launch tiles;
   tiles.kernel = "kiln_quantize_fp8_tiles";
   const int64_t row_tiles = std::max<int64_t>(ceil_div(rows, 128), 1);
-  if (col_major_grid(c)) {  // column block x, row tile y + 65535 z
+  if (col_major_grid(c)) {  // column block x, row tile y + kMaxGridYZ z (the kernel's 65535)
     tiles.geometry.grid.x = static_cast<uint32_t>(ceil_div(cols, 128));
-    tiles.geometry.grid.y = static_cast<uint32_t>(std::min<int64_t>(row_tiles, 65535));
-    tiles.geometry.grid.z = static_cast<uint32_t>(ceil_div(row_tiles, 65535));
+    tiles.geometry.grid.y = static_cast<uint32_t>(std::min(row_tiles, kMaxGridYZ));
+    tiles.geometry.grid.z = static_cast<uint32_t>(ceil_div(row_tiles, kMaxGridYZ));
   } else {
     tiles.geometry.grid.x = static_cast<uint32_t>(row_tiles);
     tiles.geometry.grid.y = static_cast<uint32_t>(ceil_div(cols, 128));
