@@ -80,10 +80,14 @@ std::vector<Case> cases(bool quick) {
     out.push_back({"rope", {"rope", bf16, bf16, rope}, t, 40 * 128});
     out.push_back({"rope_cache", {"rope", bf16, bf16, rope_cache}, t, 40 * 128});
     out.push_back({"rope_bwd", {"rope_bwd", bf16, bf16, rope}, t, 40 * 128});
-    // Embedding of Llama-3.1-8B: W [128256, 4096], t int64 ids; dW in fp32.
+    // Embedding of Llama-3.1-8B: W [128256, 4096], t int64 ids; dW in fp32, then in bf16.
     const std::map<std::string, int64_t> emb = {{"tokens", t}, {"vocab", 128256}, {"hidden", 4096}, {"ids_dtype", 1}};
     out.push_back({"embedding", {"embedding", bf16, bf16, emb}, t, 4096});
     out.push_back({"embedding_bwd", {"embedding_bwd", bf16, bf16, emb}, t, 4096});
+    // dW in bf16 (dw_dtype = dy), the dtype of PyTorch's gradient (its peer's).
+    std::map<std::string, int64_t> emb_dy = emb;
+    emb_dy["dw_dtype"] = 1;
+    out.push_back({"embedding_bwd_dy", {"embedding_bwd", bf16, bf16, emb_dy}, t, 4096});
   }
   // Cross-entropy over Llama-3 (128256), Qwen2.5 (152064) and Llama-2 (32000) vocabularies:
   // the forward (loss and lse), the backward into its own buffer and in place over the logits, and

@@ -254,7 +254,7 @@ def backward_inputs(label, rows, cols):
         _, row_map = moe_routing(rows)
         w = torch.rand(rows, MOE_K, device=dev)
         return moe_unpermute, (t(rows * MOE_K, cols), w), (row_map,), (t(rows, cols),)
-    if label == "embedding_bwd":
+    if label in ("embedding_bwd", "embedding_bwd_dy"):  # PyTorch's dW is bf16 (W's dtype)
         ids = torch.randint(0, EMB_VOCAB, (rows,), device=dev, dtype=torch.int64)
         return emb_fwd_of_w, (t(EMB_VOCAB, cols),), (ids,), (t(rows, cols),)
     return None

@@ -10,17 +10,25 @@
 namespace kiln {
 namespace {
 namespace ep = embedding_params;
+// dW's dtype: fp32 (the default: an fp32 master weight's gradient), or dy's (PyTorch's: the
+// gradient has W's dtype, which dy shares; half the bytes of the fill, the op's main cost).
+const std::string_view kDwTypes[] = {"fp32", "dy"};
+enum DwDType : int64_t { kDwF32 = 0, kDwDy = 1 };
+DType dw_dtype(const KernelSpec& s) { return s.param("dw_dtype") == kDwDy ? s.dtype : DType::f32; }
 const ParamInfo kParams[] = {
     {"tokens", "tokens (ids); a runtime argument, not baked; 0 writes dW = 0", false, false, 0, ep::kInt32Max},
     {"vocab", "rows of dW", true, false, 1, ep::kInt32Max - 1},
     {"hidden", "columns of dy and dW", true, false, 1, int64_t{1} << 20},
     ep::ids_dtype_param(),
+    {"dw_dtype", "dtype of dW: fp32 (default) or dy (dy's dtype, as PyTorch's gradient); sums are fp32 either way",
+     true, false, 0, 1, kDwTypes, kDwF32, /*unkeyed_default=*/true},
 };
 const TensorDecl kSignature[] = {
     ep::ids_decl(ep::kIds32),
     ep::ids_decl(ep::kIds64),
     {"dy", Role::input, DTypeRule::in, DType::f32, "[tokens, hidden]", ep::tokens_hidden, nullptr, "gradient of y"},
-    {"dW", Role::output, DTypeRule::fixed, DType::f32, "[vocab, hidden]", ep::vocab_hidden},
+    {"dW", Role::output, DTypeRule::derived, DType::f32, "[vocab, hidden]", ep::vocab_hidden, nullptr, {}, {}, nullptr,
+     dw_dtype, "fp32, or dy's dtype with dw_dtype = dy"},
 };
 // Threads of the counting-sort launches (zero, rank, scan, offset, scatter); a power of two.
 // (H100, 2026-11-26, 8192 tokens: rank, one block, takes 133 us with 256 threads and 392 us with
@@ -43,8 +51,11 @@ Workspace workspace(int64_t vocab, int64_t tokens) {
   return w;
 }
 // The fill stores 16 bytes at a time where dW's base is 16-byte aligned (the vector variants ask
-// for 4 VEC bytes) and its rows whole vectors of 4.
-bool fill16(const KernelSpec& s, const KernelConfig& c) { return c.at("VEC") >= 4 && s.param("hidden") % 4 == 0; }
+// for VEC elements of dW, at least 16 bytes) and its rows whole 16-byte vectors.
+int64_t fill_vec(const KernelSpec& s) { return 16 / static_cast<int64_t>(dtype_size(dw_dtype(s))); }
+bool fill16(const KernelSpec& s, const KernelConfig& c) {
+  return c.at("VEC") >= fill_vec(s) && s.param("hidden") % fill_vec(s) == 0;
+}
 }  // namespace
 
 std::span<const ParamInfo> EmbeddingBwdOp::params() const { return kParams; }
@@ -62,7 +73,8 @@ std::vector<KernelConfig> EmbeddingBwdOp::variants(const KernelSpec& spec, const
 }
 std::vector<uint32_t> EmbeddingBwdOp::base_alignment(const KernelSpec& spec, const KernelConfig& config) const {
   std::vector<uint32_t> a = vector_variant_alignment(config, tensors(spec).size(), {0});  // ids: one at a time
-  if (config.at("VEC") > 1) a[2] = static_cast<uint32_t>(4 * config.at("VEC"));  // dW: VEC fp32 per access
+  if (config.at("VEC") > 1)  // dW: VEC elements per access
+    a[2] = static_cast<uint32_t>(static_cast<int64_t>(dtype_size(dw_dtype(with_defaults(spec)))) * config.at("VEC"));
   return a;
 }
 
@@ -70,10 +82,10 @@ std::string EmbeddingBwdOp::specialize(const KernelSpec& given, const KernelConf
   const KernelSpec spec = with_defaults(given);
   return fmt::format("constexpr long long VOCAB = {};\nconstexpr int HIDDEN = {};\n"
                      "constexpr int THREADS = {}, VEC = {}, ITEMS = {}, AUX = {};\nconstexpr bool FILL = {};\n"
-                     "typedef {} id_t;\ntypedef {} in_t;\n",
+                     "typedef {} id_t;\ntypedef {} in_t;\ntypedef {} dw_t;\n",
                      spec.param("vocab"), spec.param("hidden"), c.at("THREADS"), c.at("VEC"), c.at("ITEMS"), kAux,
                      fill16(spec, c) ? "true" : "false", spec.param("ids_dtype") ? "long long" : "int",
-                     device_type_name(spec.dtype));
+                     device_type_name(spec.dtype), device_type_name(dw_dtype(spec)));
 }
 
 Plan EmbeddingBwdOp::plan(const KernelSpec& call, const KernelConfig& c) const {
@@ -94,7 +106,7 @@ Plan EmbeddingBwdOp::plan(const KernelSpec& call, const KernelConfig& c) const {
   const int64_t tiles = ceil_div(V, kAux);
   // Tensors: ids 0, dy 1, dW 2.
   // Block 0 zeroes count and ranks the tokens; the others fill dW, 4 vectors per thread.
-  const int64_t fill_vectors = ceil_div(V * H, fill16(call, c) ? 4 : 1);
+  const int64_t fill_vectors = ceil_div(V * H, fill16(call, c) ? fill_vec(call) : 1);
   launch("kiln_embedding_bwd_rank_fill", 1 + ceil_div(fill_vectors, 4 * kAux), 1, kAux,
          {A::tensor(0), A::workspace(w.count), A::workspace(w.rank), A::i32(T), A::tensor(2)});
   launch("kiln_embedding_bwd_scan", tiles, 1, kAux, {A::workspace(w.count), A::workspace(w.start), A::workspace(w.tiles)});
@@ -145,6 +157,11 @@ std::vector<TestSpec> EmbeddingBwdOp::test_specs(const TargetInfo&) const {
   add(DType::bf16, 5, 9, 1, 0, "hidden 1");
   add(DType::bf16, 0, 10, 64, 1, "0 tokens: dW = 0");
   add(DType::bf16, 6, 12, 4096, 1, "Llama hidden 4096");
+  // dW in dy's dtype: 16-byte fills of 8 (bf16) elements, the scalar fill where hidden is not a multiple.
+  out.push_back(ep::test_spec(name(), DType::bf16, 300, 520, 64, 1, "dW in bf16 (dw_dtype = dy), 16-byte fills of 8, three scan tiles"));
+  out.back().spec.params["dw_dtype"] = kDwDy;
+  out.push_back(ep::test_spec(name(), DType::f16, 70, 300, 12, 0, "dW in fp16, hidden 12 (element accesses and fill)"));
+  out.back().spec.params["dw_dtype"] = kDwDy;
   return out;
 }
 

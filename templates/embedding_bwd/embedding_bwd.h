@@ -6,8 +6,9 @@
 namespace kiln {
 
 /// Parameters: tokens (runtime; 0 is a no-op that writes dW = 0), vocab, hidden (baked),
-/// ids_dtype (int32 or int64, default int64 as embedding's: docs/embedding.md).
-/// Tensors: ids [tokens] (int32/int64), dy [tokens, hidden] (dtype) -> dW [vocab, hidden] fp32:
+/// ids_dtype (int32 or int64, default int64 as embedding's: docs/embedding.md), dw_dtype (fp32,
+/// the default, or dy: dW in dy's dtype, as PyTorch's gradient; the sums are fp32 either way).
+/// Tensors: ids [tokens] (int32/int64), dy [tokens, hidden] (dtype) -> dW [vocab, hidden] (fp32):
 /// dW[v] = sum of dy[t] over the tokens with ids[t] = v, in token order, in fp32; 0 for ids
 /// never seen; ids outside [0, vocab) contribute nothing. Bitwise deterministic: dW filled with
 /// zeros, a counting sort of the token indices by id (integer counts, no atomics) in five
@@ -17,7 +18,7 @@ class EmbeddingBwdOp final : public OpTemplate {
  public:
   std::string_view name() const override { return "embedding_bwd"; }
   std::string_view summary() const override {
-    return "dW [vocab, hidden] fp32 = sum of dy rows by token id, in token order (bitwise deterministic)";
+    return "dW [vocab, hidden] (fp32, or dy's dtype) = sum of dy rows by token id, in token order (bitwise deterministic)";
   }
   std::span<const ParamInfo> params() const override;
   std::span<const DType> dtypes() const override;
