@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <tuple>
 
 #include "support/embedded.h"
 #include "templates/lib/cross_entropy_params.h"
@@ -84,6 +85,31 @@ KernelConfig grad_row_config(int64_t vocab, int64_t vec, const TargetInfo& targe
   return grad_config(vec, threads, unroll, 1, target);
 }
 
+// grad_inplace with the row on chip (kiln_cross_entropy_grad_cluster, sm_90a): ROW_CLUSTER blocks
+// of a thread-block cluster share a row, each holding its part in shared memory, when a row is
+// longer than 96 KiB and fits 8 blocks of at most 192 KiB; VEC-wide rows only (bulk copies of
+// 16-byte multiples). One block per SM, BLOCKS a multiple of the cluster.
+constexpr int64_t kRowPieces = 8;  // PIECES of the template
+int64_t row_cluster(const KernelSpec& spec, const TargetInfo& target) {
+  const int64_t elt = static_cast<int64_t>(dtype_size(spec.dtype)), bytes = spec.param("vocab") * elt;
+  if (target.vendor != Vendor::nvidia || target.cpu != "sm_90a" || bytes % 16 != 0 || bytes <= 96 * 1024) return 0;
+  const int64_t c = ceil_div(bytes, 192 * 1024);
+  return c <= 8 ? c : 0;
+}
+// `per_sm` blocks of `threads` per SM (the parts of several rows in flight on one SM).
+KernelConfig cluster_config(int64_t clusters, int64_t vec, int64_t threads, int64_t per_sm, const TargetInfo& target) {
+  return {{"GRAD", 1},  {"ROW_CLUSTER", clusters}, {"THREADS", threads},
+          {"VEC", vec}, {"UNROLL", 1},             {"SPLIT", 1},
+          {"SPLIT_BELOW", 0}, {"BLOCKS", per_sm * target.compute_units / clusters * clusters}};
+}
+// Shared memory of the cluster form: the part (16-byte accesses), its mbarriers, the normalizers
+// [2][ROW_CLUSTER][3] fp32.
+int64_t cluster_shared_bytes(const KernelSpec& spec, const KernelConfig& c) {
+  const int64_t nvec = ceil_div(spec.param("vocab") * static_cast<int64_t>(dtype_size(spec.dtype)), 16);
+  const int64_t rc = c.at("ROW_CLUSTER");
+  return 16 * ceil_div(nvec, rc) + 8 * kRowPieces + 4 * 6 * rc + 16;
+}
+
 // Workspace of the split form: one normalizer (m, s, sum_x) per token and block.
 uint64_t split_workspace(int64_t tokens, const KernelConfig& c) {
   return static_cast<uint64_t>(tokens) * static_cast<uint64_t>(c.at("SPLIT")) * 3 * sizeof(float);
@@ -94,13 +120,23 @@ std::span<const ParamInfo> CrossEntropyOp::params() const { return kParams; }
 std::span<const ScalarInfo> CrossEntropyOp::scalars() const { return cp::kScalars; }
 std::span<const DType> CrossEntropyOp::dtypes() const { return cp::kDTypes; }
 std::span<const TensorDecl> CrossEntropyOp::signature() const { return kSignature; }
-std::string_view CrossEntropyOp::device_template(const KernelConfig&) const {
+std::string_view CrossEntropyOp::device_template(const KernelConfig& c) const {
+  // The row-on-chip form (sm_90a) adds its kernel after the portable ones, whose pieces it uses.
+  static const std::string sm90 = std::string(embedded_file("templates/cross_entropy/cross_entropy.kernel")) + "\n" +
+                                  std::string(embedded_file("templates/cross_entropy/cross_entropy_sm90.kernel"));
+  if (c.count("ROW_CLUSTER")) return sm90;
   return embedded_file("templates/cross_entropy/cross_entropy.kernel");
 }
 
 std::vector<KernelConfig> CrossEntropyOp::variants(const KernelSpec& spec, const TargetInfo& target) const {
-  if (with_grad(with_defaults(spec)))
-    return cp::vector_then_scalar(spec, [&](int64_t vocab, int64_t vec) { return grad_row_config(vocab, vec, target); });
+  if (with_grad(with_defaults(spec))) {
+    std::vector<KernelConfig> out =
+        cp::vector_then_scalar(spec, [&](int64_t vocab, int64_t vec) { return grad_row_config(vocab, vec, target); });
+    // The row on chip first; it needs 16-byte aligned logits, as the vector variant.
+    if (const int64_t rc = row_cluster(spec, target))
+      out.insert(out.begin(), cluster_config(rc, out.front().at("VEC"), 512, 1, target));
+    return out;
+  }
   return cp::vector_then_scalar(spec, [&](int64_t vocab, int64_t vec) { return row_config(vocab, vec, target); });
 }
 Result<void> CrossEntropyOp::validate_rules(const KernelSpec& spec, const TargetInfo&) const {
@@ -112,7 +148,11 @@ Result<void> CrossEntropyOp::validate_rules(const KernelSpec& spec, const Target
   return ok();
 }
 std::string_view CrossEntropyOp::kernel_name(const KernelConfig& c) const {
+  if (c.count("ROW_CLUSTER")) return "kiln_cross_entropy_grad_cluster";
   return c.count("GRAD") ? "kiln_cross_entropy_grad" : "kiln_cross_entropy";
+}
+uint32_t CrossEntropyOp::dynamic_shared_bytes(const KernelSpec& spec, const KernelConfig& c) const {
+  return c.count("ROW_CLUSTER") ? static_cast<uint32_t>(cluster_shared_bytes(with_defaults(spec), c)) : 0;
 }
 std::vector<KernelConfig> CrossEntropyOp::tuning_candidates(const KernelSpec& spec, const TargetInfo& target) const {
   // The heuristic's, then 256 / 512 threads with 2 / 4 / 8 loads in flight each and 1024 threads
@@ -123,7 +163,21 @@ std::vector<KernelConfig> CrossEntropyOp::tuning_candidates(const KernelSpec& sp
   std::vector<KernelConfig> out = {choose_config(spec, target)};
   const int64_t vec = out.front().at("VEC"), nvec = ceil_div(spec.param("vocab"), vec);
   if (with_grad(with_defaults(spec))) {
-    // The fused form: 512 threads with 2 or 4 loads, 1 or 2 blocks per SM/CU.
+    // The fused form: the row on chip (when the heuristic takes it) or not, 512 threads with 2 or 4
+    // loads, 1 or 2 blocks per SM/CU.
+    if (out.front().count("ROW_CLUSTER")) {
+      // 1024 or 256 threads; smaller parts with several blocks per SM: clusters twice as wide (3
+      // blocks of 512 per SM), four times (6 blocks of 256); each fits the SM's 228 KiB of shared
+      // memory and its registers (34 a thread with NVRTC). H100, 2026-11-27, [8192, 128256] bf16:
+      // 512 threads 1.560 ms, 1024 1.676, 3 x 512 of clusters of 4 2.041, 6 x 256 of 8 1.921.
+      const int64_t rc = out.front().at("ROW_CLUSTER");
+      const std::tuple<int64_t, int64_t, int64_t> shapes[] = {{rc, 1024, 1}, {rc, 256, 1}, {2 * rc, 512, 3}, {4 * rc, 256, 6}};
+      for (const auto& [c, threads, per_sm] : shapes) {
+        const KernelConfig k = cluster_config(c, vec, threads, per_sm, target);
+        if (c <= 8 && per_sm * (cluster_shared_bytes(with_defaults(spec), k) + 1024) <= 228 * 1024) out.push_back(k);
+      }
+      out.push_back(grad_row_config(spec.param("vocab"), vec, target));
+    }
     for (int64_t unroll : {2, 4})
       for (int64_t per_cu : {1, 2}) {
         KernelConfig c = grad_config(vec, 512, unroll, per_cu, target);
@@ -151,10 +205,11 @@ std::string CrossEntropyOp::specialize(const KernelSpec& spec, const KernelConfi
   return fmt::format(
       "constexpr int VOCAB = {};\nconstexpr int THREADS = {}, VEC = {}, UNROLL = {}, SPLIT = {};\n"
       "constexpr long long IGNORE_INDEX = {};\n#define SMOOTHING {}\n#define Z_LOSS {}\n"
-      "typedef {} in_t;\ntypedef {} target_t;\n",
+      "typedef {} in_t;\ntypedef {} target_t;\n{}",
       spec.param("vocab"), c.at("THREADS"), c.at("VEC"), c.at("UNROLL"), c.at("SPLIT"), spec.param("ignore_index"),
       spec.param("smoothing"), spec.param("z_loss"), device_type_name(spec.dtype),
-      device_type_name(spec.param("target_dtype") == 0 ? DType::i64 : DType::i32));
+      device_type_name(spec.param("target_dtype") == 0 ? DType::i64 : DType::i32),
+      c.count("ROW_CLUSTER") ? fmt::format("constexpr int ROW_CLUSTER = {};\n", c.at("ROW_CLUSTER")) : "");
 }
 
 Plan CrossEntropyOp::plan(const KernelSpec& call, const KernelConfig& c) const {
@@ -163,9 +218,13 @@ Plan CrossEntropyOp::plan(const KernelSpec& call, const KernelConfig& c) const {
   if (n == 0) return p;
   if (c.count("GRAD")) {  // logits 0, targets 1, dloss 2, loss 3, lse 4, dlogits 5 (the logits' buffer)
     Launch l;
-    l.kernel = "kiln_cross_entropy_grad";
-    const auto blocks = static_cast<uint32_t>(std::min<int64_t>(n, c.at("BLOCKS")));
-    l.geometry.grid.x = blocks;
+    l.kernel = std::string(kernel_name(c));
+    const int64_t rc = c.count("ROW_CLUSTER") ? c.at("ROW_CLUSTER") : 1;
+    // The last argument: the row stride of the loop (blocks, or clusters of the cluster form).
+    const auto blocks = static_cast<uint32_t>(std::min<int64_t>(n, c.at("BLOCKS") / rc));
+    l.geometry.grid.x = blocks * static_cast<uint32_t>(rc);
+    l.geometry.cluster.x = static_cast<uint32_t>(rc);
+    l.geometry.dynamic_shared_bytes = dynamic_shared_bytes(call, c);
     l.geometry.block.x = static_cast<uint32_t>(c.at("THREADS"));
     l.args = {KernelArg::tensor(0), KernelArg::tensor(1), KernelArg::tensor(2), KernelArg::tensor(3),
               KernelArg::tensor(4), KernelArg::tensor(5), KernelArg::i32(n),    KernelArg::scalar(0),
@@ -242,7 +301,7 @@ void CrossEntropyOp::reference(const KernelSpec& spec, const Scalars& scalars, s
   }
 }
 
-std::vector<TestSpec> CrossEntropyOp::test_specs(const TargetInfo&) const {
+std::vector<TestSpec> CrossEntropyOp::test_specs(const TargetInfo& target) const {
   std::vector<TestSpec> out;
   auto add = [&](DType t, int64_t tokens, int64_t vocab, int64_t target_dtype, int64_t smoothing, int64_t z,
                  int64_t split, std::string_view why) {
@@ -273,6 +332,10 @@ std::vector<TestSpec> CrossEntropyOp::test_specs(const TargetInfo&) const {
   fused(DType::bf16, 6, 4096, 1, 0, 1, "grad_inplace: vocab 4096 bf16, vector accesses, z-loss");
   fused(DType::bf16, 3, 128256, 1, 1, 0, "grad_inplace: vocab 128256 (Llama-3), smoothing");
   fused(DType::f32, 310, 8, 1, 1, 1, "grad_inplace: more tokens than blocks (304 CUs on gfx942): blocks loop over rows");
+  if (target.vendor == Vendor::nvidia) {  // the row on chip (sm_90a): clusters of 2 and 4, rows looping
+    fused(DType::bf16, 200, 128256, 0, 0, 1, "grad_inplace: 200 rows of 128256 bf16, clusters of 2 (66 per launch)");
+    fused(DType::f32, 70, 152064, 1, 1, 0, "grad_inplace: 70 rows of 152064 fp32, clusters of 4, smoothing");
+  }
   return out;
 }
 

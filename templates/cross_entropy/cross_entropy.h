@@ -49,6 +49,7 @@ class CrossEntropyOp final : public OpTemplate {
   std::string_view device_template(const KernelConfig& config) const override;
   std::string specialize(const KernelSpec& spec, const KernelConfig& config) const override;
   std::string_view kernel_name(const KernelConfig& config) const override;
+  uint32_t dynamic_shared_bytes(const KernelSpec& spec, const KernelConfig& config) const override;
   Result<void> validate_rules(const KernelSpec& spec, const TargetInfo& target) const override;
   Plan plan(const KernelSpec& call, const KernelConfig& config) const override;
   std::vector<uint32_t> base_alignment(const KernelSpec& spec, const KernelConfig& config) const override;
