@@ -29,25 +29,30 @@ namespace kiln {
 
 int amd_lds_bytes_per_cu(const TargetInfo& target) { return target.name == "gfx950" ? 163840 : 65536; }
 
-int occupancy_waves_per_simd(int vgprs, int agprs, int lds_bytes, int threads, int lds_per_cu, std::string* limit) {
+int occupancy_waves_per_cu(int vgprs, int agprs, int lds_bytes, int threads, int lds_per_cu, std::string* limit) {
   auto granule = [](int n) { return (std::max(n, 1) + 7) / 8 * 8; };
   // Unified register file: the arch VGPRs, then the AGPRs from the next granule.
   const int regs = granule(std::max(vgprs, 0)) + (agprs > 0 ? granule(agprs) : 0);
-  int waves = 8;
+  int per_simd = 8;
   std::string why = "waves";
   const int by_regs = 512 / regs;
-  if (by_regs < waves) waves = by_regs, why = "VGPRs+AGPRs";
+  if (by_regs < per_simd) per_simd = by_regs, why = "VGPRs+AGPRs";
+  // Whole workgroups: a workgroup's waves are dealt over the CU's 4 SIMDs (a 2-wave workgroup
+  // takes a wave slot on two of them), so the registers hold 4 x per_simd / waves_per_block of
+  // them per CU, and the LDS lds_per_cu / lds_bytes.
   const int waves_per_block = std::max(1, (threads + 63) / 64);
-  const int simd_waves_per_block = (waves_per_block + 3) / 4;
-  // Whole workgroups: registers and LDS each bound the workgroups a CU holds.
-  int blocks = waves / simd_waves_per_block;
+  int blocks = 4 * per_simd / waves_per_block;
   if (lds_bytes > 0) {
     const int by_lds = lds_per_cu / lds_bytes;
     if (by_lds < blocks) blocks = by_lds, why = "LDS";
   }
-  if (blocks * simd_waves_per_block < waves && why == "waves") why = "workgroup size";
+  if (blocks * waves_per_block < 4 * per_simd && why == "waves") why = "workgroup size";
   if (limit) *limit = why;
-  return blocks * simd_waves_per_block;
+  return blocks * waves_per_block;
+}
+
+int occupancy_waves_per_simd(int vgprs, int agprs, int lds_bytes, int threads, int lds_per_cu, std::string* limit) {
+  return (occupancy_waves_per_cu(vgprs, agprs, lds_bytes, threads, lds_per_cu, limit) + 3) / 4;
 }
 
 namespace {
@@ -69,8 +74,9 @@ Result<AmdgpuCodeReport> amdgpu_code_report(std::span<const uint8_t> hsaco, cons
                                             const TargetInfo& target, int threads) {
   AmdgpuCodeReport r;
   KILN_ASSIGN_OR_RETURN(r.meta, read_amdgpu_metadata(hsaco, kernel));
-  r.waves_per_simd = occupancy_waves_per_simd(r.meta.registers, r.meta.agprs, r.meta.shared_bytes, threads,
-                                              amd_lds_bytes_per_cu(target), &r.occupancy_limit);
+  r.waves_per_cu = occupancy_waves_per_cu(r.meta.registers, r.meta.agprs, r.meta.shared_bytes, threads,
+                                          amd_lds_bytes_per_cu(target), &r.occupancy_limit);
+  r.waves_per_simd = (r.waves_per_cu + 3) / 4;
 
   // The kernel's code: its function symbol's bytes in .text.
   llvm::StringRef data(reinterpret_cast<const char*>(hsaco.data()), hsaco.size());

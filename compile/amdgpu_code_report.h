@@ -40,14 +40,20 @@ struct AmdgpuCodeReport {
   /// The kernel's metadata note, as the compiler reports it (read_amdgpu_metadata): registers (arch
   /// VGPRs), agprs, sgprs, shared_bytes (LDS), scratch_bytes, spill_stores (VGPR+SGPR spill count).
   CodeObjectInfo meta;
-  int waves_per_simd = -1;                 ///< occupancy; see occupancy_waves_per_simd
+  int waves_per_simd = -1;                 ///< occupancy: the busiest SIMD's waves (occupancy_waves_per_simd)
+  int waves_per_cu = -1;                   ///< the CU's waves (occupancy_waves_per_cu)
   std::string occupancy_limit;             ///< "VGPRs+AGPRs", "LDS", "waves" or "workgroup size"
 };
 
-/// Waves per SIMD of a kernel on gfx942/gfx950 (CDNA3/4): at most 8; 512 unified VGPRs+AGPRs per
-/// lane per SIMD, allocated in granules of 8 (AGPRs start at a granule boundary); `lds_per_cu`
-/// bytes of LDS per CU (64 KiB gfx942, 160 KiB gfx950) shared by the workgroups of a CU, each
-/// of `threads` threads spread over 4 SIMDs. `limit` names the binding resource.
+/// Waves per CU of a kernel on gfx942/gfx950 (CDNA3/4): whole workgroups of `threads` threads,
+/// their waves dealt over the CU's 4 SIMDs; at most 8 waves per SIMD; 512 unified VGPRs+AGPRs
+/// per lane per SIMD, allocated in granules of 8 (AGPRs start at a granule boundary);
+/// `lds_per_cu` bytes of LDS per CU (64 KiB gfx942, 160 KiB gfx950) shared by the workgroups.
+/// `limit` names the binding resource. (A 2-wave workgroup of 17 KiB of LDS: 3 per CU on gfx942,
+/// 6 waves, 2 SIMDs with 2 and 2 with 1.)
+int occupancy_waves_per_cu(int vgprs, int agprs, int lds_bytes, int threads, int lds_per_cu,
+                           std::string* limit = nullptr);
+/// The busiest SIMD's waves: ceil(occupancy_waves_per_cu / 4).
 int occupancy_waves_per_simd(int vgprs, int agprs, int lds_bytes, int threads, int lds_per_cu,
                              std::string* limit = nullptr);
 

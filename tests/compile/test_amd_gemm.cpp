@@ -85,6 +85,18 @@ TEST(AmdGemm, OccupancyFromRegistersAndLds) {
   EXPECT_EQ(occupancy_waves_per_simd(64, 0, 49152, 256, 163840), 3);
   // 512 threads are 2 waves per SIMD per workgroup: 3 register-limited waves hold one workgroup.
   EXPECT_EQ(occupancy_waves_per_simd(168, 0, 0, 512, 65536), 2);
+  // 2-wave workgroups (the MFMA attention kernels): a workgroup takes a wave slot on two SIMDs.
+  // 17424 bytes of LDS: 3 per CU on gfx942, 6 waves (the busiest SIMDs 2), though the registers
+  // (167 VGPRs: 3 waves per SIMD) would hold 6 workgroups; 9 on gfx950, capped by the registers
+  // at 6 workgroups, 12 waves.
+  EXPECT_EQ(occupancy_waves_per_cu(167, 0, 17424, 128, 65536, &limit), 6);
+  EXPECT_EQ(limit, "LDS");
+  EXPECT_EQ(occupancy_waves_per_simd(167, 0, 17424, 128, 65536), 2);
+  EXPECT_EQ(occupancy_waves_per_cu(167, 0, 17424, 128, 163840, &limit), 12);
+  EXPECT_EQ(limit, "VGPRs+AGPRs");
+  // One 2-wave workgroup of 52 KiB per CU: 2 waves, two SIMDs idle.
+  EXPECT_EQ(occupancy_waves_per_cu(225, 0, 52480, 128, 65536), 2);
+  EXPECT_EQ(occupancy_waves_per_simd(225, 0, 52480, 128, 65536), 1);
 }
 
 TEST(AmdGemm, ModelStaysUnderThePeakAndCountsTheHotLoop) {

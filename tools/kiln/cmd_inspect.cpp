@@ -173,8 +173,9 @@ void print_amd_report(const KernelSpec& spec, const TargetInfo& target, const Ke
   else
     line("hot loop", "none (no backward branch)");
   line("kernel mix", mix(r.kernel));
-  line("occupancy", fmt::format("{} waves per SIMD (limited by {}; {} threads per workgroup, {} KiB LDS per CU)",
-                                r.waves_per_simd, r.occupancy_limit, g.block.x, amd_lds_bytes_per_cu(target) / 1024));
+  line("occupancy", fmt::format("{} waves per SIMD ({} per CU; limited by {}; {} threads per workgroup, {} KiB LDS per CU)",
+                                r.waves_per_simd, r.waves_per_cu, r.occupancy_limit, g.block.x,
+                                amd_lds_bytes_per_cu(target) / 1024));
   const int regs = std::max(r.meta.registers, 0) + std::max(r.meta.agprs, 0);
   auto op = find_op(spec.op);
   if (op)
@@ -251,10 +252,10 @@ int print_meta(const KernelSpec& spec, const TargetInfo& target, const InspectOp
         continue;
       }
       line("also", fmt::format("{}: {} VGPRs, {} AGPRs, {} SGPRs, LDS {} bytes, scratch {} bytes per lane, {} spills, "
-                               "{} waves per SIMD (limited by {}; {} threads per workgroup); hot loop {}",
+                               "{} waves per SIMD ({} per CU; limited by {}; {} threads per workgroup); hot loop {}",
                                other.kernel, known(r->meta.registers), known(r->meta.agprs), known(r->meta.sgprs),
                                known(r->meta.shared_bytes), known(r->meta.scratch_bytes), known(r->meta.spill_stores),
-                               r->waves_per_simd, r->occupancy_limit,
+                               r->waves_per_simd, r->waves_per_cu, r->occupancy_limit,
                                other.geometry.block.x,
                                r->hot_loop.found ? fmt::format("{} instructions, {} MFMA, {} LDS, {} other VALU",
                                                                r->hot_loop.mix.total, r->hot_loop.mix.mfma,
