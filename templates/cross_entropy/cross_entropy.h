@@ -30,8 +30,11 @@ namespace kiln {
 /// fp32 and writes dlogits [tokens, vocab] (the logits' dtype) over the logits in the same launch,
 /// dlogits_j = dloss_i (p_j (1 + 2 z lse_i) - s/vocab - (1 - s) [j == t]) as cross_entropy_bwd;
 /// the caller passes the logits' buffer for both. One block per SM/CU loops over rows and reads
-/// each row twice, the second time from the L2 cache: one read and one write of the logits where
-/// cross_entropy + cross_entropy_bwd make two reads and a write. split_rows=always is refused.
+/// each row twice, the second time mostly from the L2 cache. On sm_90a, for 16-byte rows longer
+/// than 96 KiB, a thread-block cluster holds each row in its blocks' shared memory instead
+/// (kiln_cross_entropy_grad_cluster, QuACK's design): exactly one read and one write of the
+/// logits, where cross_entropy + cross_entropy_bwd make two reads and a write. split_rows=always
+/// is refused.
 /// Variants: 16-byte vector loads when vocab is a multiple of 16 bytes of elements and the
 /// logits are 16-byte aligned; else one element per load.
 class CrossEntropyOp final : public OpTemplate {
