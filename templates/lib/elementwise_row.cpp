@@ -56,7 +56,7 @@ LaunchGeometry elementwise_row_geometry(int64_t rows, int64_t columns, const Ker
   LaunchGeometry g;
   const auto chunks = static_cast<uint32_t>(ceil_div(ceil_div(columns, c.at("VEC")), c.at("THREADS") * c.at("ITEMS")));
   if (chunk_major(c)) {
-    // kMaxGridYZ rows per grid y (kiln::kRowsPerGridY of lib/elementwise_row.kernel), then z.
+    // kMaxGridYZ rows per grid y (the device preludes' kiln::kMaxGridYZ), then z.
     g.grid = {chunks, static_cast<uint32_t>(std::min(rows, kMaxGridYZ)), static_cast<uint32_t>(ceil_div(rows, kMaxGridYZ))};
   } else {
     g.grid.x = static_cast<uint32_t>(rows);
