@@ -55,9 +55,9 @@ def short_reason(exc, caught):
 
 
 def bench_pair(fwd, make_bwd):
-    fwd_ms = do_bench(fwd, warmup=25, rep=500)
+    fwd_ms = do_bench(fwd, warmup=25, rep=500, return_mode="median")
     bwd = make_bwd()
-    bwd_ms = do_bench(bwd, warmup=25, rep=500)
+    bwd_ms = do_bench(bwd, warmup=25, rep=500, return_mode="median")
     return fwd_ms, bwd_ms
 
 

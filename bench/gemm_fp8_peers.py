@@ -49,7 +49,7 @@ def time_scaled_mm(m, n, k, gran, a_fmt, b_fmt):
     fn = lambda: torch._scaled_mm(a, w.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
     fn()
     torch.cuda.synchronize()
-    return do_bench(fn, warmup=25, rep=200)
+    return do_bench(fn, warmup=25, rep=200, return_mode="median")
 
 
 def main():

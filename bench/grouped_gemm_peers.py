@@ -29,7 +29,7 @@ def time_grouped_mm(sizes, n, k):
     fn = lambda: torch._grouped_mm(a, w.transpose(-2, -1), offs=offs)
     fn()
     torch.cuda.synchronize()
-    return do_bench(fn, warmup=25, rep=300)
+    return do_bench(fn, warmup=25, rep=300, return_mode="median")
 
 
 def time_grouped_mm_wgrad(sizes, n, k):
@@ -42,7 +42,7 @@ def time_grouped_mm_wgrad(sizes, n, k):
     fn = lambda: torch._grouped_mm(dy.t(), x, offs=offs)
     fn()
     torch.cuda.synchronize()
-    return do_bench(fn, warmup=25, rep=300)
+    return do_bench(fn, warmup=25, rep=300, return_mode="median")
 
 
 def main():

@@ -67,7 +67,7 @@ def time_backward_alone(fwd, args, leaves, grads, compiled):
     outs = fwd(*args)
     run = lambda: torch.autograd.grad(outs, args[:leaves], grads, retain_graph=True)
     run()
-    return do_bench(run, warmup=10, rep=100)
+    return do_bench(run, warmup=10, rep=100, return_mode="median")
 
 
 def swiglu_fwd(x):
@@ -148,7 +148,7 @@ def ce_step(x, t, compiled=True):
 def ce_step_ms(x, t):
     """torch.compile of the mean loss, forward then its AOTAutograd backward (issue 16's 4.93 ms
     peer): the time of one forward + backward."""
-    return do_bench(ce_step(x, t), warmup=10, rep=100)
+    return do_bench(ce_step(x, t), warmup=10, rep=100, return_mode="median")
 # RoPE as transformers' Llama applies it (modeling_llama.apply_rotary_pos_emb, rotate-half) on
 # q [tokens, 32, 128] and k [tokens, 8, 128], with cos/sin [tokens, 128] precomputed in bf16 by
 # LlamaRotaryEmbedding (theta 500000, Llama-3.1 scaling), as the model does once per step.
@@ -264,7 +264,7 @@ def time_backward(fwd, leaves, rest, grads):
     leaves = tuple(x.detach().requires_grad_(True) for x in leaves)
     outs = fwd(*leaves, *rest)
     outs = outs if isinstance(outs, tuple) else (outs,)
-    return do_bench(lambda: torch.autograd.grad(outs, leaves, grads, retain_graph=True), warmup=10, rep=100)
+    return do_bench(lambda: torch.autograd.grad(outs, leaves, grads, retain_graph=True), warmup=10, rep=100, return_mode="median")
 
 
 def inputs(label, rows, cols):
@@ -312,9 +312,21 @@ def main():
     # Device-to-device copy bandwidth, bytes read + written.
     src = torch.empty(2 * 1024**3 // 2, device=dev, dtype=bf16)
     dst = torch.empty_like(src)
-    copy_ms = do_bench(lambda: dst.copy_(src), warmup=25, rep=200)
+    copy_ms = do_bench(lambda: dst.copy_(src), warmup=25, rep=200, return_mode="median")
     copy_gbs = 2 * src.numel() * 2 / (copy_ms * 1e6)
     del src, dst
+
+    def copy_same_gbs(nbytes):
+        # A device-to-device copy moving the row's bytes (half read, half written), timed as every
+        # row is (do_bench: L2 cleared before each launch): the ceiling at this size, where launch
+        # and ramp-up weigh more than in the 2 GiB copy above.
+        half = max(int(nbytes) // 4, 1)  # bf16 elements of the source
+        a = torch.empty(half, device=dev, dtype=bf16)
+        b = torch.empty_like(a)
+        ms = do_bench(lambda: b.copy_(a), warmup=10, rep=100, return_mode="median")
+        del a, b
+        return 4 * half / (ms * 1e6)
+
     out = []
     for r in rows:
         label, n, c, nbytes = r["label"], int(r["rows"]), int(r["cols"]), float(r["bytes"])
@@ -337,18 +349,20 @@ def main():
                 compiled_fn = torch.compile(fn, dynamic=False)
                 compiled = lambda: compiled_fn(*args)
             compiled()
-            eager_ms = do_bench(eager, warmup=10, rep=100)
-            comp_ms = do_bench(compiled, warmup=10, rep=100)
+            eager_ms = do_bench(eager, warmup=10, rep=100, return_mode="median")
+            comp_ms = do_bench(compiled, warmup=10, rep=100, return_mode="median")
         # The peer's form: the backward graph alone (BENCHMARKS.md's fair backward peer) or the op's forward.
         peer = "bwd graph" if bwd or alone is not None or label.startswith("cross_entropy_bwd") else "forward"
         if label == "cross_entropy_grad":
             peer = "fwd+bwd"
         kiln_gbs = float(r["GB/s"])
         eager_gbs, comp_gbs = nbytes / (eager_ms * 1e6), nbytes / (comp_ms * 1e6)
+        same_gbs = copy_same_gbs(nbytes)
         out.append(dict(label=f"{label} [{n}x{c}]", Check=r["Check"], peer=peer, **{"GB/s": kiln_gbs, "GB/s_stddev": float(r["GB/s_stddev"]),
                         "Time (ms)": float(r["Time (ms)"]), "eager GB/s": eager_gbs, "compile GB/s": comp_gbs,
                         "kiln/eager": kiln_gbs / eager_gbs, "kiln/compile": kiln_gbs / comp_gbs,
-                        "kiln/copy": kiln_gbs / copy_gbs}))
+                        "kiln/copy": kiln_gbs / copy_gbs, "copy same bytes GB/s": same_gbs,
+                        "kiln/copy same bytes": kiln_gbs / same_gbs}))
         torch.cuda.empty_cache()
     keys = list(out[0].keys())
     with open(os.path.join(out_dir, "membound_report.csv"), "w") as f:
@@ -356,10 +370,11 @@ def main():
         w.writeheader()
         w.writerows(out)
     print(f"device: {torch.cuda.get_device_name()}, copy {copy_gbs:.0f} GB/s (device-to-device, read + write)")
-    print(f"{'label':<32} {'Check':5} {'peer':9} {'GB/s':>7} {'sd':>6} {'ms':>8} {'eager':>7} {'compile':>7} {'/eager':>7} {'/compile':>8} {'/copy':>6}")
+    print("(/copy: against that 2 GiB copy; /same: against a copy of the row's own byte count, timed like the row)")
+    print(f"{'label':<32} {'Check':5} {'peer':9} {'GB/s':>7} {'sd':>6} {'ms':>8} {'eager':>7} {'compile':>7} {'/eager':>7} {'/compile':>8} {'/copy':>6} {'/same':>6}")
     for o in out:
         print(f"{o['label']:<32} {o['Check']:5} {o['peer']:9} {o['GB/s']:7.0f} {o['GB/s_stddev']:6.0f} {o['Time (ms)']:8.4f} {o['eager GB/s']:7.0f} "
-              f"{o['compile GB/s']:7.0f} {o['kiln/eager']:7.2f} {o['kiln/compile']:8.2f} {o['kiln/copy']:6.2f}")
+              f"{o['compile GB/s']:7.0f} {o['kiln/eager']:7.2f} {o['kiln/compile']:8.2f} {o['kiln/copy']:6.2f} {o['kiln/copy same bytes']:6.2f}")
     # Cross-entropy forward + backward: Kiln's two kernels (forward, backward in place) against
     # torch.compile of the mean loss's forward and backward together, on the same shapes.
     ce = {}
@@ -380,7 +395,8 @@ def main():
         del x
         torch.cuda.empty_cache()
     geo = lambda k: math.exp(sum(math.log(max(o[k], 1e-9)) for o in out) / len(out))
-    print(f"geomean kiln/compile {geo('kiln/compile'):.3f}, kiln/eager {geo('kiln/eager'):.3f}, kiln/copy {geo('kiln/copy'):.3f}; "
+    print(f"geomean kiln/compile {geo('kiln/compile'):.3f}, kiln/eager {geo('kiln/eager'):.3f}, kiln/copy {geo('kiln/copy'):.3f}, "
+          f"kiln/copy of the same bytes {geo('kiln/copy same bytes'):.3f}; "
           f"lowest kiln/compile {min(o['kiln/compile'] for o in out):.3f}")
     for form in ("forward", "bwd graph"):
         rows_of = [o for o in out if o["peer"] == form]
