@@ -12,7 +12,7 @@
 #   (attention: bench_attention's arguments in ATTN_ARGS, default --quick; e.g. "--quick --only s8192_b1 --tune")
 # check: examples/llama_step at --seq $CHECK_SEQ (2048) dumps weights and gradients, and
 #        scripts/llama_step_torch.py compares them with PyTorch in fp32 (loss 1e-3, gradients 30 dB);
-# time:  the step at the model's sequence length (micro-batch $MB, default 1) with its per-op
+# time:  the step at the model's sequence length (micro-batch $MB, default 1; median of $STEPS, default 15) with its per-op
 #        breakdown, then PyTorch eager and torch.compile of the same model in the same job.
 #        FP8=RECIPE (tensorwise, block or block1x128) also times the step with its layer GEMMs in
 #        fp8 in the same process (llama_step --fp8; the breakdown is then the fp8 step's) and prints
@@ -30,7 +30,7 @@ OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 B=build-gpu
 H=$PWD/.gpu-carry/hiredis
-MODEL=${MODEL:-llama3.1-8b} MB=${MB:-1} CHECK_SEQ=${CHECK_SEQ:-2048}
+MODEL=${MODEL:-llama3.1-8b} MB=${MB:-1} CHECK_SEQ=${CHECK_SEQ:-2048} STEPS=${STEPS:-15}
 MOE_MODEL=${MOE_MODEL:-deepseek-v3} MOE_CHECK_ARGS=${MOE_CHECK_ARGS:---tokens 2048 --experts-per-rank 8}
 MOE_TOKENS=${MOE_TOKENS:-$(python3 -c "import json;print(json.load(open('models/models.json'))['moe']['$MOE_MODEL']['seq'])")}
 export LD_LIBRARY_PATH=$H/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} KILN_CACHE_DIR=${KILN_CACHE_DIR:-/tmp/kiln-cache}
@@ -51,7 +51,7 @@ for step in "$@"; do
       cat "$OUT/step_check_torch.log" | tail -20 ;;
     time)
       log=$OUT/step_time_kiln_mb$MB${FP8:+_fp8_$FP8}.log
-      $B/examples/llama_step --model "$MODEL" --micro-batch "$MB" --time 5 ${FP8:+--fp8 "$FP8"} > "$log" 2>&1 || true
+      $B/examples/llama_step --model "$MODEL" --micro-batch "$MB" --time "$STEPS" ${FP8:+--fp8 "$FP8"} > "$log" 2>&1 || true
       tail -48 "$log"
       ms=$(grep -o '^llama_step: step time [0-9.]*' "$log" | awk '{print $4}')
       ms8=$(grep -o '^llama_step: fp8 [a-z0-9]* step time [0-9.]*' "$log" | awk '{print $6}')
