@@ -1,11 +1,13 @@
 // The tensor graph of the examples that run a model's ops through Kiln alone (llama_step,
 // moe_block): buffers on the device, or host vectors for the same graph on the ops' CPU references
-// (kiln::reference), one op call at a time, with an optional per-op time breakdown; and the
-// --dump format that the scripts/*_torch.py checks read.
+// (kiln::reference), one op call at a time, with an optional per-op time breakdown; the
+// --dump format that the scripts/*_torch.py checks read; and what both programs' main() share
+// (the runtime's options and its start, the gradient checks, the breakdown's table).
 #pragma once
 
 #include <kiln/kiln.h>
 
+#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -241,6 +243,77 @@ inline kiln::Result<std::vector<float>> sorted_times(kiln::Device& dev, const st
   }
   std::sort(ms.begin(), ms.end());
   return ms;
+}
+
+
+/// The runtime's options of an example's command line: --backend, --arch, --cache-dir, --record
+/// (`record_what` names what the manifest records: "the step", "the block").
+struct RuntimeArgs {
+  std::string backend = "auto", arch, cache_dir, record;
+  void add_to(CLI::App& app, const std::string& record_what) {
+    app.add_option("--backend", backend, "auto, cuda, hip or emulator");
+    app.add_option("--arch", arch, "with --backend emulator: gfx942 or gfx950");
+    app.add_option("--cache-dir", cache_dir, "kernel cache directory (default: KILN_CACHE_DIR, ~/.cache/kiln)");
+    app.add_option("--record", record,
+                   "append every kernel spec " + record_what + " requests to this manifest (JSON lines)");
+  }
+  bool emulated() const { return backend == "emulator"; }
+};
+
+/// The runtime of `args`, or the exit code `tool` ends with instead: 77 (the tests' "skipped")
+/// when --backend emulator finds no emulator, 0 when there is no GPU and no emulator (nothing to
+/// run), 1 on any other error; each with its line on stdout or stderr.
+struct OpenedRuntime {
+  std::unique_ptr<kiln::Runtime> runtime;  // null: end with `exit_code`
+  int exit_code = 0;
+};
+inline OpenedRuntime open_runtime(const char* tool, const RuntimeArgs& args) {
+  kiln::RuntimeOptions o;
+  o.backend = args.backend;
+  o.emulator_target = args.arch;
+  o.cache_dir = args.cache_dir;
+  o.record_file = args.record;
+  auto rt = kiln::Runtime::create(o);
+  if (!rt && args.emulated() &&
+      (rt.error().code == kiln::Errc::driver_unavailable || rt.error().code == kiln::Errc::unsupported)) {
+    std::printf("%s: skipped, the AMD emulator is not available: %s\n", tool, rt.error().message.c_str());
+    return {nullptr, 77};
+  }
+  if (!rt) {
+    std::fprintf(stderr, "%s: error: %s\n", tool, rt.error().message.c_str());
+    return {nullptr, 1};
+  }
+  if (!(*rt)->device()) {
+    std::printf("%s: no GPU and no --backend emulator: nothing to run\n", tool);
+    return {nullptr, 0};
+  }
+  return {std::move(*rt), 0};
+}
+
+/// One check line per buffer pair (report_snr), `ours[i]` of graph `g` against `refs[i]` of the
+/// reference graph `host`, names prefixed by `prefix`; true when every line passes.
+inline Result<bool> check_buffers(Graph& g, const std::vector<Buf*>& ours, Graph& host, const std::vector<Buf*>& refs,
+                                  const std::string& prefix, int width, double gate = 30) {
+  bool pass = true;
+  for (size_t i = 0; i < ours.size() && i < refs.size(); ++i) {
+    KILN_ASSIGN_OR_RETURN(auto a, g.download(*ours[i]));
+    KILN_ASSIGN_OR_RETURN(auto b, host.download(*refs[i]));
+    pass = report_snr(prefix + ours[i]->name, a, b, width, gate) && pass;
+  }
+  return pass;
+}
+
+/// The per-op time breakdown of one run that `g` timed (Graph::set_breakdown), slowest first:
+/// "breakdown (WHAT, each launch timed alone with device events; sum S ms):" and one row per label.
+inline void print_breakdown(const Graph& g, const std::string& what) {
+  std::vector<std::pair<std::string, std::pair<double, int>>> rows(g.times().begin(), g.times().end());
+  std::sort(rows.begin(), rows.end(), [](auto& a, auto& b) { return a.second.first > b.second.first; });
+  double total = 0;
+  for (auto& r : rows) total += r.second.first;
+  std::printf("breakdown (%s, each launch timed alone with device events; sum %.3f ms):\n", what.c_str(), total);
+  std::printf("  %-24s %10s %7s %6s\n", "op", "ms", "share", "calls");
+  for (auto& [name, t] : rows)
+    std::printf("  %-24s %10.3f %6.1f%% %6d\n", name.c_str(), t.first, 100 * t.first / total, t.second);
 }
 
 }  // namespace kiln_example

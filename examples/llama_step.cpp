@@ -611,8 +611,8 @@ int fail(const kiln::Error& e) {
 
 int main(int argc, char** argv) {
   CLI::App app{"One training step (forward and backward) of a Llama model through Kiln's C++ API alone"};
-  std::string model = "llama3.1-8b", models_path = KILN_MODELS_JSON, backend = "auto", arch, cache_dir, dump_dir,
-              record, fp8_name;
+  std::string model = "llama3.1-8b", models_path = KILN_MODELS_JSON, dump_dir, fp8_name;
+  kiln_example::RuntimeArgs run_args;
   int64_t layers = 2, micro_batch = 1, seq = 0, time_steps = 5;
   uint64_t seed = 1234;
   bool check = false, require_prewarmed = false, breakdown = true;
@@ -621,15 +621,12 @@ int main(int argc, char** argv) {
   app.add_option("--layers", layers, "decoder layers")->check(CLI::Range(1, 1024));
   app.add_option("--micro-batch", micro_batch, "sequences per step")->check(CLI::Range(1, 1024));
   app.add_option("--seq", seq, "sequence length (default: the model's)")->check(CLI::Range(0, 1 << 20));
-  app.add_option("--backend", backend, "auto, cuda, hip or emulator");
-  app.add_option("--arch", arch, "with --backend emulator: gfx942 or gfx950");
-  app.add_option("--cache-dir", cache_dir, "kernel cache directory (default: KILN_CACHE_DIR, ~/.cache/kiln)");
+  run_args.add_to(app, "the step");
   app.add_option("--time", time_steps, "timed steps after one warm-up (0: none)")->check(CLI::Range(0, 1000));
   app.add_flag("!--no-breakdown", breakdown, "skip the per-op time breakdown");
   app.add_flag("--check", check, "compare the loss and every gradient with the same graph on the CPU references");
   app.add_option("--dump", dump_dir, "write weights, inputs, loss and gradients here (for scripts/llama_step_torch.py)");
   app.add_flag("--require-prewarmed", require_prewarmed, "fail if the step compiles a kernel");
-  app.add_option("--record", record, "append every kernel spec the step requests to this manifest (JSON lines)");
   app.add_option("--seed", seed, "seed of the weights and the batch");
   app.add_option("--fp8", fp8_name,
                  "also run the step with the layer GEMMs in fp8: tensorwise, block (1x128 activations and gradients, "
@@ -655,25 +652,11 @@ int main(int argc, char** argv) {
                              "(the logits' int32 offsets); use fewer tokens",
                              d.seq, d.micro_batch, d.tokens(), d.vocab)});
 
-  kiln::RuntimeOptions o;
-  o.backend = backend;
-  o.emulator_target = arch;
-  o.cache_dir = cache_dir;
-  o.record_file = record;
-  auto rt = kiln::Runtime::create(o);
-  if (!rt && backend == "emulator" &&
-      (rt.error().code == kiln::Errc::driver_unavailable || rt.error().code == kiln::Errc::unsupported)) {
-    std::printf("llama_step: skipped, the AMD emulator is not available: %s\n", rt.error().message.c_str());
-    return 77;  // the tests' "skipped"
-  }
-  if (!rt) return fail(rt.error());
-  if (!(*rt)->device()) {
-    std::printf("llama_step: no GPU and no --backend emulator: nothing to run\n");
-    return 0;
-  }
-  kiln::Runtime& runtime = **rt;
+  auto opened = kiln_example::open_runtime("llama_step", run_args);
+  if (!opened.runtime) return opened.exit_code;
+  kiln::Runtime& runtime = *opened.runtime;
   kiln::Device& dev = *runtime.device();
-  const bool emulated = backend == "emulator";
+  const bool emulated = run_args.emulated();
   std::printf("llama_step: %s, %ld layers, seq %ld x micro-batch %ld = %ld tokens, bf16%s; device %s (%s)\n",
               d.name.c_str(), long(d.layers), long(d.seq), long(d.micro_batch), long(d.tokens()),
               recipe ? fmt::format(" and fp8 {}", recipe->name).c_str() : "", dev.name().c_str(),
@@ -736,13 +719,9 @@ int main(int argc, char** argv) {
     bool pass = rel < 1e-3;
     std::printf("check: loss %.6f vs CPU references %.6f: relative error %.2e (gate 1e-3) %s\n", *loss, *hloss, rel,
                 rel < 1e-3 ? "PASS" : "FAIL");
-    const auto dg = gradients(*m), hg = gradients(*hm);
-    for (size_t i = 0; i < dg.size(); ++i) {
-      auto a = g.download(*dg[i]);
-      auto b = host.download(*hg[i]);
-      if (!a || !b) return fail(a ? b.error() : a.error());
-      pass = kiln_example::report_snr(dg[i]->name, *a, *b, 28) && pass;
-    }
+    auto grads = kiln_example::check_buffers(g, gradients(*m), host, gradients(*hm), "", 28);
+    if (!grads) return fail(grads.error());
+    pass = *grads && pass;
     std::printf("check: %s\n", pass ? "PASS" : "FAIL");
     if (!pass) rc = 1;
   }
@@ -780,13 +759,9 @@ int main(int argc, char** argv) {
       bool pass = rel16 < 2e-3;
       std::printf("check: fp8 loss %.6f vs CPU references in bf16 %.6f: relative difference %.2e (gate 2e-3) %s\n",
                   loss8, *hloss, rel16, rel16 < 2e-3 ? "PASS" : "FAIL");
-      const auto dg = gradients(*m), hg = gradients(*hm);
-      for (size_t i = 0; i < dg.size(); ++i) {
-        auto a = g.download(*dg[i]);
-        auto b = host.download(*hg[i]);
-        if (!a || !b) return fail(a ? b.error() : a.error());
-        pass = kiln_example::report_snr("fp8 " + dg[i]->name, *a, *b, 32, 12) && pass;
-      }
+      auto grads = kiln_example::check_buffers(g, gradients(*m), host, gradients(*hm), "fp8 ", 32, 12);
+      if (!grads) return fail(grads.error());
+      pass = *grads && pass;
       std::printf("check: fp8 %s\n", pass ? "PASS" : "FAIL");
       if (!pass) rc = 1;
     }
@@ -811,15 +786,7 @@ int main(int argc, char** argv) {
     if (breakdown) {
       g.set_breakdown(true);
       if (auto r = recipe ? step8() : step(); !r) return fail(r.error());
-      std::vector<std::pair<std::string, std::pair<double, int>>> rows(g.times().begin(), g.times().end());
-      std::sort(rows.begin(), rows.end(), [](auto& a, auto& b) { return a.second.first > b.second.first; });
-      double total = 0;
-      for (auto& r : rows) total += r.second.first;
-      std::printf("breakdown (one %s step, each launch timed alone with device events; sum %.3f ms):\n",
-                  recipe ? ("fp8 " + recipe->name).c_str() : "bf16", total);
-      std::printf("  %-24s %10s %7s %6s\n", "op", "ms", "share", "calls");
-      for (auto& [name, t] : rows)
-        std::printf("  %-24s %10.3f %6.1f%% %6d\n", name.c_str(), t.first, 100 * t.first / total, t.second);
+      kiln_example::print_breakdown(g, recipe ? "one fp8 " + recipe->name + " step" : "one bf16 step");
     }
   }
   return rc;

@@ -336,8 +336,8 @@ int fail(const kiln::Error& e) {
 int main(int argc, char** argv) {
   CLI::App app{"One MoE block (router, permutation, grouped expert GEMMs, SwiGLU, unpermutation), forward and "
                "backward, through Kiln's C++ API alone"};
-  std::string model = "deepseek-v3", models_path = KILN_MODELS_JSON, backend = "auto", arch, cache_dir, dump_dir,
-              record;
+  std::string model = "deepseek-v3", models_path = KILN_MODELS_JSON, dump_dir;
+  kiln_example::RuntimeArgs run_args;
   int64_t tokens = 0, experts_per_rank = 0, hidden = 0, intermediate = 0, experts = 0, time_steps = 5;
   uint64_t seed = 1234;
   bool check = false, breakdown = true;
@@ -350,16 +350,13 @@ int main(int argc, char** argv) {
   app.add_option("--intermediate", intermediate, "override the experts' intermediate size (small tests)")
       ->check(CLI::Range(1, 1 << 20));
   app.add_option("--experts", experts, "override the model's routed experts (small tests)")->check(CLI::Range(1, 512));
-  app.add_option("--backend", backend, "auto, cuda, hip or emulator");
-  app.add_option("--arch", arch, "with --backend emulator: gfx942 or gfx950");
-  app.add_option("--cache-dir", cache_dir, "kernel cache directory (default: KILN_CACHE_DIR, ~/.cache/kiln)");
+  run_args.add_to(app, "the block");
   app.add_option("--time", time_steps, "timed blocks (forward + backward) after one warm-up (0: none)")
       ->check(CLI::Range(0, 1000));
   app.add_flag("!--no-breakdown", breakdown, "skip the per-op time breakdown");
   app.add_flag("--check", check, "compare y and every gradient with the same graph on the CPU references");
   app.add_option("--dump", dump_dir,
                  "write inputs, weights, routing, y and gradients here (scripts/moe_block_torch.py)");
-  app.add_option("--record", record, "append every kernel spec the block requests to this manifest (JSON lines)");
   app.add_option("--seed", seed, "seed of the weights and inputs");
   CLI11_PARSE(app, argc, argv);
 
@@ -376,25 +373,11 @@ int main(int argc, char** argv) {
   const Dims& d = *dims;
   if (auto r = check_dims(d); !r) return fail(r.error());
 
-  kiln::RuntimeOptions o;
-  o.backend = backend;
-  o.emulator_target = arch;
-  o.cache_dir = cache_dir;
-  o.record_file = record;
-  auto rt = kiln::Runtime::create(o);
-  if (!rt && backend == "emulator" &&
-      (rt.error().code == kiln::Errc::driver_unavailable || rt.error().code == kiln::Errc::unsupported)) {
-    std::printf("moe_block: skipped, the AMD emulator is not available: %s\n", rt.error().message.c_str());
-    return 77;  // the tests' "skipped"
-  }
-  if (!rt) return fail(rt.error());
-  if (!(*rt)->device()) {
-    std::printf("moe_block: no GPU and no --backend emulator: nothing to run\n");
-    return 0;
-  }
-  kiln::Runtime& runtime = **rt;
+  auto opened = kiln_example::open_runtime("moe_block", run_args);
+  if (!opened.runtime) return opened.exit_code;
+  kiln::Runtime& runtime = *opened.runtime;
   kiln::Device& dev = *runtime.device();
-  const bool emulated = backend == "emulator";
+  const bool emulated = run_args.emulated();
   std::printf("moe_block: %s, %ld tokens, hidden %ld, %ld experts (top-%ld, %s%s), %ld on this rank, intermediate "
               "%ld, bf16; device %s (%s)\n",
               d.name.c_str(), long(d.tokens), long(d.hidden), long(d.experts), long(d.topk),
@@ -446,13 +429,9 @@ int main(int argc, char** argv) {
     bool pass = differ == 0;
     std::printf("check: topk_ids: %ld of %ld tokens route differently from the CPU reference %s\n", long(differ),
                 long(d.tokens), differ ? "FAIL" : "PASS");
-    const auto dr = results(*b), hr = results(*hb);
-    for (size_t i = 0; i < dr.size(); ++i) {
-      auto a = g.download(*dr[i]);
-      auto r = host.download(*hr[i]);
-      if (!a || !r) return fail(a ? r.error() : a.error());
-      pass = kiln_example::report_snr(dr[i]->name, *a, *r, 30) && pass;
-    }
+    auto outs = kiln_example::check_buffers(g, results(*b), host, results(*hb), "", 30);
+    if (!outs) return fail(outs.error());
+    pass = *outs && pass;
     std::printf("check: %s\n", pass ? "PASS" : "FAIL");
     if (!pass) rc = 1;
   }
@@ -466,14 +445,7 @@ int main(int argc, char** argv) {
     if (breakdown) {
       g.set_breakdown(true);
       if (auto r = block(); !r) return fail(r.error());
-      std::vector<std::pair<std::string, std::pair<double, int>>> rows(g.times().begin(), g.times().end());
-      std::sort(rows.begin(), rows.end(), [](auto& x, auto& y) { return x.second.first > y.second.first; });
-      double total = 0;
-      for (auto& r : rows) total += r.second.first;
-      std::printf("breakdown (one block, each launch timed alone with device events; sum %.3f ms):\n", total);
-      std::printf("  %-24s %10s %7s %6s\n", "op", "ms", "share", "calls");
-      for (auto& [name, t] : rows)
-        std::printf("  %-24s %10.3f %6.1f%% %6d\n", name.c_str(), t.first, 100 * t.first / total, t.second);
+      kiln_example::print_breakdown(g, "one block");
     }
   }
   return rc;
