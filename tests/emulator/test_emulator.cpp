@@ -239,19 +239,23 @@ TEST(EmulatorScalars, OpsMatchTheReferenceWithOtherScalarValues) {
 // move only when a key tile's max exceeds the running max by more than 8 ln 2. The spec cases'
 // scores rarely jump that far after the first tile; with softmax_scale 2 at head dim 64 (scores of
 // standard deviation about 16) over 8 key tiles, many rows rescale late, and the rows that do not
-// run on the old max.
+// run on the old max. A negative softmax_scale takes the raw scores' minimum for the row max.
 TEST(EmulatorAttention, TheForwardRescalesLateRowsCorrectly) {
   for (const char* target : kTargets) {
     KILN_EMULATOR_OR_SKIP(rt, target);
     const KernelSpec spec{"attention", DType::bf16, DType::bf16,
                           {{"layout", 0}, {"batch", 1}, {"seqlen_q", 64}, {"seqlen_k", 256}, {"heads", 2},
                            {"kv_heads", 1}, {"head_dim", 64}, {"causal", 0}}};
-    CheckOptions options;
-    options.seed = 11;
-    options.scalars["softmax_scale"] = 2.0f;
-    auto report = check_on_device(*rt, spec, options);
-    ASSERT_TRUE(report.ok()) << report.error().message;
-    EXPECT_TRUE(report->pass) << target << ": " << format_report(*report);
+    // 2: late rescales; -6: a negative scale, whose row max is scale times the raw minimum (the
+    // raw maximum would put 2^100 and more into P).
+    for (const float scale : {2.0f, -6.0f}) {
+      CheckOptions options;
+      options.seed = 11;
+      options.scalars["softmax_scale"] = scale;
+      auto report = check_on_device(*rt, spec, options);
+      ASSERT_TRUE(report.ok()) << report.error().message;
+      EXPECT_TRUE(report->pass) << target << ", softmax_scale " << scale << ": " << format_report(*report);
+    }
   }
 }
 
