@@ -180,7 +180,8 @@ Result<CheckReport> check_unguarded(Runtime& rt, const KernelSpec& spec, const C
   (void)again;
 
   std::mt19937_64 rng(options.seed ? options.seed : std::random_device{}());
-  KILN_ASSIGN_OR_RETURN(DeviceTensors tensors, DeviceTensors::make(*device, *op, full, rng, extra_host, extra_what));
+  KILN_ASSIGN_OR_RETURN(DeviceTensors tensors,
+                        DeviceTensors::make(*device, *op, full, rng, extra_host, extra_what, options.scalars));
   report.bytes = op->bytes(full);
   report.flops = op->flops(full);
   const std::span<void* const> ptrs = tensors.pointers();

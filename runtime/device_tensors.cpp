@@ -145,13 +145,13 @@ Result<void> DeviceTensors::ensure_fits(Device& device, const OpTemplate& op, co
 
 Result<DeviceTensors> DeviceTensors::make(Device& device, const OpTemplate& op, const KernelSpec& spec,
                                           std::mt19937_64& rng, double extra_host_bytes,
-                                          std::string_view extra_host_what) {
+                                          std::string_view extra_host_what, const Scalars& scalars) {
   // Sizes come from users: estimate before allocating, and turn a failed host allocation into an
   // error (no exception leaves the library).
   try {
     std::vector<TensorInfo> tensors = op.tensors(spec);
     KILN_TRY(check_memory(device, spec, tensors, extra_host_bytes, extra_host_what));
-    return make_checked(device, op, spec, rng, std::move(tensors));
+    return make_checked(device, op, spec, rng, std::move(tensors), scalars);
   } catch (const std::bad_alloc&) {
     return make_error(Errc::invalid_argument,
                       fmt::format("{}: out of host memory while making its inputs; give smaller sizes", to_string(spec)));
@@ -162,13 +162,14 @@ Result<DeviceTensors> DeviceTensors::make(Device& device, const OpTemplate& op, 
 }
 
 Result<DeviceTensors> DeviceTensors::make_checked(Device& device, const OpTemplate& op, const KernelSpec& spec,
-                                                  std::mt19937_64& rng, std::vector<TensorInfo> tensors) {
+                                                  std::mt19937_64& rng, std::vector<TensorInfo> tensors,
+                                                  const Scalars& scalars) {
   DeviceTensors d;
   d.tensors_ = std::move(tensors);
   std::vector<TensorInfo> inputs;
   for (const TensorInfo& t : d.tensors_)
     if (!t.output) inputs.push_back(t);
-  op.init_inputs(op.with_defaults(spec), inputs, d.inputs_, rng);
+  op.init_inputs_with_scalars(op.with_defaults(spec), scalars, inputs, d.inputs_, rng);
   size_t next_input = 0;
   for (const TensorInfo& t : d.tensors_) {
     const size_t bytes = t.bytes();

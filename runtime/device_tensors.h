@@ -33,10 +33,13 @@ class DeviceTensors {
   /// that the caller will need, described by `extra_host_what`) and refuses a spec that cannot fit:
   /// the device's free memory where the driver tells it (cuMemGetInfo, hipMemGetInfo), and
   /// host_memory_limit() (MemAvailable, RLIMIT_AS, RLIMIT_DATA).
+  /// `scalars`: the runtime scalars that the launches will take, for the inputs derived with them
+  /// (OpTestHooks::init_inputs_with_scalars); empty: the defaults.
   /// Errors: Errc::invalid_argument (does not fit: the message gives the figures and the limit;
   /// or host allocation failed), Errc::driver_error (out of device memory, a failed copy).
   static Result<DeviceTensors> make(Device& device, const OpTemplate& op, const KernelSpec& spec, std::mt19937_64& rng,
-                                    double extra_host_bytes = 0, std::string_view extra_host_what = {});
+                                    double extra_host_bytes = 0, std::string_view extra_host_what = {},
+                                    const Scalars& scalars = {});
   /// The estimate of make() alone, for callers that refuse a spec before compiling it.
   static Result<void> ensure_fits(Device& device, const OpTemplate& op, const KernelSpec& spec,
                                  double extra_host_bytes = 0, std::string_view extra_host_what = {});
@@ -52,7 +55,8 @@ class DeviceTensors {
 
  private:
   static Result<DeviceTensors> make_checked(Device& device, const OpTemplate& op, const KernelSpec& spec,
-                                            std::mt19937_64& rng, std::vector<TensorInfo> tensors);
+                                            std::mt19937_64& rng, std::vector<TensorInfo> tensors,
+                                            const Scalars& scalars);
   struct Free {
     Device* device;
     void operator()(void* p) const { (void)device->free(p); }

@@ -84,6 +84,15 @@ class OpTestHooks : public OpCodegen {
   /// (gemm's B by 1/sqrt(K); rmsnorm_bwd's rstd from x).
   virtual void init_inputs(const KernelSpec& spec, std::span<const TensorInfo> inputs,
                            std::vector<std::vector<float>>& values, std::mt19937_64& rng) const;
+  /// init_inputs for a launch with the runtime `scalars` (CheckOptions::scalars; a name left out
+  /// takes its default), which the check path calls. Ops whose inputs are derived with a runtime
+  /// scalar override it (attention_bwd's out and lse are the forward at softmax_scale). Default:
+  /// init_inputs; the inputs do not depend on the scalars.
+  virtual void init_inputs_with_scalars(const KernelSpec& spec, const Scalars& /*scalars*/,
+                                        std::span<const TensorInfo> inputs, std::vector<std::vector<float>>& values,
+                                        std::mt19937_64& rng) const {
+    init_inputs(spec, inputs, values, rng);
+  }
   /// CPU reference in fp64 (or fp32-accumulated where the op's algorithm says so) on the
   /// dtype-rounded inputs. Fills one RefOutput per output tensor, in order. `rows` (sorted,
   /// non-empty) asks for a sample of the rows of row-shaped outputs; an op may compute more.

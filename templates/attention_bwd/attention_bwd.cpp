@@ -244,8 +244,18 @@ std::vector<uint32_t> AttentionBwdOp::base_alignment(const KernelSpec& spec, con
 // the softcap): P = exp(S - lse) then lies in (0, 1] as in real use, but its rows do not sum to
 // 1. The backward's reference follows whatever lse and out it is given, so a check still holds;
 // such sizes are for timing.
+// out and lse come from the forward at the launch's softmax_scale (init_inputs_with_scalars; the
+// default scale for init_inputs): with any other scale they would not be a forward's, and with a
+// negative one P = exp(S - lse) would overflow.
 void AttentionBwdOp::init_inputs(const KernelSpec& spec, std::span<const TensorInfo> inputs,
                                  std::vector<std::vector<float>>& values, std::mt19937_64& rng) const {
+  init_inputs_with_scalars(spec, {}, inputs, values, rng);
+}
+
+void AttentionBwdOp::init_inputs_with_scalars(const KernelSpec& spec, const Scalars& scalars,
+                                              std::span<const TensorInfo> inputs,
+                                              std::vector<std::vector<float>>& values, std::mt19937_64& rng) const {
+  const double scale = ah::softmax_scale(spec, scalar(scalars, "softmax_scale"));
   ah::init_qkv(spec, inputs, values, rng);
   constexpr double kExactWork = 4e9;
   const int64_t d = spec.param("head_dim"), heads = spec.param("heads"), kv_heads = spec.param("kv_heads");
@@ -260,17 +270,17 @@ void AttentionBwdOp::init_inputs(const KernelSpec& spec, std::span<const TensorI
     for (int64_t u = 0; u < tk; ++u)
       for (int64_t hk = 0; hk < kv_heads; ++hk)
         kmax[size_t(hk)] = std::max(kmax[size_t(hk)], norm(&values[2][size_t(u * ks + hk * d)]));
-    const double scale = ah::softmax_scale(spec, 0.0f), cap = static_cast<double>(spec.param("softcap"));
+    const double cap = static_cast<double>(spec.param("softcap"));
     for (int64_t t = 0; t < tq; ++t)
       for (int64_t h = 0; h < heads; ++h) {
-        double bound = scale * norm(&values[1][size_t(t * qs + h * d)]) * kmax[size_t(h / (heads / kv_heads))];
+        double bound = std::abs(scale) * norm(&values[1][size_t(t * qs + h * d)]) * kmax[size_t(h / (heads / kv_heads))];
         if (cap > 0) bound = std::min(bound, cap);
         values[5][size_t(h * tq + t)] = static_cast<float>(bound);
       }
     return;
   }
   std::vector<double> out, lse;
-  ah::forward(spec, ah::softmax_scale(spec, 0.0f), values[1], values[2], values[3],
+  ah::forward(spec, scale, values[1], values[2], values[3],
               ah::input(values, inputs, "cu_seqlens_q"), ah::input(values, inputs, "cu_seqlens_k"), out, lse);
   const int64_t per_row = ah::dim_v(spec), tq = ah::tokens_q(spec);
   for (int64_t h = 0; h < heads; ++h)

@@ -39,6 +39,8 @@ class AttentionBwdOp final : public OpTemplate {
   std::vector<uint32_t> base_alignment(const KernelSpec& spec, const KernelConfig& config) const override;
   void init_inputs(const KernelSpec& spec, std::span<const TensorInfo> inputs, std::vector<std::vector<float>>& values,
                    std::mt19937_64& rng) const override;
+  void init_inputs_with_scalars(const KernelSpec& spec, const Scalars& scalars, std::span<const TensorInfo> inputs,
+                                std::vector<std::vector<float>>& values, std::mt19937_64& rng) const override;
   void reference(const KernelSpec& spec, const Scalars& scalars, std::span<const std::vector<float>> inputs,
                  std::span<const int64_t> rows, std::vector<RefOutput>& outputs) const override;
   Gate gate(const KernelSpec& spec, const TensorInfo& output) const override;

@@ -240,6 +240,8 @@ TEST(EmulatorScalars, OpsMatchTheReferenceWithOtherScalarValues) {
 // scores rarely jump that far after the first tile; with softmax_scale 2 at head dim 64 (scores of
 // standard deviation about 16) over 8 key tiles, many rows rescale late, and the rows that do not
 // run on the old max. A negative softmax_scale takes the raw scores' minimum for the row max.
+// The backward at the same scales, on out and lse from the forward at that scale
+// (init_inputs_with_scalars).
 TEST(EmulatorAttention, TheForwardRescalesLateRowsCorrectly) {
   for (const char* target : kTargets) {
     KILN_EMULATOR_OR_SKIP(rt, target);
@@ -252,9 +254,14 @@ TEST(EmulatorAttention, TheForwardRescalesLateRowsCorrectly) {
       CheckOptions options;
       options.seed = 11;
       options.scalars["softmax_scale"] = scale;
-      auto report = check_on_device(*rt, spec, options);
-      ASSERT_TRUE(report.ok()) << report.error().message;
-      EXPECT_TRUE(report->pass) << target << ", softmax_scale " << scale << ": " << format_report(*report);
+      for (const char* op : {"attention", "attention_bwd"}) {
+        KernelSpec s = spec;
+        s.op = op;
+        auto report = check_on_device(*rt, s, options);
+        ASSERT_TRUE(report.ok()) << report.error().message;
+        EXPECT_TRUE(report->pass) << target << ", " << op << ", softmax_scale " << scale << ": "
+                                  << format_report(*report);
+      }
     }
   }
 }
