@@ -350,6 +350,36 @@ TEST(GpuAttention, TheDeterministicBackwardIsBitwiseReproducible) {
                               {6, 7, 8});  // dq, dk, dv
 }
 
+// A negative softmax_scale: the row max of the softmax is scale times the raw scores' minimum.
+// The Hopper forward flips Q's signs in shared memory and runs on |scale| (attention_sm90.kernel,
+// negate_q_rows); with the raw maximum, P = 2^((s - max) scale log2 e) overflows at -6 (scores of
+// standard deviation about 8 at head dim 64) and out and lse are non-finite. Head dim 64 (a block
+// per item) and 128 (persistent, causal), and the backward, which takes lse and needs no max.
+TEST(GpuAttention, ANegativeScaleGivesTheSoftmaxOfTheScaledScores) {
+  testing::TempDir scratch;
+  RuntimeOptions o;
+  o.cache_dir = scratch.path();
+  auto rt = std::move(Runtime::create(o)).value();
+  if (!rt->device()) GTEST_SKIP() << "no GPU: no NVIDIA or AMD device found";
+  const std::vector<KernelSpec> specs = {
+      {"attention", DType::bf16, DType::bf16,
+       {{"batch", 2}, {"seqlen_q", 300}, {"seqlen_k", 300}, {"heads", 4}, {"kv_heads", 2}, {"head_dim", 64}, {"causal", 0}}},
+      {"attention", DType::bf16, DType::bf16,
+       {{"batch", 2}, {"seqlen_q", 300}, {"seqlen_k", 400}, {"heads", 4}, {"kv_heads", 1}, {"head_dim", 128}, {"causal", 1}}},
+      {"attention_bwd", DType::bf16, DType::bf16,
+       {{"batch", 2}, {"seqlen_q", 300}, {"seqlen_k", 300}, {"heads", 4}, {"kv_heads", 2}, {"head_dim", 128}, {"causal", 1}}},
+  };
+  for (const KernelSpec& spec : specs) {
+    CheckOptions options;
+    options.seed = 11;
+    options.scalars["softmax_scale"] = -6.0f;
+    auto report = check_on_device(*rt, spec, options);
+    ASSERT_TRUE(report.ok()) << to_string(spec) << ": " << report.error().message;
+    EXPECT_TRUE(report->pass) << to_string(spec) << ", softmax_scale -6: " << format_report(*report);
+    EXPECT_EQ(report->nonfinite, 0) << to_string(spec) << ": " << format_report(*report);
+  }
+}
+
 TEST(GpuRuntime, AnUnalignedViewFallsBackFromTmaToTheCpAsyncKernel) {
   testing::TempDir scratch;
   RuntimeOptions o;
