@@ -87,13 +87,15 @@ int64_t sm90_shared_bytes(const KernelSpec& spec, const KernelConfig& c) {
 
 // The TMA kernel's configuration: BM = 128 (two consumer warpgroups) or 192 (three), 128 x 128-deep
 // slices, as many stages as fit Hopper's 227 KiB next to the epilogue's staging (at most 6).
-KernelConfig sm90_tma_config(const KernelSpec& spec, bool dbuf, int64_t bm = 128) {
+KernelConfig sm90_tma_config(const KernelSpec& spec, bool dbuf, int64_t bm = 128, bool pingpong = false,
+                             int64_t scale_warps = 3) {
   const bool epi = sm90_tma_store(spec);
   const int64_t room = kSm90MaxDynamicShared - 1024 - (epi ? epilogue_sm90_bytes(bm) : 0);
   const int64_t stages = std::min<int64_t>(6, room / sm90_stage_bytes(spec.param("granularity"), bm, 128, 128, true));
   return {{"WGMMA", 1},   {"TMA", 1},   {"DBUF", dbuf ? 1 : 0},      {"EPI_TMA", epi ? 1 : 0},
           {"BM", bm},     {"BN", 128},  {"BK", 128},                  {"STAGES", stages},
-          {"THREADS", 128 * (1 + bm / 64)}};
+          {"THREADS", 128 * (1 + bm / 64)}, {"PINGPONG", pingpong ? 1 : 0},
+          {"SCALE_WARPS", spec.param("granularity") >= kGemmBlockwise ? scale_warps : 0}};
 }
 // The Hopper kernels: K a multiple of 16 (TMA's 16-byte row strides), 32-bit tile indices.
 bool sm90_tma(const KernelSpec& spec, const TargetInfo& target) {
@@ -143,19 +145,24 @@ std::vector<KernelConfig> GemmFp8Op::variants(const KernelSpec& spec, const Targ
   // sm_90a, K a multiple of 16 (16-byte rows, as TMA's strides need): the TMA warp-specialized
   // persistent kernel (gemm_fp8_sm90_tma.kernel), 128 x 128 tiles in a ring of 128-deep slices
   // (6 stages, or 5 next to the TMA-store epilogue's 32 KiB) or 192 x 128 (5, or 4); the portable
-  // kernel serves unaligned views. Tuning
-  // candidates: DBUF (two partial accumulators, the next slice's WGMMAs issued before a
+  // kernel serves unaligned views. Tuning candidates (tuning_candidates): PINGPONG flipped, the
+  // block scales copied by one producer warp instead of three (SCALE_WARPS 1), the other consumer
+  // count, DBUF (two partial accumulators, the next slice's WGMMAs issued before a
   // promotion) and the cp.async WGMMA kernel (gemm_fp8_sm90.kernel). On the H100 (2026-11-26,
   // bench_gemm_fp8 --only square --tune) DBUF was 2-6% slower at 8192^3 and the cp.async kernel
   // 20-45% slower, so neither is the default.
-  // Tensorwise and rowwise (no scales in the main loop) take three consumer warpgroups (192 x 128
-  // tiles) where those still fill every SM: the H100's tuner (2026-11-26, 8192^3) found them
-  // 11% / 6% faster than two; with block scales they were 40% slower (160 registers per thread
-  // for the totals, the slice and the scales), so blockwise and block1x128 keep 128 x 128.
+  // Three consumer warpgroups (192 x 128 tiles) where those still fill every SM: the H100's tuner
+  // found them 11% / 6% faster than two for tensorwise / rowwise (2026-11-26, 8192^3), and, once
+  // three producer warps copy the block scales (SCALE_WARPS 3), 8% faster for blockwise at 8192^3
+  // and 7% for block1x128 at qkv's wgrad (2026-11-27; with one copying warp they had been 40%
+  // slower).
   if (sm90_tma(spec, target)) {
-    const bool three = spec.param("granularity") < kGemmBlockwise &&
-                       ceil_div(M, 192) * ceil_div(N, 128) >= target.compute_units;
-    return {sm90_tma_config(spec, false, three ? 192 : 128), portable};
+    const bool three = ceil_div(M, 192) * ceil_div(N, 128) >= target.compute_units;
+    // Ping-pong consumers (PINGPONG) for tensorwise: on the H100 (2026-11-27, --tune) 3-4% faster
+    // at 8192^3 and lm_head's dgrad, 1% at qkv's wgrad; for rowwise a tie (-1% to 0%), for
+    // blockwise 2% slower, for block1x128 a tie, so those keep it as the tuning candidate only.
+    const bool pingpong = spec.param("granularity") == kGemmTensorwise;
+    return {sm90_tma_config(spec, false, three ? 192 : 128, pingpong), portable};
   }
   if (target.vendor != Vendor::amd) return {portable};
   // gfx942 and gfx950: the MFMA kernel on 2 x 2 waves with the 32x32x16 fp8 MFMAs, which both
@@ -199,9 +206,18 @@ std::vector<KernelConfig> GemmFp8Op::tuning_candidates(const KernelSpec& spec, c
     return {first, k64};
   }
   const KernelConfig first = choose_config(spec, target);
-  return {first, first.at("BM") == 192 ? sm90_tma_config(spec, false) : sm90_tma_config(spec, false, 192),
-          sm90_tma_config(spec, true),
-          {{"WGMMA", 1}, {"BM", 128}, {"BN", 128}, {"BK", 128}, {"STAGES", 4}, {"THREADS", 256}}};
+  KernelConfig flipped = first;  // the default with ping-pong consumers flipped
+  flipped["PINGPONG"] = flag(first, "PINGPONG") ? 0 : 1;
+  std::vector<KernelConfig> out = {first, flipped};
+  if (first.at("SCALE_WARPS") == 3) {  // the block scales copied by one producer warp, as before
+    KernelConfig one = first;
+    one["SCALE_WARPS"] = 1;
+    out.push_back(one);
+  }
+  out.push_back(first.at("BM") == 192 ? sm90_tma_config(spec, false) : sm90_tma_config(spec, false, 192));
+  out.push_back(sm90_tma_config(spec, true));
+  out.push_back({{"WGMMA", 1}, {"BM", 128}, {"BN", 128}, {"BK", 128}, {"STAGES", 4}, {"THREADS", 256}});
+  return out;
 }
 
 std::string_view GemmFp8Op::device_template(const KernelConfig& c) const {
@@ -233,8 +249,9 @@ std::string GemmFp8Op::specialize(const KernelSpec& spec, const KernelConfig& c)
                        a_e5m2 ? "true" : "false", s.param("b_format") ? "true" : "false", c.at("BM"), c.at("BN"),
                        c.at("BK"), c.at("STAGES"), c.at("THREADS"));
     if (flag(c, "TMA"))
-      out += fmt::format("constexpr bool DBUF = {};\n#define EPI_TMA {}\n", flag(c, "DBUF") ? "true" : "false",
-                         flag(c, "EPI_TMA") ? 1 : 0);
+      out += fmt::format("constexpr bool DBUF = {}, PINGPONG = {};\nconstexpr int SCALE_WARPS = {};\n#define EPI_TMA {}\n",
+                         flag(c, "DBUF") ? "true" : "false", flag(c, "PINGPONG") ? "true" : "false",
+                         c.count("SCALE_WARPS") ? c.at("SCALE_WARPS") : 0, flag(c, "EPI_TMA") ? 1 : 0);
   } else if (flag(c, "MFMA")) {
     const bool a_bf8 = s.dtype == DType::e5m2 || s.dtype == DType::e5m2fnuz;
     out += fmt::format("constexpr bool A_BF8 = {}, B_BF8 = {};\n"

@@ -16,6 +16,7 @@
 #include "fp8_moe_recipe.h"
 #include "kiln/kiln.h"
 #include "runtime/device_tensors.h"
+#include "templates/lib/fp8_scaling.h"
 #include "templates/registry.h"
 #include "test_util.h"
 
@@ -491,7 +492,8 @@ TEST(GpuTuning, TheWinnerIsKeptForTheNextProcess) {
 
 TEST(GpuTuning, EveryCandidateMatchesTheReference) {
   // Each candidate made the winner of a record by hand, then checked through kernel(): the tuned
-  // configurations (the other tile width, GROUP_M = 16) are as correct as the heuristic's.
+  // configurations (the bf16 GEMM's other tile width and GROUP_M = 16; gemm_fp8's ping-pong
+  // flipped, the other consumer count, DBUF, the cp.async kernel) are as correct as the heuristic's.
   testing::TempDir scratch;
   RuntimeOptions o;
   o.cache_dir = scratch.path();
@@ -500,10 +502,20 @@ TEST(GpuTuning, EveryCandidateMatchesTheReference) {
   if (!probe->device()) GTEST_SKIP() << "no GPU: no NVIDIA or AMD device found";
   if (probe->device()->target().name != "sm_90a") GTEST_SKIP() << "only sm_90a's TMA gemm has several tuning candidates";
   const std::string device = probe->device()->name();
-  const OpTemplate& gemm = **find_op("gemm");
   auto cache = std::move(DiskCache::open(scratch.path())).value();
+  // gemm_fp8: more tiles than the H100's 132 SMs, so that persistent blocks take two tiles (the
+  // ping-pong consumers' chain of turns runs across tiles): 128 x 128 tiles with block scales, and
+  // 192 x 128 (three consumers) for tensorwise.
+  const auto fp8_spec = [](int64_t M, int64_t N, int64_t K, int64_t gran, DType out) {
+    return KernelSpec{"gemm_fp8", DType::e4m3, out,
+                      {{"M", M}, {"N", N}, {"K", K}, {"granularity", gran}, {"b_format", 0}, {"accumulate", 0}}};
+  };
   for (const KernelSpec& spec : {gemm_spec(1000, 2056, 4104, false, true), gemm_spec(3000, 5000, 264, false, false),
-                                 gemm_spec(1024, 1024, 1024, true, false, DType::f16, DType::f32)}) {
+                                 gemm_spec(1024, 1024, 1024, true, false, DType::f16, DType::f32),
+                                 fp8_spec(2048, 1300, 400, kGemmBlock1x128, DType::bf16),
+                                 fp8_spec(2000, 1280, 384, kGemmBlockwise, DType::f32),
+                                 fp8_spec(3072, 1280, 272, kGemmTensorwise, DType::bf16)}) {
+    const OpTemplate& gemm = **find_op(spec.op);
     for (const KernelConfig& c : gemm.tuning_candidates(spec, probe->device()->target())) {
       SCOPED_TRACE(to_string(spec) + ": " + config_string(c));
       TuningRecord r;
