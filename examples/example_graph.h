@@ -245,7 +245,6 @@ inline kiln::Result<std::vector<float>> sorted_times(kiln::Device& dev, const st
   return ms;
 }
 
-
 /// The runtime's options of an example's command line: --backend, --arch, --cache-dir, --record
 /// (`record_what` names what the manifest records: "the step", "the block").
 struct RuntimeArgs {
