@@ -72,17 +72,27 @@ bool sm90_tma_store(const KernelSpec& spec) {
 }
 
 // Dynamic shared memory of the Hopper kernels: 1024 bytes of alignment slack, the stages (A and B
-// slices; with TMA and block scales also the slice's scales), the TMA kernel's mbarriers and, with
-// EPI_TMA, the epilogue's staging buffers.
-int64_t sm90_stage_bytes(int64_t gran, int64_t bm, int64_t bn, int64_t bk, bool tma) {
-  int64_t stage = (bm + bn) * bk;
-  if (!tma) return stage;
-  if (gran >= kGemmBlockwise) stage += ((bm + (gran == kGemmBlock1x128 ? bn : 1)) * 4 + 15) / 16 * 16;
-  return stage + 16;
+// slices, and the TMA kernel's two mbarriers each), with TMA and block scales the scale ring and,
+// with EPI_TMA, the epilogue's staging buffers.
+int64_t sm90_stage_bytes(int64_t bm, int64_t bn, int64_t bk, bool tma) { return (bm + bn) * bk + (tma ? 16 : 0); }
+// The TMA kernel's scale ring (gemm_fp8_sm90_tma.kernel sizes it the same way): stages of SG
+// slices' scales (SG = 4, 2 or 1, the largest dividing KB), one SG * 4-byte entry per row of the
+// tile and per column (block1x128) or block (blockwise) of B's, ceil(STAGES / SG) + 1 of them, with
+// two mbarriers each.
+int64_t sm90_scale_ring_bytes(const KernelSpec& spec, int64_t bm, int64_t bn, int64_t stages) {
+  const int64_t gran = spec.param("granularity");
+  if (gran < kGemmBlockwise) return 0;
+  const int64_t kb = ceil_div(spec.param("K"), 128);
+  const int64_t sg = kb % 4 == 0 ? 4 : kb % 2 == 0 ? 2 : 1;
+  const int64_t stage = ((bm + (gran == kGemmBlock1x128 ? bn : 1)) * 4 * sg + 15) / 16 * 16;
+  return (ceil_div(stages, sg) + 1) * (stage + 16);
 }
 int64_t sm90_shared_bytes(const KernelSpec& spec, const KernelConfig& c) {
-  const int64_t stage = sm90_stage_bytes(spec.param("granularity"), c.at("BM"), c.at("BN"), c.at("BK"), flag(c, "TMA"));
-  return 1024 + c.at("STAGES") * stage + (flag(c, "EPI_TMA") ? epilogue_sm90_bytes(c.at("BM")) : 0);
+  const bool tma = flag(c, "TMA");
+  const int64_t stages = c.at("STAGES");
+  return 1024 + stages * sm90_stage_bytes(c.at("BM"), c.at("BN"), c.at("BK"), tma) +
+         (tma ? sm90_scale_ring_bytes(spec, c.at("BM"), c.at("BN"), stages) : 0) +
+         (flag(c, "EPI_TMA") ? epilogue_sm90_bytes(c.at("BM")) : 0);
 }
 
 // The TMA kernel's configuration: BM = 128 (two consumer warpgroups) or 192 (three), 128 x 128-deep
@@ -91,7 +101,9 @@ KernelConfig sm90_tma_config(const KernelSpec& spec, bool dbuf, int64_t bm = 128
                              int64_t scale_warps = 3) {
   const bool epi = sm90_tma_store(spec);
   const int64_t room = kSm90MaxDynamicShared - 1024 - (epi ? epilogue_sm90_bytes(bm) : 0);
-  const int64_t stages = std::min<int64_t>(6, room / sm90_stage_bytes(spec.param("granularity"), bm, 128, 128, true));
+  int64_t stages = 6;
+  while (stages > 2 && stages * sm90_stage_bytes(bm, 128, 128, true) + sm90_scale_ring_bytes(spec, bm, 128, stages) > room)
+    --stages;
   return {{"WGMMA", 1},   {"TMA", 1},   {"DBUF", dbuf ? 1 : 0},      {"EPI_TMA", epi ? 1 : 0},
           {"BM", bm},     {"BN", 128},  {"BK", 128},                  {"STAGES", stages},
           {"THREADS", 128 * (1 + bm / 64)}, {"PINGPONG", pingpong ? 1 : 0},

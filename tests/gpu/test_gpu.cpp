@@ -92,7 +92,11 @@ std::vector<KernelSpec> all_gpu_specs() {
                     {1000, 2056, 4104, 2, DType::e4m3, DType::bf16, 0, 0},
                     {3000, 5000, 272, 3, DType::e5m2, DType::f32, 0, 1},
                     {4097, 136, 1024, 1, DType::e4m3, DType::f16, 1, 0},
-                    {2048, 4096, 2048, 0, DType::e5m2, DType::bf16, 0, 0}};
+                    {2048, 4096, 2048, 0, DType::e5m2, DType::bf16, 0, 0},
+                    // block scales copied four K blocks (KB % 4 == 0) or two (KB % 2 == 0) per
+                    // cp.async into the scale ring: M and N tails, many tiles.
+                    {1500, 2000, 1024, 3, DType::e5m2, DType::bf16, 0, 0},
+                    {600, 3000, 768, 2, DType::e4m3, DType::bf16, 0, 0}};
   // grouped_gemm's TMA kernel (nt, and nn with K % 64 == 0): more tiles than SMs over many
   // uneven groups (some empty: the op's init_inputs), N not a multiple of the tile, K tails.
   const struct {
@@ -432,6 +436,63 @@ TEST(GpuRuntime, AnUnalignedViewFallsBackFromTmaToTheCpAsyncKernel) {
   (void)dev.free(c);
 }
 
+// gemm_fp8's TMA kernel copies a row's block scales of four K blocks with one 16-byte cp.async
+// where sa and sb are 16-byte aligned, and with four 4-byte copies where they are not (here views
+// 4 bytes into their buffers): both give the same C, bitwise, for blockwise and block1x128, with M
+// and N tails. (The aligned launch is checked against the reference by Gpu.EveryOpMatchesItsReference.)
+TEST(GpuRuntime, Fp8BlockScalesAtAnUnalignedViewGiveTheSameC) {
+  testing::TempDir scratch;
+  RuntimeOptions o;
+  o.cache_dir = scratch.path();
+  auto rt = std::move(Runtime::create(o)).value();
+  if (!rt->device()) GTEST_SKIP() << "no GPU: no NVIDIA or AMD device found";
+  if (rt->device()->target().name != "sm_90a") GTEST_SKIP() << "the scale ring is the sm_90a TMA kernel's";
+  Device& dev = *rt->device();
+  for (int64_t gran : {kGemmBlockwise, kGemmBlock1x128}) {
+    const KernelSpec spec{"gemm_fp8", DType::e4m3, DType::bf16,
+                          {{"M", 330}, {"N", 250}, {"K", 1024}, {"granularity", gran}, {"b_format", 0}, {"accumulate", 0}}};
+    SCOPED_TRACE(to_string(spec));
+    const OpTemplate* op = *find_op(spec.op);
+    std::mt19937_64 rng(std::random_device{}());
+    auto tensors = DeviceTensors::make(dev, *op, op->with_defaults(spec), rng);
+    ASSERT_TRUE(tensors.ok()) << tensors.error().message;
+    auto k = rt->kernel(spec);
+    ASSERT_TRUE(k.ok()) << k.error().message;
+    ASSERT_NE((*k)->compiled().info().config.find("TMA=1"), std::string::npos) << "this shape takes the TMA kernel";
+    const std::vector<TensorInfo>& ts = tensors->tensors();
+    std::vector<void*> ptrs(tensors->pointers().begin(), tensors->pointers().end());
+    ASSERT_EQ(ts.size(), 5u);  // A, B, sa, sb, C
+    const auto run = [&](std::vector<uint8_t>& out) {
+      ASSERT_TRUE(dev.memset(ptrs[4], 0xff, ts[4].bytes()).ok());  // NaN
+      ASSERT_TRUE((*k)->launch(spec, ptrs).ok());
+      ASSERT_TRUE(dev.synchronize().ok());
+      out.resize(ts[4].bytes());
+      ASSERT_TRUE(dev.copy_to_host(out.data(), ptrs[4], out.size()).ok());
+    };
+    std::vector<uint8_t> aligned, shifted;
+    run(aligned);
+    std::vector<void*> buffers;
+    for (size_t i : {2, 3}) {  // sa and sb copied 4 bytes into fresh buffers
+      std::vector<uint8_t> host(ts[i].bytes());
+      ASSERT_TRUE(dev.copy_to_host(host.data(), ptrs[i], host.size()).ok());
+      void* b = *dev.malloc(host.size() + 16);
+      buffers.push_back(b);
+      ptrs[i] = static_cast<char*>(b) + 4;
+      ASSERT_TRUE(dev.copy_to_device(ptrs[i], host.data(), host.size()).ok());
+    }
+    run(shifted);
+    EXPECT_EQ(std::memcmp(aligned.data(), shifted.data(), aligned.size()), 0)
+        << "C differs with scales 4 bytes past a 16-byte boundary";
+    int nonfinite = 0;
+    for (size_t i = 0; i + 1 < aligned.size(); i += 2) {
+      const uint16_t bits = static_cast<uint16_t>(aligned[i] | (aligned[i + 1] << 8));
+      nonfinite += !std::isfinite(bf16_bits_to_float(bits));
+    }
+    EXPECT_EQ(nonfinite, 0) << "C not written everywhere";
+    for (void* b : buffers) (void)dev.free(b);
+  }
+}
+
 TEST(GpuTuning, TheWinnerIsKeptForTheNextProcess) {
   testing::TempDir scratch;
   RuntimeOptions o;
@@ -513,7 +574,7 @@ TEST(GpuTuning, EveryCandidateMatchesTheReference) {
   for (const KernelSpec& spec : {gemm_spec(1000, 2056, 4104, false, true), gemm_spec(3000, 5000, 264, false, false),
                                  gemm_spec(1024, 1024, 1024, true, false, DType::f16, DType::f32),
                                  fp8_spec(2048, 1300, 400, kGemmBlock1x128, DType::bf16),
-                                 fp8_spec(2000, 1280, 384, kGemmBlockwise, DType::f32),
+                                 fp8_spec(2000, 1280, 768, kGemmBlockwise, DType::f32),
                                  fp8_spec(3072, 1280, 272, kGemmTensorwise, DType::bf16)}) {
     const OpTemplate& gemm = **find_op(spec.op);
     for (const KernelConfig& c : gemm.tuning_candidates(spec, probe->device()->target())) {
