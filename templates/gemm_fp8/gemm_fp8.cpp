@@ -168,8 +168,19 @@ std::vector<KernelConfig> GemmFp8Op::variants(const KernelSpec& spec, const Targ
   // three producer warps copy the block scales (SCALE_WARPS 3), 8% faster for blockwise at 8192^3
   // and 7% for block1x128 at qkv's wgrad (2026-11-27; with one copying warp they had been 40%
   // slower).
+  // Their last wave weighs too: with R(bm) = ceil(tiles / SMs) rounds of bm-row tiles, three are
+  // taken where R(192) * 192 < 1.1 * R(128) * 128 (a 192-row tile's rows cost about 1/1.1 of the
+  // 128-row tiles' on the H100). Measured with --tune (2026-11-27, h100-2026-11-27-session14,
+  // tune-consumers/): qwen2.5-7b's attn_out wgrad (3584 x 3584 x 8192: 5 rounds of 192 against 6
+  // of 128) ran 12-14% faster with two consumers, llama3.1-8b's (4096^2 x 8192) 2-4%; qwen2.5-7b's
+  // attn_out forward (8192 x 3584 x 3584: 10 rounds against 14, a tie without the factor) 2-3%
+  // faster with three.
   if (sm90_tma(spec, target)) {
-    const bool three = ceil_div(M, 192) * ceil_div(N, 128) >= target.compute_units;
+    const int64_t sms = target.compute_units, tiles_n = ceil_div(N, 128);
+    const int64_t rounds_192 = ceil_div(ceil_div(M, 192) * tiles_n, sms);
+    const int64_t rounds_128 = ceil_div(ceil_div(M, 128) * tiles_n, sms);
+    const bool three =
+        ceil_div(M, 192) * tiles_n >= sms && rounds_192 * 192 * 10 < rounds_128 * 128 * 11;
     // Ping-pong consumers (PINGPONG) for tensorwise: on the H100 (2026-11-27, --tune) 3-4% faster
     // at 8192^3 and lm_head's dgrad, 1% at qkv's wgrad; for rowwise a tie (-1% to 0%), for
     // blockwise 2% slower, for block1x128 a tie, so those keep it as the tuning candidate only.
