@@ -155,15 +155,23 @@ int64_t c_cols(const KernelSpec& s) { return tn(s) ? s.param("K") : s.param("N")
 int64_t tma_fixed_bytes(const KernelSpec& s, int64_t bm) {
   return 1024 + epilogue_sm90_bytes(bm) + 8 * (s.param("groups") + 1);
 }
-// fp8 with TMA: per stage also the slice's scales (nt: sa of the tile's BM rows, then sb; tn: sa
-// of the tile's rows, then sb of its BN columns).
-int64_t fp8_scale_stage_bytes(const KernelSpec& s, int64_t bm, int64_t bn) {
-  return tn(s) ? (bm + bn) * 4 : ((bm + 1) * 4 + 15) / 16 * 16;
+// fp8 with TMA: tn keeps each slice's scales in its stage (sa of the tile's rows, then sb of its BN
+// columns); nt copies them into a scale ring (grouped_gemm_fp8_sm90_tma.kernel sizes it the same
+// way): stages of SG slices (SG = 4, 2 or 1, the largest dividing KB), one SG * 4-byte entry per
+// row of the tile and one for b's 128 x 128 block, ceil(STAGES / SG) + 1 of them, with two
+// mbarriers each.
+int64_t fp8_scale_stage_bytes(const KernelSpec& s, int64_t bm, int64_t bn) { return tn(s) ? (bm + bn) * 4 : 0; }
+int64_t fp8_scale_ring_bytes(const KernelSpec& s, int64_t bm, int64_t stages) {
+  if (tn(s)) return 0;
+  const int64_t k_blocks = kb(s), sg = k_blocks % 4 == 0 ? 4 : k_blocks % 2 == 0 ? 2 : 1;
+  return (ceil_div(stages, sg) + 1) * (((bm + 1) * 4 * sg + 15) / 16 * 16 + 16);
 }
 int64_t sm90_shared_bytes(const KernelSpec& s, const KernelConfig& c) {
   const int64_t stages = c.at("STAGES") * (c.at("BM") + c.at("BN")) * c.at("BK") * (fp8(s) ? 1 : 2);
   if (!tma(c)) return 1024 + stages;
-  const int64_t scales = fp8(s) ? c.at("STAGES") * fp8_scale_stage_bytes(s, c.at("BM"), c.at("BN")) : 0;
+  const int64_t scales = fp8(s) ? c.at("STAGES") * fp8_scale_stage_bytes(s, c.at("BM"), c.at("BN")) +
+                                      fp8_scale_ring_bytes(s, c.at("BM"), c.at("STAGES"))
+                                : 0;
   return tma_fixed_bytes(s, c.at("BM")) + stages + scales + 16 * c.at("STAGES");  // + the stages' mbarriers
 }
 // fp8 with TMA (grouped_gemm_fp8_sm90_tma.kernel): sm_90a, c's rows 16-byte multiples (its TMA
@@ -181,7 +189,9 @@ bool fp8_tma_applies(const KernelSpec& s, const TargetInfo& target) {
 KernelConfig fp8_tma_config(const KernelSpec& s) {
   constexpr int64_t bm = 128, bn = 128, bk = 128;
   const int64_t stage = (bm + bn) * bk + fp8_scale_stage_bytes(s, bm, bn) + 16;
-  const int64_t stages = std::min<int64_t>(6, (kSm90MaxDynamicShared - tma_fixed_bytes(s, bm)) / stage);
+  const int64_t room = kSm90MaxDynamicShared - tma_fixed_bytes(s, bm);
+  int64_t stages = 6;
+  while (stages > 2 && stages * stage + fp8_scale_ring_bytes(s, bm, stages) > room) --stages;
   KernelConfig c = {{"FP8", 1}, {"WGMMA", 1}, {"TMA", 1},        {"BM", bm},
                     {"BN", bn}, {"BK", bk},   {"STAGES", stages}, {"THREADS", 384}};
   if (tn(s)) c["TN"] = 1;

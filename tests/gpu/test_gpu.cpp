@@ -109,6 +109,9 @@ std::vector<KernelSpec> all_gpu_specs() {
                         // fp8 blockwise: the forward / dgrad (nt, cp.async WGMMA) and the k-grouped
                         // wgrad (tn, group-aligned panels) over many uneven groups, N and K tails.
                         {0, 8, 4000, 1048, 2064, DType::e4m3, DType::bf16},
+                        // the nt scale ring with four and two K blocks per copy (KB % 4, KB % 2 == 0)
+                        {0, 8, 4000, 1000, 1024, DType::e4m3, DType::bf16},
+                        {0, 6, 3000, 520, 768, DType::e4m3, DType::bf16},
                         {2, 8, 4000, 1000, 520, DType::e4m3, DType::f32}};
   for (const auto& g : grouped_shapes)
     s.push_back({"grouped_gemm", g.in, g.out,
@@ -436,21 +439,27 @@ TEST(GpuRuntime, AnUnalignedViewFallsBackFromTmaToTheCpAsyncKernel) {
   (void)dev.free(c);
 }
 
-// gemm_fp8's TMA kernel copies a row's block scales of four K blocks with one 16-byte cp.async
-// where sa and sb are 16-byte aligned, and with four 4-byte copies where they are not (here views
-// 4 bytes into their buffers): both give the same C, bitwise, for blockwise and block1x128, with M
-// and N tails. (The aligned launch is checked against the reference by Gpu.EveryOpMatchesItsReference.)
+// gemm_fp8's and grouped_gemm's fp8 TMA kernels copy a row's block scales of four K blocks with one
+// 16-byte cp.async where sa and sb are 16-byte aligned, and with four 4-byte copies where they are
+// not (here views 4 bytes into their buffers): both give the same C, bitwise (gemm_fp8 blockwise
+// and block1x128, grouped_gemm nt over uneven groups; M, N and token tails). The aligned launch is
+// checked against the reference by Gpu.EveryOpMatchesItsReference.
 TEST(GpuRuntime, Fp8BlockScalesAtAnUnalignedViewGiveTheSameC) {
   testing::TempDir scratch;
   RuntimeOptions o;
   o.cache_dir = scratch.path();
   auto rt = std::move(Runtime::create(o)).value();
   if (!rt->device()) GTEST_SKIP() << "no GPU: no NVIDIA or AMD device found";
-  if (rt->device()->target().name != "sm_90a") GTEST_SKIP() << "the scale ring is the sm_90a TMA kernel's";
+  if (rt->device()->target().name != "sm_90a") GTEST_SKIP() << "the scale ring is the sm_90a TMA kernels'";
   Device& dev = *rt->device();
-  for (int64_t gran : {kGemmBlockwise, kGemmBlock1x128}) {
-    const KernelSpec spec{"gemm_fp8", DType::e4m3, DType::bf16,
-                          {{"M", 330}, {"N", 250}, {"K", 1024}, {"granularity", gran}, {"b_format", 0}, {"accumulate", 0}}};
+  const std::vector<KernelSpec> specs = {
+      {"gemm_fp8", DType::e4m3, DType::bf16,
+       {{"M", 330}, {"N", 250}, {"K", 1024}, {"granularity", kGemmBlockwise}, {"b_format", 0}, {"accumulate", 0}}},
+      {"gemm_fp8", DType::e4m3, DType::bf16,
+       {{"M", 330}, {"N", 250}, {"K", 1024}, {"granularity", kGemmBlock1x128}, {"b_format", 0}, {"accumulate", 0}}},
+      {"grouped_gemm", DType::e4m3, DType::bf16, {{"mode", 0}, {"groups", 5}, {"tokens", 900}, {"N", 264}, {"K", 1024}}},
+  };
+  for (const KernelSpec& spec : specs) {
     SCOPED_TRACE(to_string(spec));
     const OpTemplate* op = *find_op(spec.op);
     std::mt19937_64 rng(std::random_device{}());
@@ -461,18 +470,19 @@ TEST(GpuRuntime, Fp8BlockScalesAtAnUnalignedViewGiveTheSameC) {
     ASSERT_NE((*k)->compiled().info().config.find("TMA=1"), std::string::npos) << "this shape takes the TMA kernel";
     const std::vector<TensorInfo>& ts = tensors->tensors();
     std::vector<void*> ptrs(tensors->pointers().begin(), tensors->pointers().end());
-    ASSERT_EQ(ts.size(), 5u);  // A, B, sa, sb, C
-    const auto run = [&](std::vector<uint8_t>& out) {
-      ASSERT_TRUE(dev.memset(ptrs[4], 0xff, ts[4].bytes()).ok());  // NaN
+    const size_t out = ts.size() - 1;  // C (c)
+    const auto run = [&](std::vector<uint8_t>& host) {
+      ASSERT_TRUE(dev.memset(ptrs[out], 0xff, ts[out].bytes()).ok());  // NaN
       ASSERT_TRUE((*k)->launch(spec, ptrs).ok());
       ASSERT_TRUE(dev.synchronize().ok());
-      out.resize(ts[4].bytes());
-      ASSERT_TRUE(dev.copy_to_host(out.data(), ptrs[4], out.size()).ok());
+      host.resize(ts[out].bytes());
+      ASSERT_TRUE(dev.copy_to_host(host.data(), ptrs[out], host.size()).ok());
     };
     std::vector<uint8_t> aligned, shifted;
     run(aligned);
     std::vector<void*> buffers;
-    for (size_t i : {2, 3}) {  // sa and sb copied 4 bytes into fresh buffers
+    for (size_t i = 0; i < ts.size(); ++i) {  // sa and sb copied 4 bytes into fresh buffers
+      if (ts[i].name != "sa" && ts[i].name != "sb") continue;
       std::vector<uint8_t> host(ts[i].bytes());
       ASSERT_TRUE(dev.copy_to_host(host.data(), ptrs[i], host.size()).ok());
       void* b = *dev.malloc(host.size() + 16);
@@ -480,6 +490,7 @@ TEST(GpuRuntime, Fp8BlockScalesAtAnUnalignedViewGiveTheSameC) {
       ptrs[i] = static_cast<char*>(b) + 4;
       ASSERT_TRUE(dev.copy_to_device(ptrs[i], host.data(), host.size()).ok());
     }
+    ASSERT_EQ(buffers.size(), 2u) << "sa and sb";
     run(shifted);
     EXPECT_EQ(std::memcmp(aligned.data(), shifted.data(), aligned.size()), 0)
         << "C differs with scales 4 bytes past a 16-byte boundary";
