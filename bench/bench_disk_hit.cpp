@@ -5,7 +5,9 @@
 //   OpenRead       the entry's directories opened from the cache root, meta.json locked, every
 //                  file read (DiskCache::read_entry_files: the same descriptor walk as a load)
 //   MetaJson       meta.json parsed and checked (parse_entry_metadata)
-//   Sha256         the SHA-256 of the code object and of the source, as a load verifies them
+//   Sha256         the SHA-256 of the code object and of the source, as a full check (kiln cache
+//                  verify, an import) verifies them, and as a load did before 2026-11-27
+//   Xxh3           the XXH3-128 of the code object, as a hit verifies it (its source is not read)
 //   CodeCheck      validate_code_object: the ELF header (or PTX text) against the target
 //   Load           DiskCache::load: everything a load does (open, lock, read, parse, verify, check)
 //   LoadHit        DiskCache::load as a hit calls it, with the source it has just generated (the
@@ -34,6 +36,7 @@
 #include "compile/compiler.h"
 #include "runtime/device_impl.h"
 #include "support/sha256.h"
+#include "support/xxh3.h"
 
 namespace {
 
@@ -138,6 +141,14 @@ void Sha256(benchmark::State& state) {
   state.counters["bytes"] = static_cast<double>(code.size() + p.entry.source.size());
 }
 
+void Xxh3(benchmark::State& state) {
+  Prepared p;
+  if (!prepare(state, p)) return;
+  const auto& code = p.entry.compiled.code.bytes;
+  for (auto _ : state) benchmark::DoNotOptimize(kiln::xxh3_128_hex(code));
+  state.counters["bytes"] = static_cast<double>(code.size());
+}
+
 void CodeCheck(benchmark::State& state) {
   Prepared p;
   if (!prepare(state, p)) return;
@@ -235,6 +246,7 @@ BENCHMARK(Key)->Apply(AllTargets)->Unit(benchmark::kMicrosecond);
 BENCHMARK(OpenRead)->Apply(AllTargets)->Unit(benchmark::kMicrosecond);
 BENCHMARK(MetaJson)->Apply(AllTargets)->Unit(benchmark::kMicrosecond);
 BENCHMARK(Sha256)->Apply(AllTargets)->Unit(benchmark::kMicrosecond);
+BENCHMARK(Xxh3)->Apply(AllTargets)->Unit(benchmark::kMicrosecond);
 BENCHMARK(CodeCheck)->Apply(AllTargets)->Unit(benchmark::kMicrosecond);
 BENCHMARK(Load)->Apply(AllTargets)->Unit(benchmark::kMicrosecond);
 BENCHMARK(LoadHit)->Apply(AllTargets)->Unit(benchmark::kMicrosecond);

@@ -14,9 +14,10 @@
 //                                 spec, target, device name and compiler; replaced atomically
 //   v1/corrupt/                   entries and records that failed verification, moved aside
 //   v1/telemetry.jsonl            one line of counters per finished Runtime (kiln cache stat sums them)
-// meta.json records the key fields, the kernel's metadata and the SHA-256 and size of every file
-// of the entry; an entry whose files do not match is never loaded. An entry's directory mtime is
-// its last use (touched on every load): the byte budget evicts the least recently used first.
+// meta.json records the key fields, the kernel's metadata and the SHA-256, XXH3-128 and size of
+// every file of the entry; an entry whose files do not match is never loaded. An entry's
+// directory mtime is its last use (touched on every load): the byte budget evicts the least
+// recently used first.
 // Readers hold a shared OFD lock on meta.json while they read; eviction takes it exclusively
 // without waiting and skips entries in use, so an entry is never deleted under a reader.
 //
@@ -39,7 +40,9 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "compile/code_object.h"
@@ -197,7 +200,11 @@ class DiskCache {
   bool trusted(const struct stat& st, uid_t me) const;
   bool trusted(const struct stat& st) const { return trusted(st, ::geteuid()); }
   bool still_linked(const std::string& key, const struct stat& dir_st) const;
-  Result<CacheEntry> read_entry(const EntryDir& dir, const std::string& key, const KnownSource* known) const;
+  /// How read_entry proves a file's bytes: by its XXH3-128 where meta.json records one (a load),
+  /// or by its SHA-256 and XXH3-128 both (`kiln cache verify`, an import's staged entries).
+  enum class Check { load, full };
+  Result<CacheEntry> read_entry(const EntryDir& dir, const std::string& key, const KnownSource* known,
+                                Check check) const;
   void quarantine(const std::string& key, const struct stat* dir_st, const std::string& why);
 
   std::string root_;
@@ -209,12 +216,24 @@ class DiskCache {
   std::atomic<uint64_t> tmp_counter_{0};
 };
 
-/// What meta.json says of an entry: everything but the file contents, and each file's checksum.
+/// What meta.json records of one of an entry's files.
+struct FileDigests {
+  /// Binds the file to its entry wherever someone else could have chosen the bytes: an imported
+  /// archive (its signed manifest lists these), a remote entry, `kiln cache verify`.
+  std::string sha256;
+  /// The checksum that a load checks (support/xxh3.h); empty in entries written before it, which
+  /// a load checks with sha256.
+  std::string xxh3_128;
+  uint64_t bytes = 0;
+  static FileDigests of(std::span<const uint8_t> bytes);
+  static FileDigests of(std::string_view text) {
+    return of(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(text.data()), text.size()));
+  }
+};
+
+/// What meta.json says of an entry: everything but the file contents, and each file's digests.
 struct EntryMetadata {
-  struct File {
-    std::string sha256;
-    uint64_t bytes = 0;
-  };
+  using File = FileDigests;
   CacheEntry entry;  ///< Without code bytes and source.
   std::map<std::string, File> files;
   std::string code_name, source_name;
@@ -224,7 +243,6 @@ struct EntryMetadata {
 Result<EntryMetadata> parse_entry_metadata(std::string_view text, const std::string& key);
 
 /// Serializes the metadata.
-nlohmann::json entry_metadata(const CacheEntry& entry, const std::map<std::string, std::string>& file_sha256,
-                              const std::map<std::string, uint64_t>& file_bytes);
+nlohmann::json entry_metadata(const CacheEntry& entry, const std::map<std::string, FileDigests>& files);
 
 }  // namespace kiln

@@ -291,8 +291,7 @@ std::string RemoteCache::encode(const CacheEntry& e) const {
   const std::string code_name = "code." + e.compiled.code.format;
   const std::string src_name = source_name(e.target);
   const std::string meta =
-      entry_metadata(e, {{code_name, sha256_hex(e.compiled.code.bytes)}, {src_name, sha256_hex(e.source)}},
-                     {{code_name, e.compiled.code.bytes.size()}, {src_name, e.source.size()}})
+      entry_metadata(e, {{code_name, FileDigests::of(e.compiled.code.bytes)}, {src_name, FileDigests::of(e.source)}})
           .dump();
   std::string blob(kMagic);
   put_u64(blob, meta.size());

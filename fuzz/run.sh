@@ -26,7 +26,7 @@ mkdir -p "$OUT/generated"
   echo "#define KILN_OP_FOLDERS ${#op_dirs[@]}"
 } >"$OUT/generated/op_headers.h.new"
 cmp -s "$OUT/generated/op_headers.h.new" "$OUT/generated/op_headers.h" || mv "$OUT/generated/op_headers.h.new" "$OUT/generated/op_headers.h"
-SOURCES=(support/dtype.cpp support/dynlib.cpp support/env.cpp support/fs.cpp support/log.cpp support/parallel.cpp support/sha256.cpp
+SOURCES=(support/dtype.cpp support/dynlib.cpp support/env.cpp support/fs.cpp support/log.cpp support/parallel.cpp support/sha256.cpp support/xxh3.cpp
   support/spec_json.cpp
   templates/op_interface.cpp templates/op_codegen.cpp templates/op_testing.cpp templates/op_template.cpp templates/registry.cpp templates/*/*.cpp
   codegen/targets.cpp codegen/codegen.cpp compile/code_object.cpp manifest/manifest.cpp cache/disk_cache.cpp cache/cache_key.cpp
@@ -49,7 +49,7 @@ done
 wait
 status=0
 for target in manifest metadata; do
-  "$CXX" "${FLAGS[@]}" -fsanitize=fuzzer "fuzz/fuzz_$target.cpp" "${objs[@]}" -lfmt -lspdlog -lcrypto -ldl \
+  "$CXX" "${FLAGS[@]}" -fsanitize=fuzzer "fuzz/fuzz_$target.cpp" "${objs[@]}" -lfmt -lspdlog -lcrypto -lxxhash -ldl \
     -o "$OUT/fuzz_$target"
   regressions=(fuzz/regressions/$target/[!.]*)
   if [[ -e ${regressions[0]} ]]; then

@@ -2,7 +2,7 @@
 # The attention ops on the GPU machine (sm_90a), in steps that fit the device tool's 10-minute calls
 # (the build directory stays on a warm machine between calls). Logs go under $OUT.
 #   scripts/gpu_attention.sh build tests run
-# build: Kiln without LLVM (NVRTC), kiln, test_gpu and bench_attention (hiredis from .gpu-carry/hiredis). tests: test_gpu (every op's test specs,
+# build: Kiln without LLVM (NVRTC), kiln, test_gpu and bench_attention (hiredis and xxhash from .gpu-carry/deps). tests: test_gpu (every op's test specs,
 # attention's GPU-size ones included, NVRTC; clang kernels only where a prewarmed cache is carried
 # as in scripts/gpu_bench_steps.sh). run: `kiln run --check --bench --no-tune` of the portable kernels
 # on a few shapes, forward and backward (the fp64 reference covers every row: shapes stay moderate).
@@ -13,7 +13,7 @@ set -uo pipefail
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 B=build-gpu
-H=$PWD/.gpu-carry/hiredis
+H=$PWD/.gpu-carry/deps
 export LD_LIBRARY_PATH=$H/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 for step in "$@"; do
   t0=$(date +%s)
@@ -21,8 +21,7 @@ for step in "$@"; do
     build)
       nvidia-smi --query-gpu=name,driver_version --format=csv > "$OUT/env.txt" 2>&1
       date -u +%FT%TZ >> "$OUT/env.txt"
-      cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_WITH_LLVM=OFF -DHIREDIS_INCLUDE_DIR=$H/include \
-        -DHIREDIS_LIBRARY=$H/lib/libhiredis.so > "$OUT/cmake.log" 2>&1 &&
+      cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_WITH_LLVM=OFF -DCMAKE_PREFIX_PATH=$H > "$OUT/cmake.log" 2>&1 &&
         ninja -C $B kiln_cli test_gpu bench_attention > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; } ;;
     tests)
       KILN_CACHE_DIR=$(mktemp -d) $B/tests/test_gpu --gtest_filter='Compilers/Gpu.EveryOpMatchesItsReference/0' \

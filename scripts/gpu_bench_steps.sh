@@ -11,17 +11,16 @@
 #   scripts/gpu_bench_steps.sh attention_full          # all cases + peers; or, if that does not fit
 #   scripts/gpu_bench_steps.sh attention_full_kiln     #   one call, these two in two calls
 #   scripts/gpu_bench_steps.sh attention_full_peers
-# The build is without LLVM; hiredis comes from .gpu-carry/hiredis (headers and library), and
+# The build is without LLVM; hiredis and xxhash come from .gpu-carry/deps (headers and libraries), and
 # prewarmed kernel caches from .gpu-carry/{nvrtc,clang}-cache (see tests/gpu/test_gpu.cpp).
 set -uo pipefail
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 B=build-gpu
-H=$PWD/.gpu-carry/hiredis
+H=$PWD/.gpu-carry/deps
 export LD_LIBRARY_PATH=$H/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 configure() {
-  cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_WITH_LLVM=OFF -DHIREDIS_INCLUDE_DIR=$H/include \
-    -DHIREDIS_LIBRARY=$H/lib/libhiredis.so > "$OUT/cmake.log" 2>&1 || { tail -40 "$OUT/cmake.log"; exit 1; }
+  cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_WITH_LLVM=OFF -DCMAKE_PREFIX_PATH=$H > "$OUT/cmake.log" 2>&1 || { tail -40 "$OUT/cmake.log"; exit 1; }
 }
 # bench_attention (fresh cache: cold NVRTC compiles, heuristic kernels) into $B/kiln_$1.csv; $2: --quick or ''
 attention_kiln() {

@@ -7,7 +7,7 @@
 #   scripts/gpu_cross_entropy.sh tune
 # (test_gpu, which runs every op's test specs with NVRTC and clang, is scripts/gpu_bench_steps.sh's
 # `tests` step.)
-# build: without LLVM (NVRTC), hiredis from .gpu-carry/hiredis, as scripts/gpu_bench_steps.sh.
+# build: without LLVM (NVRTC), hiredis and xxhash from .gpu-carry/deps, as scripts/gpu_bench_steps.sh.
 # check: every test spec of both ops (vocab 1 to 152064, in place, int32/int64 targets) against
 #        the fp64 reference, through kiln run --check.
 # bench: bench_membound's cross-entropy rows ([8192, 128256], [8192, 152064], [16384, 32000]
@@ -19,7 +19,7 @@ set -uo pipefail
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 B=build-gpu
-H=$PWD/.gpu-carry/hiredis
+H=$PWD/.gpu-carry/deps
 export LD_LIBRARY_PATH=$H/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 for step in "$@"; do
   t0=$(date +%s)
@@ -27,8 +27,7 @@ for step in "$@"; do
     build)
       nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv > "$OUT/env.txt" 2>&1
       date -u +%FT%TZ >> "$OUT/env.txt"
-      cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_WITH_LLVM=OFF -DHIREDIS_INCLUDE_DIR=$H/include \
-        -DHIREDIS_LIBRARY=$H/lib/libhiredis.so > "$OUT/cmake.log" 2>&1 &&
+      cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_WITH_LLVM=OFF -DCMAKE_PREFIX_PATH=$H > "$OUT/cmake.log" 2>&1 &&
         ninja -C $B kiln_cli bench_membound > "$OUT/build.log" 2>&1 ||
         { tail -40 "$OUT/build.log"; exit 1; } ;;
     check)

@@ -24,12 +24,15 @@
 #        block at $MOE_TOKENS tokens (default: the model's seq) with the model's experts per rank
 #        ($MOE_G to change it), median of 10 with its per-op breakdown, and PyTorch eager and
 #        torch.compile (torch._grouped_mm) of the same block in the same job.
-# Build without LLVM (NVRTC); hiredis from .gpu-carry/hiredis. Logs under $OUT.
+# Build without LLVM (NVRTC); hiredis and xxhash from .gpu-carry/deps, made here by
+#   mkdir -p .gpu-carry/deps/{include,lib} && cp -r /usr/include/hiredis /usr/include/xxhash.h .gpu-carry/deps/include/ &&
+#   cp -L /usr/lib/x86_64-linux-gnu/lib{hiredis,xxhash}.so* .gpu-carry/deps/lib/
+# and carried (the device tool's carry: [".gpu-carry/deps"]). Logs under $OUT.
 set -uo pipefail
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 B=build-gpu
-H=$PWD/.gpu-carry/hiredis
+H=$PWD/.gpu-carry/deps
 MODEL=${MODEL:-llama3.1-8b} MB=${MB:-1} CHECK_SEQ=${CHECK_SEQ:-2048} STEPS=${STEPS:-15}
 MOE_MODEL=${MOE_MODEL:-deepseek-v3} MOE_CHECK_ARGS=${MOE_CHECK_ARGS:---tokens 2048 --experts-per-rank 8}
 MOE_TOKENS=${MOE_TOKENS:-$(python3 -c "import json;print(json.load(open('models/models.json'))['moe']['$MOE_MODEL']['seq'])")}
@@ -39,8 +42,7 @@ for step in "$@"; do
   case $step in
     build)
       nvidia-smi --query-gpu=name,driver_version --format=csv > "$OUT/env.txt" 2>&1; date -u +%FT%TZ >> "$OUT/env.txt"
-      cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_WITH_LLVM=OFF -DHIREDIS_INCLUDE_DIR=$H/include \
-        -DHIREDIS_LIBRARY=$H/lib/libhiredis.so > "$OUT/cmake.log" 2>&1 &&
+      cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_WITH_LLVM=OFF -DCMAKE_PREFIX_PATH=$H > "$OUT/cmake.log" 2>&1 &&
         ninja -C $B kiln_cli llama_step moe_block test_gpu bench_attention bench_membound bench_grouped_gemm bench_gemm_fp8 > "$OUT/build.log" 2>&1 ||
         { tail -40 "$OUT/build.log"; exit 1; } ;;
     check)

@@ -8,7 +8,7 @@ set -uo pipefail
 B=${B:-build-gpu}
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
-export LD_LIBRARY_PATH=$PWD/.gpu-carry/hiredis/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export LD_LIBRARY_PATH=$PWD/.gpu-carry/deps/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export KILN_CACHE_DIR=$(mktemp -d)
 ops=("$@")
 [ ${#ops[@]} -eq 0 ] && ops=(rmsnorm rmsnorm_residual rmsnorm_bwd swiglu swiglu_bwd)

@@ -2,7 +2,8 @@
 # Sets up a fresh Debian 12 machine for Kiln and builds it into ./build.
 #   - Debian packages: compilers, CMake/Ninja, LLVM/clang/lld 22 (bookworm-security), the HIP
 #     headers, and the libraries Kiln uses (fmt, spdlog, nlohmann-json, CLI11, OpenSSL, zstd,
-#     libarchive, hiredis, googletest, Google Benchmark), and redis-server for the remote-cache tests.
+#     libarchive, hiredis, xxhash, googletest, Google Benchmark), and redis-server for the remote-cache
+#     tests.
 #   - The AMD emulator's Python: a virtual environment .venv with tinygrad 0.14.0 and numpy (the
 #     emulator tests and `kiln run --emulator`; see docs/emulator.md).
 #   - The CUDA toolkit (NVRTC, nvJitLink, cuda.h) is expected at /usr/local/cuda; Kiln dlopens
@@ -19,7 +20,7 @@ if [[ "${KILN_SKIP_APT:-0}" != 1 ]]; then
   export DEBIAN_FRONTEND=noninteractive
   $SUDO apt-get update -q
   pkgs=(g++ cmake ninja-build pkg-config libfmt-dev libspdlog-dev nlohmann-json3-dev libcli11-dev
-        libssl-dev libzstd-dev zlib1g-dev libarchive-dev libhiredis-dev redis-server libgtest-dev libbenchmark-dev
+        libssl-dev libzstd-dev zlib1g-dev libarchive-dev libhiredis-dev libxxhash-dev redis-server libgtest-dev libbenchmark-dev
         libamdhip64-dev python3-venv)
   if [[ "${KILN_WITH_LLVM:-ON}" != OFF ]]; then
     pkgs+=(clang-22 llvm-22-dev libclang-22-dev lld-22 liblld-22-dev libclang-rt-22-dev)

@@ -232,6 +232,78 @@ TEST(DiskCache, AHitRefusesMetadataThatRecordsAnotherSource) {
   EXPECT_EQ(rt->stats().corrupt_entries, 1u);
 }
 
+// A load proves the code object by its XXH3-128 (a SHA-256 of a GEMM's cubin was most of a hit),
+// `kiln cache verify` by both digests: an entry whose recorded SHA-256 no longer matches but whose
+// XXH3-128 does loads, and verify reports it. A changed byte fails the XXH3-128 (Corruption above).
+TEST(DiskCache, ALoadChecksTheXxh3AndVerifyChecksBoth) {
+  TempDir dir;
+  const KernelSpec spec = rmsnorm_spec(4, 1024);
+  { ASSERT_TRUE(compile_only_runtime(dir.path())->compile(spec, "sm_90a").ok()); }
+  auto entries = entry_dirs(dir.path());
+  ASSERT_EQ(entries.size(), 1u);
+  nlohmann::json meta = nlohmann::json::parse(std::ifstream(entries[0] / "meta.json"));
+  ASSERT_TRUE(meta["files"]["code.cubin"].contains("xxh3_128")) << meta["files"].dump();
+  EXPECT_EQ(meta["files"]["code.cubin"]["xxh3_128"].get<std::string>().size(), 32u);
+  meta["files"]["code.cubin"]["sha256"] = std::string(64, '0');
+  std::ofstream(entries[0] / "meta.json", std::ios::trunc) << meta.dump();
+  auto rt = compile_only_runtime(dir.path());
+  auto hit = rt->compile(spec, "sm_90a");
+  ASSERT_TRUE(hit.ok()) << hit.error().message;
+  EXPECT_EQ((*hit)->origin(), "disk");
+  EXPECT_EQ(rt->stats().corrupt_entries, 0u);
+  auto cache = DiskCache::open(dir.path());
+  ASSERT_TRUE(cache.ok());
+  auto listed = (*cache)->list(true);
+  ASSERT_EQ(listed.size(), 1u);
+  EXPECT_FALSE(listed[0].ok);
+  EXPECT_NE(listed[0].problem.find("SHA-256"), std::string::npos) << listed[0].problem;
+}
+
+// Entries written before meta.json recorded an XXH3-128 still load, proved by their SHA-256: a
+// load of one is a hit, and a changed byte in one is still found.
+TEST(DiskCache, EntriesWithoutAnXxh3LoadByTheirSha256) {
+  for (bool damaged : {false, true}) {
+    SCOPED_TRACE(damaged ? "a byte changed" : "intact");
+    TempDir dir;
+    const KernelSpec spec = rmsnorm_spec(4, 1024);
+    { ASSERT_TRUE(compile_only_runtime(dir.path())->compile(spec, "sm_90a").ok()); }
+    auto entries = entry_dirs(dir.path());
+    ASSERT_EQ(entries.size(), 1u);
+    nlohmann::json meta = nlohmann::json::parse(std::ifstream(entries[0] / "meta.json"));
+    for (auto& [name, file] : meta["files"].items()) file.erase("xxh3_128");
+    std::ofstream(entries[0] / "meta.json", std::ios::trunc) << meta.dump();
+    if (damaged) {
+      std::fstream code(entries[0] / "code.cubin", std::ios::binary | std::ios::in | std::ios::out);
+      code.seekg(100);
+      const char c = static_cast<char>(code.get());
+      code.seekp(100);
+      code.put(static_cast<char>(c ^ 1));
+    }
+    auto rt = compile_only_runtime(dir.path());
+    auto again = rt->compile(spec, "sm_90a");
+    ASSERT_TRUE(again.ok()) << again.error().message;
+    EXPECT_EQ((*again)->origin(), damaged ? "compiled" : "disk");
+    EXPECT_EQ(rt->stats().corrupt_entries, damaged ? 1u : 0u);
+  }
+}
+
+// A recorded XXH3-128 that is not 32 hex characters makes meta.json malformed.
+TEST(DiskCache, AMalformedXxh3IsCorrupt) {
+  TempDir dir;
+  const KernelSpec spec = rmsnorm_spec(4, 1024);
+  { ASSERT_TRUE(compile_only_runtime(dir.path())->compile(spec, "sm_90a").ok()); }
+  auto entries = entry_dirs(dir.path());
+  ASSERT_EQ(entries.size(), 1u);
+  nlohmann::json meta = nlohmann::json::parse(std::ifstream(entries[0] / "meta.json"));
+  meta["files"]["code.cubin"]["xxh3_128"] = "0123";
+  std::ofstream(entries[0] / "meta.json", std::ios::trunc) << meta.dump();
+  auto rt = compile_only_runtime(dir.path());
+  auto again = rt->compile(spec, "sm_90a");
+  ASSERT_TRUE(again.ok()) << again.error().message;
+  EXPECT_EQ((*again)->origin(), "compiled");
+  EXPECT_EQ(rt->stats().corrupt_entries, 1u);
+}
+
 // CacheKey::canonical writes the key's JSON field by field instead of building and dumping it: it
 // must stay byte for byte to_json().dump(), or every entry is renamed. Every op's test specs on
 // every target, and fields that need escaping.
