@@ -168,7 +168,7 @@ Result<CheckReport> check_unguarded(Runtime& rt, const KernelSpec& spec, const C
   KILN_TRY(DeviceTensors::ensure_fits(*device, *op, full, extra_host, extra_what));
 
   CheckReport report;
-  report.spec = to_string(spec);
+  report.spec = spec_text(spec);
   auto t0 = std::chrono::steady_clock::now();
   KILN_ASSIGN_OR_RETURN(auto kernel, rt.kernel(spec));
   auto t1 = std::chrono::steady_clock::now();
@@ -340,7 +340,7 @@ Result<CheckReport> check_outputs(const KernelSpec& spec, const std::map<std::st
     std::vector<RefOutput> refs;
     call.op->reference(call.full, scalars, inputs, {}, refs);
     CheckReport report;
-    report.spec = to_string(spec);
+    report.spec = spec_text(spec);
     const auto read = [&](size_t i, const std::vector<int64_t>*, std::vector<uint8_t>& bytes) -> Result<void> {
       bytes = outputs[output_of[i]];
       return ok();

@@ -30,6 +30,24 @@ TEST(OpContract, RegistryNamesAreUniqueAndFound) {
   for (const std::string& n : names) EXPECT_NE(missing.error().message.find(n), std::string::npos) << "lists " << n;
 }
 
+// spec_text (the check report's spec, `kiln run --check`'s PASS line) names an enumerated
+// parameter's value as -p takes it, in the op's parameter order; an undeclared one follows by
+// number. (Before, the report printed to_string's numbers: granularity=2.)
+TEST(OpContract, SpecTextNamesEnumeratedValues) {
+  const KernelSpec spec{"gemm_fp8", DType::e4m3, DType::bf16,
+                        {{"M", 64}, {"N", 64}, {"K", 256}, {"granularity", 2}, {"b_format", 0}, {"extra", 5}}};
+  const OpTemplate* op = *find_op("gemm_fp8");
+  std::string granularity;
+  for (const ParamInfo& p : op->params())
+    if (p.name == "granularity" && p.choices.size() > 2) granularity = std::string(p.choices[2]);
+  ASSERT_FALSE(granularity.empty());
+  const std::string text = spec_text(spec);
+  EXPECT_NE(text.find(" granularity=" + granularity), std::string::npos) << text;
+  EXPECT_NE(text.find(" extra=5"), std::string::npos) << text;
+  EXPECT_EQ(text.rfind("gemm_fp8 ", 0), 0u) << text;
+  EXPECT_LT(text.find(" M=64"), text.find(" K=256")) << "the op's order: " << text;
+}
+
 // Every test spec of every op, for every target, with what each check needs.
 template <class F>
 void for_each_test_spec(F&& f) {

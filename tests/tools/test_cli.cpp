@@ -848,7 +848,7 @@ TEST_F(CliTest, RunInTheEmulatorPrintsTheCheckReport) {
   ASSERT_EQ(o.code, 0) << o.out << o.err;
   EXPECT_NE(o.out.find("AMD CDNA emulator"), std::string::npos) << o.out;
   EXPECT_NE(o.out.find("(gfx950, "), std::string::npos) << o.out;
-  EXPECT_NE(o.out.find("PASS swiglu fp32 intermediate=7 rows=2: compared 14 elements"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("PASS swiglu fp32 rows=2 intermediate=7: compared 14 elements"), std::string::npos) << o.out;
 }
 
 // kiln run --json and kiln ops --json: one document each (docs/json.md), parsed here.

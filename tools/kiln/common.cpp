@@ -155,27 +155,15 @@ Result<std::vector<const TargetInfo*>> parse_targets(const std::vector<std::stri
 }
 
 std::string spec_summary(const KernelSpec& spec) {
-  std::string s = fmt::format("{} {}", spec.op, dtype_name(spec.dtype));
-  if (spec.out_dtype != spec.dtype) s += fmt::format("->{}", dtype_name(spec.out_dtype));
-  const auto& p = spec.params;
-  auto op = find_op(spec.op);
   // The op's short form when it has one and the spec is valid, else the parameters in its order.
-  if (op && (*op)->validate(spec, all_targets().back())) {
-    if (std::string short_form = (*op)->short_form(spec); !short_form.empty()) return s + " " + short_form;
+  if (auto op = find_op(spec.op); op && (*op)->validate(spec, all_targets().back())) {
+    if (std::string short_form = (*op)->short_form(spec); !short_form.empty()) {
+      std::string s = fmt::format("{} {}", spec.op, dtype_name(spec.dtype));
+      if (spec.out_dtype != spec.dtype) s += fmt::format("->{}", dtype_name(spec.out_dtype));
+      return s + " " + short_form;
+    }
   }
-  if (!op) {
-    for (const auto& [k, v] : p) s += fmt::format(" {}={}", k, v);
-    return s;
-  }
-  for (const ParamInfo& info : (*op)->params()) {
-    auto it = p.find(std::string(info.name));
-    if (it == p.end()) continue;
-    // An enumerated parameter by the name of its value (granularity=block1x128), as -p takes it.
-    if (it->second >= 0 && static_cast<size_t>(it->second) < info.choices.size())
-      s += fmt::format(" {}={}", info.name, info.choices[static_cast<size_t>(it->second)]);
-    else s += fmt::format(" {}={}", info.name, it->second);
-  }
-  return s;
+  return spec_text(spec);
 }
 
 std::string format_candidates(const TuneReport& r, double flops, std::string_view indent) {
