@@ -211,12 +211,30 @@ TEST_P(Gpu, EveryOpMatchesItsReference) {
 
 INSTANTIATE_TEST_SUITE_P(Compilers, Gpu, ::testing::Values("nvrtc", "clang"));
 
-TEST(GpuRuntime, TypedOpsAndLaunchesFromManyThreads) {
+// The tests below run on this machine's GPU through a runtime over a fresh cache directory
+// (the default compiler); SetUp skips them, saying why, where there is no GPU.
+class OnGpu : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    options.cache_dir = scratch.path();
+    auto created = Runtime::create(options);
+    ASSERT_TRUE(created.ok()) << created.error().message;
+    rt = std::move(created).value();
+    if (!rt->device()) GTEST_SKIP() << "no GPU: no NVIDIA or AMD device found";
+  }
+  void expect_bitwise_reproducible(const KernelSpec& spec, std::initializer_list<size_t> outputs);
+
   testing::TempDir scratch;
-  RuntimeOptions o;
-  o.cache_dir = scratch.path();
-  auto rt = std::move(Runtime::create(o)).value();
-  if (!rt->device()) GTEST_SKIP() << "no GPU: no NVIDIA or AMD device found";
+  RuntimeOptions options;
+  std::unique_ptr<Runtime> rt;
+};
+class GpuRuntime : public OnGpu {};
+class GpuFp8Moe : public OnGpu {};
+class GpuEmbedding : public OnGpu {};
+class GpuAttention : public OnGpu {};
+class GpuTuning : public OnGpu {};
+
+TEST_F(GpuRuntime, TypedOpsAndLaunchesFromManyThreads) {
   Device& dev = *rt->device();
   const int64_t rows = 64, I = 256;
   std::vector<uint16_t> host(rows * 2 * I);
@@ -259,12 +277,7 @@ TEST(GpuRuntime, TypedOpsAndLaunchesFromManyThreads) {
 // grouped_gemm nt (sm_90a: the cp.async WGMMA fp8 kernel), uneven groups with empty ones, many
 // tiles, N and K not multiples of 128. Gates: 40 dB against the dequantized product, 25 dB
 // against the bf16 product.
-TEST(GpuFp8Moe, DgradAsACallerRunsIt) {
-  testing::TempDir scratch;
-  RuntimeOptions o;
-  o.cache_dir = scratch.path();
-  auto rt = std::move(Runtime::create(o)).value();
-  if (!rt->device()) GTEST_SKIP() << "no GPU: no NVIDIA or AMD device found";
+TEST_F(GpuFp8Moe, DgradAsACallerRunsIt) {
   const DType e4 = fp8_for_target(DType::e4m3, rt->device()->target());
   for (auto [G, tokens, N, K] : {std::array<int64_t, 4>{8, 3000, 1040, 528}, {3, 500, 256, 4096}}) {
     const testing::Fp8RecipeResult r = testing::run_fp8_dgrad(*rt, G, tokens, N, K, e4, DType::bf16, 5);
@@ -280,12 +293,7 @@ TEST(GpuFp8Moe, DgradAsACallerRunsIt) {
 // group-aligned 128-token panels by quantize_fp8 groups=G, then grouped_gemm tn (sm_90a: the
 // cp.async WGMMA fp8 wgrad kernel); uneven groups with empty ones, N and K not multiples of 128,
 // into bf16 and accumulated into fp32.
-TEST(GpuFp8Moe, WgradAsACallerRunsIt) {
-  testing::TempDir scratch;
-  RuntimeOptions o;
-  o.cache_dir = scratch.path();
-  auto rt = std::move(Runtime::create(o)).value();
-  if (!rt->device()) GTEST_SKIP() << "no GPU: no NVIDIA or AMD device found";
+TEST_F(GpuFp8Moe, WgradAsACallerRunsIt) {
   const DType e4 = fp8_for_target(DType::e4m3, rt->device()->target());
   for (auto [G, tokens, N, K, acc] : {std::array<int64_t, 5>{8, 3000, 520, 264, 0}, {5, 2000, 256, 1040, 1}}) {
     const testing::Fp8RecipeResult r =
@@ -302,13 +310,8 @@ TEST(GpuFp8Moe, WgradAsACallerRunsIt) {
 
 // Launches `spec` five times on the same random inputs, the `outputs` (tensor indices) poisoned
 // with a different byte before each launch, and expects every output bitwise equal to the first
-// run's. Skips without a GPU.
-void expect_bitwise_reproducible(const KernelSpec& spec, std::initializer_list<size_t> outputs) {
-  testing::TempDir scratch;
-  RuntimeOptions o;
-  o.cache_dir = scratch.path();
-  auto rt = std::move(Runtime::create(o)).value();
-  if (!rt->device()) GTEST_SKIP() << "no GPU: no NVIDIA or AMD device found";
+// run's.
+void OnGpu::expect_bitwise_reproducible(const KernelSpec& spec, std::initializer_list<size_t> outputs) {
   Device& dev = *rt->device();
   const OpTemplate* op = *find_op(spec.op);
   std::mt19937_64 rng(std::random_device{}());
@@ -342,7 +345,7 @@ void expect_bitwise_reproducible(const KernelSpec& spec, std::initializer_list<s
 // embedding_bwd's dW is bitwise the same on every run: 8192 tokens over 1000 ids (a quarter of
 // them over 8 ids: hundreds of tokens per row), hidden 4096, five launches on the same inputs.
 // A dW accumulated with float atomics would differ in the last bits between runs.
-TEST(GpuEmbedding, TheBackwardIsBitwiseDeterministic) {
+TEST_F(GpuEmbedding, TheBackwardIsBitwiseDeterministic) {
   expect_bitwise_reproducible({"embedding_bwd", DType::bf16, DType::bf16,
                                {{"tokens", 8192}, {"vocab", 1000}, {"hidden", 4096}, {"ids_dtype", 1}}},
                               {2});  // dW
@@ -351,7 +354,7 @@ TEST(GpuEmbedding, TheBackwardIsBitwiseDeterministic) {
 // attention_bwd with deterministic = 1 gives the same dq, dk, dv bits on every run (the kernels that
 // serve it sum in a fixed order): causal GQA at head dim 128. On sm_90a this is the TMA + WGMMA
 // backward.
-TEST(GpuAttention, TheDeterministicBackwardIsBitwiseReproducible) {
+TEST_F(GpuAttention, TheDeterministicBackwardIsBitwiseReproducible) {
   expect_bitwise_reproducible({"attention_bwd", DType::bf16, DType::bf16,
                                {{"batch", 2}, {"seqlen_q", 700}, {"seqlen_k", 700}, {"heads", 8}, {"kv_heads", 2},
                                 {"head_dim", 128}, {"causal", 1}, {"deterministic", 1}}},
@@ -363,12 +366,7 @@ TEST(GpuAttention, TheDeterministicBackwardIsBitwiseReproducible) {
 // negate_q_rows); with the raw maximum, P = 2^((s - max) scale log2 e) overflows at -6 (scores of
 // standard deviation about 8 at head dim 64) and out and lse are non-finite. Head dim 64 (a block
 // per item) and 128 (persistent, causal), and the backward, which takes lse and needs no max.
-TEST(GpuAttention, ANegativeScaleGivesTheSoftmaxOfTheScaledScores) {
-  testing::TempDir scratch;
-  RuntimeOptions o;
-  o.cache_dir = scratch.path();
-  auto rt = std::move(Runtime::create(o)).value();
-  if (!rt->device()) GTEST_SKIP() << "no GPU: no NVIDIA or AMD device found";
+TEST_F(GpuAttention, ANegativeScaleGivesTheSoftmaxOfTheScaledScores) {
   const std::vector<KernelSpec> specs = {
       {"attention", DType::bf16, DType::bf16,
        {{"batch", 2}, {"seqlen_q", 300}, {"seqlen_k", 300}, {"heads", 4}, {"kv_heads", 2}, {"head_dim", 64}, {"causal", 0}}},
@@ -388,12 +386,7 @@ TEST(GpuAttention, ANegativeScaleGivesTheSoftmaxOfTheScaledScores) {
   }
 }
 
-TEST(GpuRuntime, AnUnalignedViewFallsBackFromTmaToTheCpAsyncKernel) {
-  testing::TempDir scratch;
-  RuntimeOptions o;
-  o.cache_dir = scratch.path();
-  auto rt = std::move(Runtime::create(o)).value();
-  if (!rt->device()) GTEST_SKIP() << "no GPU: no NVIDIA or AMD device found";
+TEST_F(GpuRuntime, AnUnalignedViewFallsBackFromTmaToTheCpAsyncKernel) {
   if (rt->device()->target().name != "sm_90a") GTEST_SKIP() << "the TMA GEMM is an sm_90a kernel";
   Device& dev = *rt->device();
   const int64_t n = 256;
@@ -444,12 +437,7 @@ TEST(GpuRuntime, AnUnalignedViewFallsBackFromTmaToTheCpAsyncKernel) {
 // not (here views 4 bytes into their buffers): both give the same C, bitwise (gemm_fp8 blockwise
 // and block1x128, grouped_gemm nt over uneven groups; M, N and token tails). The aligned launch is
 // checked against the reference by Gpu.EveryOpMatchesItsReference.
-TEST(GpuRuntime, Fp8BlockScalesAtAnUnalignedViewGiveTheSameC) {
-  testing::TempDir scratch;
-  RuntimeOptions o;
-  o.cache_dir = scratch.path();
-  auto rt = std::move(Runtime::create(o)).value();
-  if (!rt->device()) GTEST_SKIP() << "no GPU: no NVIDIA or AMD device found";
+TEST_F(GpuRuntime, Fp8BlockScalesAtAnUnalignedViewGiveTheSameC) {
   if (rt->device()->target().name != "sm_90a") GTEST_SKIP() << "the scale ring is the sm_90a TMA kernels'";
   Device& dev = *rt->device();
   const std::vector<KernelSpec> specs = {
@@ -504,12 +492,7 @@ TEST(GpuRuntime, Fp8BlockScalesAtAnUnalignedViewGiveTheSameC) {
   }
 }
 
-TEST(GpuTuning, TheWinnerIsKeptForTheNextProcess) {
-  testing::TempDir scratch;
-  RuntimeOptions o;
-  o.cache_dir = scratch.path();
-  auto rt = std::move(Runtime::create(o)).value();
-  if (!rt->device()) GTEST_SKIP() << "no GPU: no NVIDIA or AMD device found";
+TEST_F(GpuTuning, TheWinnerIsKeptForTheNextProcess) {
   if (rt->device()->target().name != "sm_90a") GTEST_SKIP() << "only sm_90a's TMA gemm has several tuning candidates";
   const KernelSpec spec = gemm_spec(1024, 1024, 1024, false, true);
   auto report = rt->tune(spec);
@@ -539,7 +522,7 @@ TEST(GpuTuning, TheWinnerIsKeptForTheNextProcess) {
 
   // A second runtime on the same cache (another process, as far as the cache can tell) never
   // tunes again: kernel() finds the record, and tune() returns it without timing.
-  auto second = std::move(Runtime::create(o)).value();
+  auto second = std::move(Runtime::create(options)).value();
   auto k2 = second->kernel(spec);
   ASSERT_TRUE(k2.ok()) << k2.error().message;
   EXPECT_EQ((*k2)->compiled().info().config, config_string(winner));
@@ -553,7 +536,7 @@ TEST(GpuTuning, TheWinnerIsKeptForTheNextProcess) {
   EXPECT_EQ(second->stats().tunings, 0u);
 
   // use_tuning = false: the heuristic's configuration, whatever the cache holds.
-  RuntimeOptions untuned = o;
+  RuntimeOptions untuned = options;
   untuned.use_tuning = false;
   auto third = std::move(Runtime::create(untuned)).value();
   auto k3 = third->kernel(spec);
@@ -562,16 +545,13 @@ TEST(GpuTuning, TheWinnerIsKeptForTheNextProcess) {
   EXPECT_EQ(third->stats().tuning_hits, 0u);
 }
 
-TEST(GpuTuning, EveryCandidateMatchesTheReference) {
+TEST_F(GpuTuning, EveryCandidateMatchesTheReference) {
   // Each candidate made the winner of a record by hand, then checked through kernel(): the tuned
   // configurations (the bf16 GEMM's other tile width and GROUP_M = 16; gemm_fp8's ping-pong
   // flipped, the other consumer count, DBUF, the cp.async kernel) are as correct as the heuristic's.
-  testing::TempDir scratch;
-  RuntimeOptions o;
-  o.cache_dir = scratch.path();
+  RuntimeOptions o = options;
   o.nvidia_compiler = "nvrtc";  // the records below are NVRTC's
-  auto probe = std::move(Runtime::create(o)).value();
-  if (!probe->device()) GTEST_SKIP() << "no GPU: no NVIDIA or AMD device found";
+  Runtime* probe = rt.get();  // its device, target and name
   if (probe->device()->target().name != "sm_90a") GTEST_SKIP() << "only sm_90a's TMA gemm has several tuning candidates";
   const std::string device = probe->device()->name();
   auto cache = std::move(DiskCache::open(scratch.path())).value();
@@ -598,11 +578,11 @@ TEST(GpuTuning, EveryCandidateMatchesTheReference) {
       r.reps = 1;
       r.created_utc = utc_now();
       ASSERT_TRUE(store_tuning(*cache, r).ok());
-      auto rt = std::move(Runtime::create(o)).value();
-      auto k = rt->kernel(spec);
+      auto tuned = std::move(Runtime::create(o)).value();
+      auto k = tuned->kernel(spec);
       ASSERT_TRUE(k.ok()) << k.error().message;
       EXPECT_EQ((*k)->compiled().info().config, config_string(c));
-      auto report = check_on_device(*rt, spec);
+      auto report = check_on_device(*tuned, spec);
       ASSERT_TRUE(report.ok()) << report.error().message;
       EXPECT_TRUE(report->pass) << format_report(*report);
       EXPECT_EQ(report->nonfinite, 0);
