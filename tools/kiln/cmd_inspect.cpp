@@ -190,7 +190,7 @@ int print_meta(const KernelSpec& spec, const TargetInfo& target, const InspectOp
   const KernelInfo& i = (*compiled)->info();
   const bool amd = target.vendor == Vendor::amd;
   auto line = [](std::string_view name, const std::string& value) { fmt::print("{:<13} {}\n", name, value); };
-  line("spec", to_string(spec));
+  line("spec", spec_text(spec));
   line("kernel", i.kernel);
   line("target", fmt::format("{} ({})", i.target, target.gpus));
   line("compiler", i.compiler);
