@@ -36,9 +36,9 @@ const TensorDecl kSignature[] = {
 constexpr int64_t kAux = 256;
 
 // The workspace: int32 count [vocab], start [vocab + 1], rank [tokens], sorted [tokens],
-// tiles [ceil(vocab / kAux)], each at a 256-byte boundary.
+// tiles [ceil(vocab / kAux)], head [tokens] of int32 pairs, each at a 256-byte boundary.
 struct Workspace {
-  int64_t count, start, rank, sorted, tiles, bytes;
+  int64_t count, start, rank, sorted, tiles, head, bytes;
 };
 Workspace workspace(int64_t vocab, int64_t tokens) {
   Workspace w;
@@ -47,7 +47,8 @@ Workspace workspace(int64_t vocab, int64_t tokens) {
   w.rank = w.start + round_up((vocab + 1) * 4, 256);
   w.sorted = w.rank + round_up(tokens * 4, 256);
   w.tiles = w.sorted + round_up(tokens * 4, 256);
-  w.bytes = w.tiles + ceil_div(vocab, kAux) * 4;
+  w.head = w.tiles + round_up(ceil_div(vocab, kAux) * 4, 256);
+  w.bytes = w.head + tokens * 8;
   return w;
 }
 // The fill stores 16 bytes at a time where dW's base is 16-byte aligned (the vector variants ask
@@ -113,10 +114,11 @@ Plan EmbeddingBwdOp::plan(const KernelSpec& call, const KernelConfig& c) const {
   launch("kiln_embedding_bwd_offset", tiles, 1, kAux, {A::workspace(w.start), A::workspace(w.tiles)});
   if (T > 0)
     launch("kiln_embedding_bwd_scatter", ceil_div(T, kAux), 1, kAux,
-           {A::tensor(0), A::workspace(w.start), A::workspace(w.rank), A::workspace(w.sorted), A::i32(T)});
+           {A::tensor(0), A::workspace(w.start), A::workspace(w.rank), A::workspace(w.count), A::workspace(w.sorted),
+            A::workspace(w.head), A::i32(T)});
   if (T > 0)  // a block per position of the sorted tokens (and column chunk); the first of each id sums it
     launch("kiln_embedding_bwd_sum", T, ceil_div(ceil_div(H, c.at("VEC")), c.at("THREADS") * c.at("ITEMS")),
-           c.at("THREADS"), {A::tensor(0), A::tensor(1), A::workspace(w.start), A::workspace(w.sorted), A::tensor(2)});
+           c.at("THREADS"), {A::tensor(1), A::workspace(w.start), A::workspace(w.head), A::workspace(w.sorted), A::tensor(2)});
   return p;
 }
 
