@@ -28,7 +28,12 @@ class CudaModule final : public KernelFunction {
       while (seen < g.dynamic_shared_bytes && !dynamic_limit_.compare_exchange_weak(seen, g.dynamic_shared_bytes)) {
       }
     }
-    if (g.cluster.x == 1 && g.cluster.y == 1 && g.cluster.z == 1 && !g.programmatic_dependent_launch) {
+    // Programmatic dependent launch is an overlap, not a need: without cuLaunchKernelEx (a driver
+    // before R525) such a launch is a plain one, after which the kernel's griddepcontrol.wait
+    // returns at once. Clusters are a need, and are refused in launch_ex.
+    const bool plain = g.cluster.x == 1 && g.cluster.y == 1 && g.cluster.z == 1 &&
+                       (!g.programmatic_dependent_launch || !api_->cuLaunchKernelEx);
+    if (plain) {
       // The common launch: no attribute, the same single driver call as a raw launch. The primary
       // context must be current on the calling thread; a launch refused for want of it (a new
       // thread, or another library made its own context current) binds it and launches again.
@@ -63,12 +68,8 @@ class CudaModule final : public KernelFunction {
   // A launch with attributes (cluster dimensions, programmatic dependent launch) through
   // cuLaunchKernelEx; its configuration and attributes live on the stack.
   Result<void> launch_ex(const LaunchGeometry& g, void** args, Stream stream) const {
-    if (!api_->cuLaunchKernelEx)
-      return cuda_missing_symbol(*api_,
-                                 "cuLaunchKernelEx",
-                                 g.cluster.x * g.cluster.y * g.cluster.z != 1
-                                     ? "a launch with thread-block clusters"
-                                     : "a launch with programmatic dependent launch");
+    if (!api_->cuLaunchKernelEx)  // only a cluster launch comes here without it
+      return cuda_missing_symbol(*api_, "cuLaunchKernelEx", "a launch with thread-block clusters");
     CUlaunchAttribute attrs[2] = {};
     unsigned n = 0;
     if (g.cluster.x != 1 || g.cluster.y != 1 || g.cluster.z != 1) {

@@ -312,6 +312,10 @@ Plan RmsNormBwdOp::plan(const KernelSpec& given, const KernelConfig& c) const {
   reduce.geometry.grid.x = static_cast<uint32_t>(ceil_div(H, kReduceCols));
   reduce.geometry.block.x = static_cast<uint32_t>(kReduceCols * kReduceLanes);
   reduce.args = {KernelArg::workspace(0), KernelArg::tensor(dgamma), KernelArg::i32(blocks)};
+  // After the row pass, the reduction is launched with programmatic dependent launch (sm_90a;
+  // ignored elsewhere): its launch overlaps the row pass's last blocks, and it waits for them
+  // (kiln::wait_prior_grid) before reading the partials.
+  reduce.geometry.programmatic_dependent_launch = n_rows > 0;
   // 0 rows: no row blocks, and dgamma is a sum over no rows: the reduction alone writes zeros.
   if (n_rows == 0) p.launches = {std::move(reduce)};
   else p.launches = {std::move(rows_pass), std::move(reduce)};

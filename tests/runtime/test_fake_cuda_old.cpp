@@ -60,8 +60,10 @@ TEST(FakeCudaOld, TmaGemmNamesTheMissingSymbolAndTheDriverNeeded) {
   EXPECT_EQ(fake_launch_count(), before);
 }
 
-// Clusters and programmatic dependent launch need cuLaunchKernelEx: refused, by name; a launch
-// without them still goes through cuLaunchKernel.
+// Clusters need cuLaunchKernelEx: refused, by name. A launch without them still goes through
+// cuLaunchKernel, and so does one asking for programmatic dependent launch (an overlap the kernel
+// does not need: its griddepcontrol.wait returns at once; rmsnorm_bwd's reduction asks for it).
+// Before 2026-11-27 that one was refused too, so rmsnorm_bwd failed on such a driver.
 TEST(FakeCudaOld, ClusterLaunchIsRefusedWithoutCuLaunchKernelEx) {
   ASSERT_TRUE(kUseFake);
   auto device = open_cuda_device(0);
@@ -85,10 +87,8 @@ TEST(FakeCudaOld, ClusterLaunchIsRefusedWithoutCuLaunchKernelEx) {
   g.cluster = {};
   g.programmatic_dependent_launch = true;
   auto programmatic = (*module)->launch(g, nullptr, nullptr);
-  ASSERT_FALSE(programmatic.ok());
-  EXPECT_NE(programmatic.error().message.find("cuLaunchKernelEx"), std::string::npos)
-      << programmatic.error().message;
-  EXPECT_EQ(fake_launch_count(), before + 1);
+  ASSERT_TRUE(programmatic.ok()) << programmatic.error().message;
+  EXPECT_EQ(fake_launch_count(), before + 2) << "a plain cuLaunchKernel";
 }
 
 }  // namespace
