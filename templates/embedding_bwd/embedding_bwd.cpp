@@ -101,6 +101,9 @@ Plan EmbeddingBwdOp::plan(const KernelSpec& call, const KernelConfig& c) const {
     l.geometry.grid.y = static_cast<uint32_t>(grid_y);
     l.geometry.block.x = static_cast<uint32_t>(block);
     l.args = std::move(args);
+    // Each launch after the first waits for its predecessor with kiln::wait_prior_grid, so it may
+    // launch while that one ends (programmatic dependent launch, sm_90a; ignored on AMD).
+    l.geometry.programmatic_dependent_launch = !p.launches.empty();
     p.launches.push_back(std::move(l));
   };
   using A = KernelArg;
