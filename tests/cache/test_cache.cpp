@@ -43,6 +43,28 @@ fs::path code_file(const fs::path& entry) {
   return {};
 }
 
+// The entry that a first runtime's sm_90a compile of `spec` leaves in the cache at `root`, with
+// its meta.json parsed (entry empty where the compile failed or left no single entry).
+struct OneEntry {
+  fs::path entry;
+  nlohmann::json meta;
+  void write_meta() const { std::ofstream(entry / "meta.json", std::ios::trunc) << meta.dump(); }
+};
+OneEntry compile_one_entry(const std::string& root, const KernelSpec& spec) {
+  if (!compile_only_runtime(root)->compile(spec, "sm_90a").ok()) return {};
+  auto entries = entry_dirs(root);
+  if (entries.size() != 1) return {};
+  return {entries[0], nlohmann::json::parse(std::ifstream(entries[0] / "meta.json"))};
+}
+// A second runtime's compile of `spec` on that cache: where the kernel came from ("disk" or
+// "compiled") and the corrupt entries it found.
+std::pair<std::string, uint64_t> compile_again(const std::string& root, const KernelSpec& spec) {
+  auto rt = compile_only_runtime(root);
+  auto again = rt->compile(spec, "sm_90a");
+  if (!again.ok()) return {"error: " + again.error().message, rt->stats().corrupt_entries};
+  return {std::string((*again)->origin()), rt->stats().corrupt_entries};
+}
+
 TEST(DiskCache, RoundTripCountsHitsAndMisses) {
   TempDir dir;
   const KernelSpec spec = gemm_spec(96, 80, 40, false, true);
@@ -217,19 +239,14 @@ TEST(DiskCache, AHitUsesTheGeneratedSourceAndVerifyChecksTheCopy) {
 TEST(DiskCache, AHitRefusesMetadataThatRecordsAnotherSource) {
   TempDir dir;
   const KernelSpec spec = rmsnorm_spec(4, 1024);
-  { ASSERT_TRUE(compile_only_runtime(dir.path())->compile(spec, "sm_90a").ok()); }
-  auto entries = entry_dirs(dir.path());
-  ASSERT_EQ(entries.size(), 1u);
-  nlohmann::json meta = nlohmann::json::parse(std::ifstream(entries[0] / "meta.json"));
+  OneEntry e = compile_one_entry(dir.path(), spec);
+  ASSERT_FALSE(e.entry.empty());
   const std::string other(100, 'y');
-  meta["files"]["source.cu"] = {{"sha256", sha256_hex(other)}, {"bytes", other.size()}};
-  std::ofstream(entries[0] / "source.cu", std::ios::binary | std::ios::trunc) << other;
-  std::ofstream(entries[0] / "meta.json", std::ios::trunc) << meta.dump();
-  auto rt = compile_only_runtime(dir.path());
-  auto again = rt->compile(spec, "sm_90a");
-  ASSERT_TRUE(again.ok()) << again.error().message;
-  EXPECT_EQ((*again)->origin(), "compiled") << "rebuilt, not loaded";
-  EXPECT_EQ(rt->stats().corrupt_entries, 1u);
+  e.meta["files"]["source.cu"] = {{"sha256", sha256_hex(other)}, {"bytes", other.size()}};
+  std::ofstream(e.entry / "source.cu", std::ios::binary | std::ios::trunc) << other;
+  e.write_meta();
+  EXPECT_EQ(compile_again(dir.path(), spec), std::make_pair(std::string("compiled"), uint64_t{1}))
+      << "rebuilt, not loaded";
 }
 
 // A load proves the code object by its XXH3-128 (a SHA-256 of a GEMM's cubin was most of a hit),
@@ -238,19 +255,13 @@ TEST(DiskCache, AHitRefusesMetadataThatRecordsAnotherSource) {
 TEST(DiskCache, ALoadChecksTheXxh3AndVerifyChecksBoth) {
   TempDir dir;
   const KernelSpec spec = rmsnorm_spec(4, 1024);
-  { ASSERT_TRUE(compile_only_runtime(dir.path())->compile(spec, "sm_90a").ok()); }
-  auto entries = entry_dirs(dir.path());
-  ASSERT_EQ(entries.size(), 1u);
-  nlohmann::json meta = nlohmann::json::parse(std::ifstream(entries[0] / "meta.json"));
-  ASSERT_TRUE(meta["files"]["code.cubin"].contains("xxh3_128")) << meta["files"].dump();
-  EXPECT_EQ(meta["files"]["code.cubin"]["xxh3_128"].get<std::string>().size(), 32u);
-  meta["files"]["code.cubin"]["sha256"] = std::string(64, '0');
-  std::ofstream(entries[0] / "meta.json", std::ios::trunc) << meta.dump();
-  auto rt = compile_only_runtime(dir.path());
-  auto hit = rt->compile(spec, "sm_90a");
-  ASSERT_TRUE(hit.ok()) << hit.error().message;
-  EXPECT_EQ((*hit)->origin(), "disk");
-  EXPECT_EQ(rt->stats().corrupt_entries, 0u);
+  OneEntry e = compile_one_entry(dir.path(), spec);
+  ASSERT_FALSE(e.entry.empty());
+  ASSERT_TRUE(e.meta["files"]["code.cubin"].contains("xxh3_128")) << e.meta["files"].dump();
+  EXPECT_EQ(e.meta["files"]["code.cubin"]["xxh3_128"].get<std::string>().size(), 32u);
+  e.meta["files"]["code.cubin"]["sha256"] = std::string(64, '0');
+  e.write_meta();
+  EXPECT_EQ(compile_again(dir.path(), spec), std::make_pair(std::string("disk"), uint64_t{0}));
   auto cache = DiskCache::open(dir.path());
   ASSERT_TRUE(cache.ok());
   auto listed = (*cache)->list(true);
@@ -266,24 +277,19 @@ TEST(DiskCache, EntriesWithoutAnXxh3LoadByTheirSha256) {
     SCOPED_TRACE(damaged ? "a byte changed" : "intact");
     TempDir dir;
     const KernelSpec spec = rmsnorm_spec(4, 1024);
-    { ASSERT_TRUE(compile_only_runtime(dir.path())->compile(spec, "sm_90a").ok()); }
-    auto entries = entry_dirs(dir.path());
-    ASSERT_EQ(entries.size(), 1u);
-    nlohmann::json meta = nlohmann::json::parse(std::ifstream(entries[0] / "meta.json"));
-    for (auto& [name, file] : meta["files"].items()) file.erase("xxh3_128");
-    std::ofstream(entries[0] / "meta.json", std::ios::trunc) << meta.dump();
+    OneEntry e = compile_one_entry(dir.path(), spec);
+    ASSERT_FALSE(e.entry.empty());
+    for (auto& [name, file] : e.meta["files"].items()) file.erase("xxh3_128");
+    e.write_meta();
     if (damaged) {
-      std::fstream code(entries[0] / "code.cubin", std::ios::binary | std::ios::in | std::ios::out);
+      std::fstream code(e.entry / "code.cubin", std::ios::binary | std::ios::in | std::ios::out);
       code.seekg(100);
       const char c = static_cast<char>(code.get());
       code.seekp(100);
       code.put(static_cast<char>(c ^ 1));
     }
-    auto rt = compile_only_runtime(dir.path());
-    auto again = rt->compile(spec, "sm_90a");
-    ASSERT_TRUE(again.ok()) << again.error().message;
-    EXPECT_EQ((*again)->origin(), damaged ? "compiled" : "disk");
-    EXPECT_EQ(rt->stats().corrupt_entries, damaged ? 1u : 0u);
+    EXPECT_EQ(compile_again(dir.path(), spec),
+              damaged ? std::make_pair(std::string("compiled"), uint64_t{1}) : std::make_pair(std::string("disk"), uint64_t{0}));
   }
 }
 
@@ -291,17 +297,11 @@ TEST(DiskCache, EntriesWithoutAnXxh3LoadByTheirSha256) {
 TEST(DiskCache, AMalformedXxh3IsCorrupt) {
   TempDir dir;
   const KernelSpec spec = rmsnorm_spec(4, 1024);
-  { ASSERT_TRUE(compile_only_runtime(dir.path())->compile(spec, "sm_90a").ok()); }
-  auto entries = entry_dirs(dir.path());
-  ASSERT_EQ(entries.size(), 1u);
-  nlohmann::json meta = nlohmann::json::parse(std::ifstream(entries[0] / "meta.json"));
-  meta["files"]["code.cubin"]["xxh3_128"] = "0123";
-  std::ofstream(entries[0] / "meta.json", std::ios::trunc) << meta.dump();
-  auto rt = compile_only_runtime(dir.path());
-  auto again = rt->compile(spec, "sm_90a");
-  ASSERT_TRUE(again.ok()) << again.error().message;
-  EXPECT_EQ((*again)->origin(), "compiled");
-  EXPECT_EQ(rt->stats().corrupt_entries, 1u);
+  OneEntry e = compile_one_entry(dir.path(), spec);
+  ASSERT_FALSE(e.entry.empty());
+  e.meta["files"]["code.cubin"]["xxh3_128"] = "0123";
+  e.write_meta();
+  EXPECT_EQ(compile_again(dir.path(), spec), std::make_pair(std::string("compiled"), uint64_t{1}));
 }
 
 // CacheKey::canonical writes the key's JSON field by field instead of building and dumping it: it
