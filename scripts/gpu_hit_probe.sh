@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Fifteenth session's probes (2026-11-27), on the GPU machine (hiredis and xxhash from .gpu-carry/deps):
-#   probe 1: the build, the disk hit through libcuda, and bench_attention --tune on the forward rows
-#            that lost at batch 2 in the twelfth session's table;
-#   probe 2: KernelHit and KernelHitNoTuning in both orders, each in its own process, and the
-#            runtime and prewarm GPU tests.
+# A disk hit and a fresh runtime's first kernel through libcuda, on the GPU machine (hiredis and
+# xxhash from .gpu-carry/deps; the build first):
+#   scripts/gpu_hit_probe.sh 1   bench_disk_hit's sm_90a rows (medians of 3), then bench_attention
+#                                --tune on two attention shapes at batch 1, 2 and 4;
+#   scripts/gpu_hit_probe.sh 2   KernelHit and KernelHitNoTuning, each in its own process, twice,
+#                                alternating (their spread between processes), and the runtime
+#                                and prewarm GPU tests.
+# (The fifteenth session ran it as scripts/gpu_session15.sh: bench/results/h100-2026-11-27-session15/.)
 set -uo pipefail
 export OUT=${OUT:-$PWD/out}
 H=$PWD/.gpu-carry/deps
