@@ -288,10 +288,10 @@ Result<CacheEntry> DiskCache::read_entry(const EntryDir& dir, const std::string&
     return ok();
   };
 
-  // A load proves a file by its XXH3-128 (a SHA-256 of a 75 KB cubin took 37 of a hit's 58 us,
-  // bench/results/cpu-2026-11-27-disk-hit.txt): the files are this user's (trusted() above), so
-  // what is to be found is damage, not a chosen collision. Entries written before meta.json
-  // recorded it, and full checks, take the SHA-256.
+  // A load proves a file by its XXH3-128 (the SHA-256 of the GEMM's 20 KB cubin took about 10 of
+  // its hit's 58 us here, the XXH3-128 takes 1: bench/results/cpu-2026-11-27-disk-hit-xxh3.txt):
+  // the files are this user's (trusted() above), so what is to be found is damage, not a chosen
+  // collision. Entries written before meta.json recorded it, and full checks, take the SHA-256.
   auto check_digests = [&](const std::string& name, std::span<const uint8_t> data,
                            const FileDigests& want) -> Result<void> {
     const bool fast = check == Check::load && !want.xxh3_128.empty();
