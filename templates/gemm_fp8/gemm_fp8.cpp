@@ -7,6 +7,7 @@
 
 #include "support/embedded.h"
 #include "templates/lib/epilogue_sm90.h"
+#include "templates/lib/fp8_sm90.h"
 
 namespace kiln {
 namespace {
@@ -75,17 +76,12 @@ bool sm90_tma_store(const KernelSpec& spec) {
 // slices, and the TMA kernel's two mbarriers each), with TMA and block scales the scale ring and,
 // with EPI_TMA, the epilogue's staging buffers.
 int64_t sm90_stage_bytes(int64_t bm, int64_t bn, int64_t bk, bool tma) { return (bm + bn) * bk + (tma ? 16 : 0); }
-// The TMA kernel's scale ring (gemm_fp8_sm90_tma.kernel sizes it the same way): stages of SG
-// slices' scales (SG = 4, 2 or 1, the largest dividing KB), one SG * 4-byte entry per row of the
-// tile and per column (block1x128) or block (blockwise) of B's, ceil(STAGES / SG) + 1 of them, with
-// two mbarriers each.
+// The TMA kernel's scale ring with block scales (lib/fp8_sm90.h): an entry per row of the tile
+// and per column (block1x128) or block (blockwise) of B's.
 int64_t sm90_scale_ring_bytes(const KernelSpec& spec, int64_t bm, int64_t bn, int64_t stages) {
   const int64_t gran = spec.param("granularity");
   if (gran < kGemmBlockwise) return 0;
-  const int64_t kb = ceil_div(spec.param("K"), 128);
-  const int64_t sg = kb % 4 == 0 ? 4 : kb % 2 == 0 ? 2 : 1;
-  const int64_t stage = ((bm + (gran == kGemmBlock1x128 ? bn : 1)) * 4 * sg + 15) / 16 * 16;
-  return (ceil_div(stages, sg) + 1) * (stage + 16);
+  return scale_ring_bytes(ceil_div(spec.param("K"), 128), bm + (gran == kGemmBlock1x128 ? bn : 1), stages);
 }
 int64_t sm90_shared_bytes(const KernelSpec& spec, const KernelConfig& c) {
   const bool tma = flag(c, "TMA");

@@ -7,6 +7,7 @@
 
 #include "support/embedded.h"
 #include "templates/lib/epilogue_sm90.h"
+#include "templates/lib/fp8_sm90.h"
 #include "templates/lib/grouped_offsets.h"
 
 namespace kiln {
@@ -156,15 +157,11 @@ int64_t tma_fixed_bytes(const KernelSpec& s, int64_t bm) {
   return 1024 + epilogue_sm90_bytes(bm) + 8 * (s.param("groups") + 1);
 }
 // fp8 with TMA: tn keeps each slice's scales in its stage (sa of the tile's rows, then sb of its BN
-// columns); nt copies them into a scale ring (grouped_gemm_fp8_sm90_tma.kernel sizes it the same
-// way): stages of SG slices (SG = 4, 2 or 1, the largest dividing KB), one SG * 4-byte entry per
-// row of the tile and one for b's 128 x 128 block, ceil(STAGES / SG) + 1 of them, with two
-// mbarriers each.
+// columns); nt copies them into the scale ring of lib/fp8_sm90.h, an entry per row of the tile and
+// one for b's 128 x 128 block.
 int64_t fp8_scale_stage_bytes(const KernelSpec& s, int64_t bm, int64_t bn) { return tn(s) ? (bm + bn) * 4 : 0; }
 int64_t fp8_scale_ring_bytes(const KernelSpec& s, int64_t bm, int64_t stages) {
-  if (tn(s)) return 0;
-  const int64_t k_blocks = kb(s), sg = k_blocks % 4 == 0 ? 4 : k_blocks % 2 == 0 ? 2 : 1;
-  return (ceil_div(stages, sg) + 1) * (((bm + 1) * 4 * sg + 15) / 16 * 16 + 16);
+  return tn(s) ? 0 : scale_ring_bytes(kb(s), bm + 1, stages);  // lib/fp8_sm90.h
 }
 int64_t sm90_shared_bytes(const KernelSpec& s, const KernelConfig& c) {
   const int64_t stages = c.at("STAGES") * (c.at("BM") + c.at("BN")) * c.at("BK") * (fp8(s) ? 1 : 2);
