@@ -291,7 +291,10 @@ std::string RemoteCache::encode(const CacheEntry& e) const {
   const std::string code_name = "code." + e.compiled.code.format;
   const std::string src_name = source_name(e.target);
   const std::string meta =
-      entry_metadata(e, {{code_name, FileDigests::of(e.compiled.code.bytes)}, {src_name, FileDigests::of(e.source)}})
+      // SHA-256 only: a fetch checks it (and the HMAC); the XXH3-128 is the local store's, which
+      // computes its own when it publishes a fetched entry.
+      entry_metadata(e, {{code_name, {sha256_hex(e.compiled.code.bytes), {}, e.compiled.code.bytes.size()}},
+                         {src_name, {sha256_hex(e.source), {}, e.source.size()}}})
           .dump();
   std::string blob(kMagic);
   put_u64(blob, meta.size());
