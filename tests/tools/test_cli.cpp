@@ -851,6 +851,20 @@ TEST_F(CliTest, RunInTheEmulatorPrintsTheCheckReport) {
   EXPECT_NE(o.out.find("PASS swiglu fp32 rows=2 intermediate=7: compared 14 elements"), std::string::npos) << o.out;
 }
 
+// The check report names an enumerated parameter's value as -p takes it (dw_dtype=dy). Before
+// 2026-11-27 it printed the number (dw_dtype=1); prewarm's table already named it.
+TEST_F(CliTest, TheCheckReportNamesEnumeratedValues) {
+  Output o = kiln_env({"run", "embedding_bwd", "-p", "tokens=20,vocab=10,hidden=8,dw_dtype=dy", "--dtype", "bf16",
+                       "--arch", "gfx950", "--emulator", "--check", "--cache-dir", cache_},
+                      {"CACHEDB=" KILN_TEST_EMULATOR_CACHEDB});
+  if (o.code != 0 && o.err.find("the AMD emulator is unavailable") != std::string::npos)
+    GTEST_SKIP() << o.err;
+  ASSERT_EQ(o.code, 0) << o.out << o.err;
+  EXPECT_NE(o.out.find("PASS embedding_bwd bf16 tokens=20 vocab=10 hidden=8 dw_dtype=dy:"),
+            std::string::npos)
+      << o.out;
+}
+
 // kiln run --json and kiln ops --json: one document each (docs/json.md), parsed here.
 TEST_F(CliTest, JsonOfOpsAndRunParse) {
   Output ops = kiln({"ops", "--json"});
