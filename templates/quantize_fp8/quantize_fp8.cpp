@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "support/embedded.h"
+#include "templates/lib/elementwise_row.h"
 #include "templates/lib/grouped_offsets.h"
 
 namespace kiln {
@@ -127,6 +128,7 @@ std::string_view QuantizeFp8Op::device_template(const KernelConfig& c) const {
 std::string_view QuantizeFp8Op::kernel_name(const KernelConfig& c) const {
   // An empty configuration (`kiln ops`) names the kernel of most granularities.
   if (c.count("QT")) return "kiln_quantize_fp8_qt";
+  if (c.count("ROW_BLOCKS")) return "kiln_quantize_fp8_row_blocks";
   const auto tiled = c.find("TILED");
   return tiled != c.end() && tiled->second == 0 ? "kiln_quantize_fp8_rows" : "kiln_quantize_fp8_tiles";
 }
@@ -185,6 +187,13 @@ std::vector<KernelConfig> QuantizeFp8Op::variants(const KernelSpec& spec, const 
       const int64_t threads =
           std::clamp<int64_t>(round_up(ceil_div(chunks, 4), target.wave_size), target.wave_size, 1024);
       out.push_back({{"TILED", 0}, {"THREADS", threads}, {"VEC", v}, {"ITEMS", ceil_div(chunks, threads)}});
+    } else if (s.param("granularity") == kBlock1x128 && !only_qt(s)) {
+      // Without qt, a 1x128 block stays inside a row: blocks over (row, chunks of the row), no tile.
+      KernelConfig c = elementwise_row_config(ceil_div(cols, 8), 1, target, {.max_threads = 256, .items = 4});
+      c["VEC"] = v;
+      c["TILED"] = 0;
+      c["ROW_BLOCKS"] = 1;
+      out.push_back(std::move(c));
     } else if (only_qt(s)) {
       out.push_back({{"QT", 1}, {"TILED", 1}, {"THREADS", kTileThreads}, {"VEC", v}, {"ITEMS", 1}});
     } else {
@@ -201,6 +210,23 @@ std::vector<KernelConfig> QuantizeFp8Op::variants(const KernelSpec& spec, const 
 // (bench/results/h100-2026-11-27-quantize-grid/).
 std::vector<KernelConfig> QuantizeFp8Op::tuning_candidates(const KernelSpec& spec, const TargetInfo& target) const {
   const KernelConfig d = choose_config(spec, target);
+  if (d.count("ROW_BLOCKS")) {
+    // block1x128's row blocks: THREADS 64 to 1024 with ITEMS 1, 2 or 4 where a row holds them,
+    // then the tile kernel that served block1x128 before them.
+    const int64_t chunks = ceil_div(with_defaults(spec).param("cols"), 8);
+    std::vector<KernelConfig> out = {d};
+    for (int64_t threads : {64, 128, 256, 512, 1024})
+      for (int64_t items : {1, 2, 4}) {
+        KernelConfig c = d;
+        c["THREADS"] = threads;
+        c["ITEMS"] = items;
+        if (threads % target.wave_size == 0 && threads <= target.max_threads_per_block && threads * items <= chunks &&
+            std::find(out.begin(), out.end(), c) == out.end())
+          out.push_back(std::move(c));
+      }
+    out.push_back({{"TILED", 1}, {"THREADS", kTileThreads}, {"VEC", d.at("VEC")}, {"ITEMS", 1}, {"COL_MAJOR_GRID", 1}});
+    return out;
+  }
   if (!d.count("TILED") || !d.at("TILED") || d.count("QT")) return {d};
   KernelConfig other = d;
   if (col_major_grid(d))
@@ -229,7 +255,7 @@ std::string QuantizeFp8Op::specialize(const KernelSpec& spec, const KernelConfig
                      c.at("VEC") > 1 ? 1 : 0,
                      c.at("THREADS"), c.at("VEC"), c.at("ITEMS"), device_type_name(s.dtype), device_type_name(s.out_dtype)) +
          (grouped(s) ? fmt::format("#define GROUPED 1\nconstexpr int GROUPS = {};\n", groups(s)) : std::string()) +
-         (col_major_grid(c) ? "#define COL_MAJOR_GRID 1\n" : "");
+         (col_major_grid(c) ? "#define COL_MAJOR_GRID 1\n" : "") + (c.count("ROW_BLOCKS") ? "#define ROW_BLOCKS 1\n" : "");
 }
 
 Plan QuantizeFp8Op::plan(const KernelSpec& call, const KernelConfig& c) const {
@@ -257,6 +283,16 @@ Plan QuantizeFp8Op::plan(const KernelSpec& call, const KernelConfig& c) const {
     l.geometry.grid.y = static_cast<uint32_t>(ceil_div(cols, 128));
     l.geometry.grid.z = static_cast<uint32_t>(batch(call));
     l.geometry.block.x = static_cast<uint32_t>(kTileThreads);
+    l.args = {KernelArg::tensor(0), KernelArg::tensor(1), KernelArg::tensor(2), KernelArg::i32(rows)};
+    p.launches.push_back(l);
+    return p;
+  }
+  if (c.count("ROW_BLOCKS")) {  // block1x128 without qt: grid (rows, chunks of a row)
+    Launch l;
+    l.kernel = "kiln_quantize_fp8_row_blocks";
+    l.geometry.grid.x = static_cast<uint32_t>(rows);
+    l.geometry.grid.y = static_cast<uint32_t>(ceil_div(ceil_div(cols, 8), c.at("THREADS") * c.at("ITEMS")));
+    l.geometry.block.x = static_cast<uint32_t>(c.at("THREADS"));
     l.args = {KernelArg::tensor(0), KernelArg::tensor(1), KernelArg::tensor(2), KernelArg::i32(rows)};
     p.launches.push_back(l);
     return p;
@@ -491,6 +527,7 @@ std::vector<TestSpec> QuantizeFp8Op::test_specs(const TargetInfo& target) const 
   add(f32, e5, 130, 128, kTensorwise, 0, "tensorwise fp32, rows 130");
   add(f32, e4, 1, 300, kRowwise, 0, "rowwise fp32, cols 300 (scalar variant)");
   add(f32, e5, 3, 300, kBlock1x128, 0, "block1x128 fp32, cols 300");
+  add(bf16, e4, 3, 4104, kBlock1x128, 0, "block1x128, cols 4104: a second row block of one chunk, a 1x8 block");
   add(f32, e4, 130, 256, kBlock128x128, 0, "block128x128 fp32");
   add(f32, e4, 3, 7, kBlock128x128, 1, "block128x128 fp32, transpose, 3x7");
   add(bf16, e4, 0, 128, kTensorwise, 0, "0 rows: a no-op");
