@@ -3,6 +3,7 @@
 # GPU (`kiln run OP --bench`: the tuner times each candidate, then the winner is checked against
 # the CPU reference), and prints each op's candidate table. Run after `scripts/gpu_step.sh build`.
 #   scripts/gpu_tune_membound.sh [OP ...]     # default: rmsnorm rmsnorm_residual rmsnorm_bwd swiglu swiglu_bwd
+#   (also: quantize_block1x128, moe_unpermute_bwd, cross_entropy_grad)
 # Logs under $OUT (tune_OP.log). A fresh cache directory, so every candidate is timed.
 set -uo pipefail
 B=${B:-build-gpu}
@@ -19,12 +20,17 @@ for op in "${ops[@]}"; do
     rmsnorm_bwd) specs=("rmsnorm_bwd -p hidden=4096" "rmsnorm_bwd -p hidden=16384") ;;
     swiglu) specs=("swiglu -p intermediate=14336" "swiglu -p intermediate=29568" "swiglu -p intermediate=53248") ;;
     swiglu_bwd) specs=("swiglu_bwd -p intermediate=14336" "swiglu_bwd -p intermediate=53248") ;;
+    quantize_block1x128) specs=("quantize_fp8 --out-dtype e4m3 -p granularity=block1x128,cols=4096"
+                                "quantize_fp8 --out-dtype e4m3 -p granularity=block1x128,cols=14336") ;;
+    moe_unpermute_bwd) specs=("moe_unpermute_bwd -p tokens=16384,hidden=7168,k=8") ;;
+    cross_entropy_grad) specs=("cross_entropy -p tokens=8192,vocab=128256,grad_inplace=1") ;;
     *) echo "gpu_tune_membound.sh: unknown op $op" >&2; exit 2 ;;
   esac
   for s in "${specs[@]}"; do
-    echo "== kiln run $s -p rows=8192 --dtype bf16 --bench"
+    echo "== kiln run $s --dtype bf16 --bench"
+    case $op in quantize*|rmsnorm*|swiglu*) rows="-p rows=8192" ;; *) rows="" ;; esac
     # shellcheck disable=SC2086
-    $B/kiln run $s -p rows=8192 --dtype bf16 --bench --iterations 200 2>&1 | head -60
+    $B/kiln run $s $rows --dtype bf16 --bench --iterations 200 2>&1 | head -60
   done > "$OUT/tune_$op.log"
   cat "$OUT/tune_$op.log"
 done

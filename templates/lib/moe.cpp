@@ -218,6 +218,21 @@ const ParamInfo kRowMapParams[] = {
 
 std::span<const ParamInfo> row_map_params() { return kRowMapParams; }
 
+std::vector<KernelConfig> row_walk_candidates(int64_t hidden, KernelConfig first, const TargetInfo& target) {
+  const int64_t nvec = ceil_div(hidden, first.at("VEC"));
+  std::vector<int64_t> threads = {64, 128, 256, 512, 1024};
+  for (int64_t passes = 1; passes <= 8; ++passes)
+    if (nvec % passes == 0) threads.push_back(nvec / passes);
+  std::vector<KernelConfig> out = {std::move(first)};
+  for (int64_t t : threads) {
+    KernelConfig c = out.front();
+    c["THREADS"] = t;
+    if (t % target.wave_size == 0 && t <= target.max_threads_per_block && std::find(out.begin(), out.end(), c) == out.end())
+      out.push_back(std::move(c));
+  }
+  return out;
+}
+
 std::vector<TestSpec> row_map_test_specs(std::string_view op) {
   std::vector<TestSpec> out;
   auto add = [&](DType t, int64_t tokens, int64_t hidden, int64_t k, std::string_view why) {

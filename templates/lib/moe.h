@@ -114,6 +114,11 @@ Result<void> check_slots(std::string_view op, const KernelSpec& spec);
 /// The parameters of the row ops that read a row map (moe_unpermute, moe_permute_bwd,
 /// moe_unpermute_bwd): tokens (runtime), hidden, k (baked).
 std::span<const ParamInfo> row_map_params();
+/// Tuning candidates of a kernel with one block per token that walks its row of `hidden` elements
+/// VEC at a time, THREADS apart (moe_unpermute_bwd): `first` (the heuristic's), then THREADS 64 to
+/// 1024 and the whole-wavefront thread counts that split the row's vectors into 1 to 8 equal
+/// passes, so that no pass leaves threads idle (`kiln run --bench` times them on the GPU).
+std::vector<KernelConfig> row_walk_candidates(int64_t hidden, KernelConfig first, const TargetInfo& target);
 /// Their test specs: Mixtral's and DeepSeek's k and hidden sizes, odd hidden sizes (scalar
 /// accesses), every dtype, and 0 tokens.
 std::vector<TestSpec> row_map_test_specs(std::string_view op);

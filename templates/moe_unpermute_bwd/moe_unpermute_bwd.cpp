@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "support/embedded.h"
@@ -34,7 +35,23 @@ std::string_view MoeUnpermuteBwdOp::device_template(const KernelConfig&) const {
   return embedded_file("templates/moe_unpermute_bwd/moe_unpermute_bwd.kernel");
 }
 std::vector<KernelConfig> MoeUnpermuteBwdOp::variants(const KernelSpec& spec, const TargetInfo& target) const {
-  return elementwise_row_variants(spec.param("hidden"), spec.dtype, target);
+  // THREADS: the largest whole-wavefront count up to 256 that divides the row's vectors, so that the
+  // last pass over the row leaves no thread idle (H100, 2026-11-27, 16384 tokens x 7168, k 8, bf16:
+  // 224 threads in 4 passes 1.374 ms against 1.480 for 256 in 3.5; `scripts/gpu_tune_membound.sh
+  // moe_unpermute_bwd`, bench/results/h100-2026-11-27-session16/); 256 where none does.
+  std::vector<KernelConfig> out = elementwise_row_variants(spec.param("hidden"), spec.dtype, target);
+  for (KernelConfig& c : out) {
+    const int64_t nvec = ceil_div(spec.param("hidden"), c.at("VEC"));
+    for (int64_t t = std::min<int64_t>(256, nvec) / target.wave_size * target.wave_size; t >= 64; t -= target.wave_size)
+      if (nvec % t == 0) {
+        c["THREADS"] = t;
+        break;
+      }
+  }
+  return out;
+}
+std::vector<KernelConfig> MoeUnpermuteBwdOp::tuning_candidates(const KernelSpec& spec, const TargetInfo& target) const {
+  return moe::row_walk_candidates(spec.param("hidden"), choose_config(spec, target), target);
 }
 std::vector<uint32_t> MoeUnpermuteBwdOp::base_alignment(const KernelSpec& spec, const KernelConfig& config) const {
   return vector_variant_alignment(config, tensors(spec).size(), {2, 3, 5});  // row_map, weights, dweights

@@ -25,6 +25,7 @@ class MoeUnpermuteBwdOp final : public OpTemplate {
   std::span<const DType> dtypes() const override;
   std::span<const TensorDecl> signature() const override;
   std::vector<KernelConfig> variants(const KernelSpec& spec, const TargetInfo& target) const override;
+  std::vector<KernelConfig> tuning_candidates(const KernelSpec& spec, const TargetInfo& target) const override;
   std::string_view device_template(const KernelConfig& config) const override;
   std::string specialize(const KernelSpec& spec, const KernelConfig& config) const override;
   std::string_view kernel_name(const KernelConfig&) const override { return "kiln_moe_unpermute_bwd"; }
