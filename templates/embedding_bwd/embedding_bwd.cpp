@@ -2,8 +2,6 @@
 
 #include <fmt/format.h>
 
-#include <algorithm>
-
 #include "support/embedded.h"
 #include "templates/lib/embedding_params.h"
 
@@ -30,10 +28,16 @@ const TensorDecl kSignature[] = {
     {"dW", Role::output, DTypeRule::derived, DType::f32, "[vocab, hidden]", ep::vocab_hidden, nullptr, {}, {}, nullptr,
      dw_dtype, "fp32, or dy's dtype with dw_dtype = dy"},
 };
-// Threads of the counting-sort launches (zero, rank, scan, offset, scatter); a power of two.
-// (H100, 2026-11-26, 8192 tokens: rank, one block, takes 133 us with 256 threads and 392 us with
-// 1024: each chunk's compare loop grows with the block.)
+// Threads of the counting-sort launches (rank, fill, scan, offset, scatter); a power of two.
+// (H100, 2026-11-26, 8192 tokens: a rank walk of one block took 133 us with 256 threads and 392 us
+// with 1024: each chunk's compare loop grows with the block.)
 constexpr int64_t kAux = 256;
+// Ids per rank block at most: their counts, 32 KiB of LDS beside the chunk's ids.
+constexpr int64_t kRankRange = 8192;
+// Chunks of ids each rank thread loads ahead of its walk.
+constexpr int64_t kRankAhead = 8;
+int64_t rank_blocks(int64_t vocab) { return ceil_div(vocab, kRankRange); }
+int64_t rank_range(int64_t vocab) { return ceil_div(vocab, rank_blocks(vocab)); }
 
 // The workspace: int32 count [vocab], start [vocab + 1], rank [tokens], sorted [tokens],
 // tiles [ceil(vocab / kAux)], head [tokens] of int32 pairs, each at a 256-byte boundary.
@@ -83,9 +87,11 @@ std::string EmbeddingBwdOp::specialize(const KernelSpec& given, const KernelConf
   const KernelSpec spec = with_defaults(given);
   return fmt::format("constexpr long long VOCAB = {};\nconstexpr int HIDDEN = {};\n"
                      "constexpr int THREADS = {}, VEC = {}, ITEMS = {}, AUX = {};\nconstexpr bool FILL = {};\n"
+                     "constexpr int RANGE = {}, RANK_AHEAD = {};\n"
                      "typedef {} id_t;\ntypedef {} in_t;\ntypedef {} dw_t;\n",
                      spec.param("vocab"), spec.param("hidden"), c.at("THREADS"), c.at("VEC"), c.at("ITEMS"), kAux,
-                     fill16(spec, c) ? "true" : "false", spec.param("ids_dtype") ? "long long" : "int",
+                     fill16(spec, c) ? "true" : "false", rank_range(spec.param("vocab")), kRankAhead,
+                     spec.param("ids_dtype") ? "long long" : "int",
                      device_type_name(spec.dtype), device_type_name(dw_dtype(spec)));
 }
 
@@ -109,10 +115,11 @@ Plan EmbeddingBwdOp::plan(const KernelSpec& call, const KernelConfig& c) const {
   using A = KernelArg;
   const int64_t tiles = ceil_div(V, kAux);
   // Tensors: ids 0, dy 1, dW 2.
-  // Block 0 zeroes count and ranks the tokens; the others fill dW, 4 vectors per thread.
+  // A rank block per range of ids, then the fill beside it, 4 vectors of dW per thread.
   const int64_t fill_vectors = ceil_div(V * H, fill16(call, c) ? fill_vec(call) : 1);
-  launch("kiln_embedding_bwd_rank_fill", 1 + ceil_div(fill_vectors, 4 * kAux), 1, kAux,
-         {A::tensor(0), A::workspace(w.count), A::workspace(w.rank), A::i32(T), A::tensor(2)});
+  launch("kiln_embedding_bwd_rank", rank_blocks(V), 1, kAux,
+         {A::tensor(0), A::workspace(w.count), A::workspace(w.rank), A::i32(T)});
+  launch("kiln_embedding_bwd_fill", ceil_div(fill_vectors, 4 * kAux), 1, kAux, {A::tensor(2)});
   launch("kiln_embedding_bwd_scan", tiles, 1, kAux, {A::workspace(w.count), A::workspace(w.start), A::workspace(w.tiles)});
   launch("kiln_embedding_bwd_offset", tiles, 1, kAux, {A::workspace(w.start), A::workspace(w.tiles)});
   if (T > 0)
@@ -167,6 +174,8 @@ std::vector<TestSpec> EmbeddingBwdOp::test_specs(const TargetInfo&) const {
   out.back().spec.params["dw_dtype"] = kDwDy;
   out.push_back(ep::test_spec(name(), DType::f16, 70, 300, 12, 0, "dW in fp16, hidden 12 (element accesses and fill)"));
   out.back().spec.params["dw_dtype"] = kDwDy;
+  out.push_back(ep::test_spec(name(), DType::bf16, 600, 20000, 8, 1,
+                              "three rank blocks of 6667 ids (vocab 20000), their wavefronts' ranges, 600 tokens"));
   return out;
 }
 
