@@ -188,8 +188,8 @@ std::string DiskCache::entry_dir(const std::string& key) const {
   return fmt::format("{}/v1/entries/{}/{}", root_, key.substr(0, 2), key);
 }
 
-bool DiskCache::trusted(const struct stat& st, uid_t me) const {
-  return (st.st_uid == me || (read_only_ && st.st_uid == 0)) && !writable_by_others(st);
+bool DiskCache::trusted(const struct stat& st) const {
+  return (st.st_uid == me_ || (read_only_ && st.st_uid == 0)) && !writable_by_others(st);
 }
 
 /// An entry's directory, opened through descriptors from the root, and the stat of it.
@@ -211,7 +211,6 @@ Result<DiskCache::EntryDir> DiskCache::open_entry(const std::string& key) const 
   const char* steps[] = {"v1", "entries", shard.c_str(), key.c_str()};
   UniqueFd dir;  // the first step is opened from root_fd_ itself
   struct stat st{};
-  const uid_t me = ::geteuid();
   for (size_t i = 0; i < 4; ++i) {
     UniqueFd next(open_dir_at(i == 0 ? root_fd_ : dir.get(), steps[i]));
     if (!next) {
@@ -224,7 +223,7 @@ Result<DiskCache::EntryDir> DiskCache::open_entry(const std::string& key) const 
     }
     if (::fstat(next.get(), &st) != 0)
       return make_error(Errc::io_error, fmt::format("cannot stat the entry: {}", std::strerror(errno)));
-    if (!trusted(st, me)) {
+    if (!trusted(st)) {
       const std::string why = fmt::format("'{}' is owned by uid {} with mode {:o}; refusing it",
                                           i == 3 ? std::string("the entry") : std::string(steps[i]), st.st_uid,
                                           st.st_mode & 0777);
@@ -257,13 +256,12 @@ Result<CacheEntry> DiskCache::read_entry(const EntryDir& dir, const std::string&
     if (!still_linked(key, dir.st)) return make_error(Errc::io_error, "the entry was evicted or cleared while read");
     return make_error(Errc::corrupt, what);
   };
-  const uid_t me = ::geteuid();
   auto open_part = [&](const std::string& name, OpenedFile& f) -> Result<void> {
     // O_NONBLOCK stays set: it has no effect on a regular file (open(2)), the only kind read here,
     // and clearing it costs two fcntl calls per file.
     f = open_regular_at(dir.fd.get(), name.c_str(), O_RDONLY, /*follow=*/false, /*clear_nonblock=*/false);
     if (f.ok()) {
-      if (!trusted(f.st, me))
+      if (!trusted(f.st))
         return make_error(Errc::corrupt, fmt::format("{} is owned by uid {} with mode {:o}; refusing it", name,
                                                      f.st.st_uid, f.st.st_mode & 0777));
       return ok();
@@ -273,18 +271,19 @@ Result<CacheEntry> DiskCache::read_entry(const EntryDir& dir, const std::string&
     if (f.err == ENOENT) return vanished_or(fmt::format("{} is missing", name));
     return make_error(Errc::io_error, fmt::format("cannot open {}: {}", name, std::strerror(f.err)));
   };
-  // A file of `want` bytes (fstat said `f.st`), read into `out` (resized to it): one read of
-  // want + 1 bytes proves the size, straight into the caller's buffer (no copy, no second fstat).
+  // A file of `want` bytes (fstat said `f.st`), read into `out` (resized to it) straight from the
+  // descriptor (no copy, no second fstat). fstat's size proves the length: an entry's files are
+  // never written in place (an entry is published whole by a rename), so reading exactly `want`
+  // bytes needs no read that finds the end, and the digest covers what was read.
   auto read_part = [&](const std::string& name, const OpenedFile& f, uint64_t want, auto& out) -> Result<void> {
     if (static_cast<uint64_t>(f.st.st_size) != want)
       return make_error(Errc::corrupt, fmt::format("{} has {} bytes, meta.json says {}", name, f.st.st_size, want));
     if (want > kMaxEntryFileBytes)
       return make_error(Errc::corrupt, fmt::format("{} has {} bytes, more than an entry's file may have", name, want));
-    out.resize(static_cast<size_t>(want) + 1);
+    out.resize(static_cast<size_t>(want));
     KILN_ASSIGN_OR_RETURN(size_t got, read_fd_upto(f.fd.get(), std::span<uint8_t>(reinterpret_cast<uint8_t*>(out.data()), out.size()), name));
     if (got != want)
-      return make_error(Errc::corrupt, fmt::format("{} has {}{} bytes, meta.json says {}", name, got > want ? "more than " : "", std::min<uint64_t>(got, want), want));
-    out.resize(static_cast<size_t>(want));
+      return make_error(Errc::corrupt, fmt::format("{} has {} bytes, meta.json says {}", name, got, want));
     return ok();
   };
 
@@ -314,12 +313,17 @@ Result<CacheEntry> DiskCache::read_entry(const EntryDir& dir, const std::string&
   fl.l_type = F_RDLCK;
   if (!read_only_ && ::fcntl(meta_file.fd.get(), F_OFD_SETLK, &fl) != 0)
     return make_error(Errc::io_error, "entry is being evicted");
-  int read_err = 0;
-  auto meta_read = read_fd(meta_file.fd.get(), "meta.json", kMaxMetaBytes, &read_err, &meta_file.st);
-  if (!meta_read)
-    return make_error(meta_read.error().code == Errc::invalid_argument ? Errc::corrupt : Errc::io_error,
-                      meta_read.error().message);
-  KILN_ASSIGN_OR_RETURN(EntryMetadata meta, parse_entry_metadata(*meta_read, key));
+  // meta.json: exactly the bytes fstat gave (as read_part above); a shorter read fails the parse.
+  if (static_cast<uint64_t>(meta_file.st.st_size) > kMaxMetaBytes)
+    return make_error(Errc::corrupt, fmt::format("meta.json has {} bytes, more than the limit of {}",
+                                                 meta_file.st.st_size, kMaxMetaBytes));
+  std::string meta_text(static_cast<size_t>(meta_file.st.st_size), '\0');
+  KILN_ASSIGN_OR_RETURN(size_t meta_got,
+                        read_fd_upto(meta_file.fd.get(),
+                                     std::span<uint8_t>(reinterpret_cast<uint8_t*>(meta_text.data()), meta_text.size()),
+                                     "meta.json"));
+  meta_text.resize(meta_got);
+  KILN_ASSIGN_OR_RETURN(EntryMetadata meta, parse_entry_metadata(meta_text, key));
   CacheEntry e = std::move(meta.entry);
   for (const auto& [name, want] : meta.files) {
     if (known && name == meta.source_name) {

@@ -191,14 +191,13 @@ class DiskCache {
 
  private:
   DiskCache(std::string root, bool read_only, int root_fd)
-      : root_(std::move(root)), read_only_(read_only), root_fd_(root_fd) {}
+      : root_(std::move(root)), read_only_(read_only), root_fd_(root_fd), me_(::geteuid()) {}
   std::string entry_dir(const std::string& key) const;
   struct EntryDir;
   Result<EntryDir> open_entry(const std::string& key) const;
-  /// Owned by this user (`me`: geteuid(), asked once per entry read, not once per file) or, in a
-  /// read-only layer, by root; writable by no one else.
-  bool trusted(const struct stat& st, uid_t me) const;
-  bool trusted(const struct stat& st) const { return trusted(st, ::geteuid()); }
+  /// Owned by this user (the effective uid when the cache was opened, which open() checked the
+  /// root against) or, in a read-only layer, by root; writable by no one else.
+  bool trusted(const struct stat& st) const;
   bool still_linked(const std::string& key, const struct stat& dir_st) const;
   /// How read_entry proves a file's bytes: by its XXH3-128 where meta.json records one (a load),
   /// or by its SHA-256 and XXH3-128 both (`kiln cache verify`, an import's staged entries).
@@ -210,6 +209,7 @@ class DiskCache {
   std::string root_;
   bool read_only_ = false;
   int root_fd_ = -1;  ///< The root, opened once by open(); entries are read relative to it.
+  uid_t me_;          ///< geteuid() at open()
   mutable std::atomic<bool> warned_unreadable_{false};
   std::atomic<uint64_t> corrupt_{0};
   std::atomic<uint64_t> evictions_{0};
