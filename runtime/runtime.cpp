@@ -430,6 +430,14 @@ Result<std::shared_ptr<const CompiledKernel>> RuntimeImpl::compile(const KernelS
   return std::shared_ptr<const CompiledKernel>(std::move(compiled));
 }
 
+Result<std::shared_ptr<const CompiledKernel>> RuntimeImpl::compile(const KernelSpec& spec, std::string_view target_name,
+                                                                   const KernelConfig& config) {
+  KILN_ASSIGN_OR_RETURN(const TargetInfo* target, find_target(target_name));
+  // generate() refuses a configuration that is not one of the op's variants or tuning candidates.
+  KILN_ASSIGN_OR_RETURN(auto compiled, get_compiled(spec, *target, &config, /*record_spec=*/false));
+  return std::shared_ptr<const CompiledKernel>(std::move(compiled));
+}
+
 // kernel() and launch() keep the indentation they had inside the class, so that
 // concurrent edits of their bodies merge; reindent them once those have landed.
 Result<std::shared_ptr<const Kernel>> RuntimeImpl::kernel(const KernelSpec& spec) {

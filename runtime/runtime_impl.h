@@ -132,6 +132,8 @@ class RuntimeImpl final : public Runtime {
   std::string cache_dir() const override { return tiers_->disk() ? tiers_->disk()->root() : std::string(); }
 
   Result<std::shared_ptr<const CompiledKernel>> compile(const KernelSpec& spec, std::string_view target_name) override;
+  Result<std::shared_ptr<const CompiledKernel>> compile(const KernelSpec& spec, std::string_view target_name,
+                                                        const KernelConfig& config) override;
 
   Result<std::shared_ptr<const Kernel>> kernel(const KernelSpec& spec) override;
 

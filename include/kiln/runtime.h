@@ -154,6 +154,12 @@ class Runtime {
   /// invalid_argument (the spec), unsupported (AMD without LLVM), compile_failed (with the log).
   virtual Result<std::shared_ptr<const CompiledKernel>> compile(const KernelSpec& spec,
                                                                 std::string_view target) = 0;
+  /// The same with a tile configuration of the caller's choice ("THREADS" -> 512, ...): one of the
+  /// op's variants or tuning candidates for the spec and target (KernelInfo::config and
+  /// TuneCandidate::config name them; `kiln inspect --config` takes one). Errors as above, and
+  /// Errc::invalid_argument listing the configurations that exist when `config` is not one of them.
+  virtual Result<std::shared_ptr<const CompiledKernel>> compile(const KernelSpec& spec, std::string_view target,
+                                                                const std::map<std::string, int64_t>& config) = 0;
   /// Compiles for the device's target and loads it. A repeated request is one hash lookup.
   virtual Result<std::shared_ptr<const Kernel>> kernel(const KernelSpec& spec) = 0;
   /// kernel(spec) then launch: the one-call form.

@@ -118,6 +118,35 @@ TEST(Runtime, CompileKeepsTheHeuristicWhenATuningRecordExists) {
   EXPECT_EQ(rt->stats().tuning_hits, 0u);
 }
 
+// compile(spec, target, config): a tuning candidate of the caller's choice, memoized apart from
+// the heuristic's kernel; a configuration the op does not offer is refused before any compile.
+TEST(Runtime, CompileTakesOneOfTheOpsConfigurations) {
+  TempDir dir;
+  auto rt = compile_only_runtime(dir.path());
+  const KernelSpec spec = rmsnorm_spec(8, 16384);
+  const char* target = "sm_90a";
+  const std::vector<KernelConfig> candidates =
+      (**find_op("rmsnorm")).tuning_candidates(spec, testing::target(target));
+  ASSERT_GE(candidates.size(), 2u);
+  auto heuristic = rt->compile(spec, target);
+  ASSERT_TRUE(heuristic.ok()) << heuristic.error().message;
+  auto chosen = rt->compile(spec, target, candidates[1]);
+  ASSERT_TRUE(chosen.ok()) << chosen.error().message;
+  EXPECT_EQ((*chosen)->info().config, config_string(candidates[1]));
+  EXPECT_NE((*chosen)->info().cache_key, (*heuristic)->info().cache_key);
+  auto again = rt->compile(spec, target);  // the heuristic's is still what compile(spec) gives
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ((*again)->info().config, config_string(candidates[0]));
+  const uint64_t compiles = rt->stats().compiles;
+  auto bad = rt->compile(spec, target, KernelConfig{{"THREADS", 3}});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.error().code, Errc::invalid_argument);
+  EXPECT_NE(bad.error().message.find("is not one of its variants or tuning candidates"), std::string::npos)
+      << bad.error().message;
+  EXPECT_NE(bad.error().message.find(config_string(candidates[1])), std::string::npos) << bad.error().message;
+  EXPECT_EQ(rt->stats().compiles, compiles);
+}
+
 TEST(Runtime, KilnTuningZeroTurnsRecordsOff) {
   ::setenv("KILN_TUNING", "0", 1);
   EXPECT_FALSE(read_env().tuning);

@@ -722,6 +722,38 @@ TEST_F(CliTest, InspectSource) {
   EXPECT_EQ(cache_files(), 0u);  // source needs no compile
 }
 
+// --config picks one of the op's variants or tuning candidates instead of the heuristic's, in the
+// form --emit meta prints (space- or comma-separated KEY=VALUE items); anything else is refused
+// with the configurations that exist.
+TEST_F(CliTest, InspectTakesATuningCandidateWithConfig) {
+  const std::vector<std::string> spec = {"inspect", "rmsnorm", "--param", "rows=8,hidden=16384", "--dtype", "bf16",
+                                         "--arch", "sm_90a"};
+  auto with = [&](std::initializer_list<std::string> more) {
+    std::vector<std::string> args = spec;
+    args.insert(args.end(), more);
+    return kiln(args);
+  };
+  Output heuristic = with({"--emit", "source"});
+  ASSERT_EQ(heuristic.code, 0) << heuristic.err;
+  EXPECT_NE(heuristic.out.find("THREADS = 1024, VEC = 8, ITEMS = 2;"), std::string::npos) << heuristic.out;
+  for (const char* config : {"ITEMS=4 THREADS=512 VEC=8", "THREADS=512,VEC=8,ITEMS=4"}) {
+    Output o = with({"--emit", "source", "--config", config});
+    ASSERT_EQ(o.code, 0) << config << ": " << o.err;
+    EXPECT_NE(o.out.find("THREADS = 512, VEC = 8, ITEMS = 4;"), std::string::npos) << config;
+  }
+  Output split = with({"--emit", "source", "--config", "ITEMS=4", "--config", "THREADS=512 VEC=8"});
+  ASSERT_EQ(split.code, 0) << split.err;
+  EXPECT_NE(split.out.find("THREADS = 512, VEC = 8, ITEMS = 4;"), std::string::npos);
+  expect_one_error_line(with({"--emit", "source", "--config", "THREADS=1 VEC=8 ITEMS=4"}),
+                        {"'ITEMS=4 THREADS=1 VEC=8' is not one of its variants or tuning candidates",
+                         "'ITEMS=4 THREADS=512 VEC=8'"});
+  expect_one_error_line(with({"--emit", "source", "--config", "THREADS"}), {"'THREADS' is not KEY=INTEGER"});
+  expect_one_error_line(with({"--emit", "source", "--config", "THREADS=5x"}), {"'THREADS=5x' is not KEY=INTEGER"});
+  expect_one_error_line(with({"--emit", "source", "--config", "ITEMS=4 ITEMS=2"}), {"'ITEMS' is given twice"});
+  expect_one_error_line(with({"--emit", "meta", "--config", "ITEMS=4 THREADS=2 VEC=8"}), {"tuning candidates"});
+  EXPECT_EQ(cache_files(), 0u);
+}
+
 // An enumerated parameter takes its value's name (granularity=block1x128) or its number.
 TEST_F(CliTest, ParamsTakeTheNamesOfEnumeratedValues) {
   const std::vector<std::string> rest = {"--dtype", "bf16", "--out-dtype", "fp8_e4m3", "--arch", "sm_90a", "--emit", "source"};

@@ -7,9 +7,12 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -30,7 +33,36 @@ struct InspectOptions {
   std::string cache_dir;
   std::string nvidia_compiler;
   bool json = false;  ///< --emit meta as one JSON document (docs/json.md)
+  std::vector<std::string> config;  ///< --config: KEY=VALUE items of a tile configuration
 };
+
+/// The tile configuration of --config ("THREADS=512 ITEMS=4", "THREADS=512,ITEMS=4", or one item
+/// per option), or nullopt without one. Errors name the item and the form.
+Result<std::optional<KernelConfig>> parse_config(const std::vector<std::string>& items) {
+  if (items.empty()) return std::optional<KernelConfig>();
+  KernelConfig config;
+  for (const std::string& given : items) {
+    std::string text = given;
+    std::replace(text.begin(), text.end(), ',', ' ');
+    std::istringstream words(text);
+    for (std::string item; words >> item;) {
+      const size_t eq = item.find('=');
+      int64_t value = 0;
+      const char* end = item.data() + item.size();
+      const auto [ptr, ec] = eq == std::string::npos ? std::from_chars_result{end, std::errc::invalid_argument}
+                                                     : std::from_chars(item.data() + eq + 1, end, value);
+      if (eq == 0 || eq == std::string::npos || eq + 1 == item.size() || ec != std::errc() || ptr != end)
+        return make_error(Errc::invalid_argument,
+                          fmt::format("--config: '{}' is not KEY=INTEGER (e.g. --config 'THREADS=512 ITEMS=4', as "
+                                      "'kiln inspect --emit meta' prints a tile config and its fallbacks)",
+                                      item));
+      if (!config.emplace(item.substr(0, eq), value).second)
+        return make_error(Errc::invalid_argument, fmt::format("--config: '{}' is given twice", item.substr(0, eq)));
+    }
+  }
+  if (config.empty()) return make_error(Errc::invalid_argument, "--config: no KEY=VALUE item given");
+  return std::optional<KernelConfig>(std::move(config));
+}
 
 bool executable(const std::string& path) {
   struct stat st{};
@@ -182,10 +214,17 @@ void print_amd_report(const KernelSpec& spec, const TargetInfo& target, const Ke
     for (const ModelLine& m : (*op)->throughput_model(spec, config, target, regs)) line(m.label, m.text);
 }
 
-int print_meta(const KernelSpec& spec, const TargetInfo& target, const InspectOptions& o) {
+// The kernel of the heuristic's configuration, or of `config` (--config).
+Result<std::shared_ptr<const CompiledKernel>> compile_kernel(Runtime& rt, const KernelSpec& spec, const TargetInfo& target,
+                                                             const std::optional<KernelConfig>& config) {
+  return config ? rt.compile(spec, target.name, *config) : rt.compile(spec, target.name);
+}
+
+int print_meta(const KernelSpec& spec, const TargetInfo& target, const InspectOptions& o,
+               const std::optional<KernelConfig>& config) {
   auto rt = compile_only_runtime(o);
   if (!rt) return fail(rt.error());
-  auto compiled = (*rt)->compile(spec, target.name);
+  auto compiled = compile_kernel(**rt, spec, target, config);
   if (!compiled) return fail(compiled.error());
   const KernelInfo& i = (*compiled)->info();
   const bool amd = target.vendor == Vendor::amd;
@@ -207,12 +246,13 @@ int print_meta(const KernelSpec& spec, const TargetInfo& target, const InspectOp
     line("spills", fmt::format("{} bytes stored, {} bytes loaded", known(i.spill_stores), known(i.spill_loads)));
   }
   line("wave size", known(i.wave_size));
-  line("tile config", i.config);
-  // The plan of the heuristic's configuration: what one call of this spec launches.
+  line("tile config", config ? i.config + " (--config)" : i.config);
+  // The plan of the configuration: what one call of this spec launches.
   const OpTemplate* op = *find_op(spec.op);
   const KernelSpec call = op->with_defaults(spec);
   const std::vector<KernelConfig> variants = op->variants(op->baked_spec(spec), target);
-  const Plan plan = op->plan(call, variants.front());
+  const KernelConfig& chosen = config ? *config : variants.front();
+  const Plan plan = op->plan(call, chosen);
   const std::vector<TensorInfo> tensors = op->tensors(call);
   if (plan.launches.empty()) line("launch", "none (a call of size 0 launches nothing)");
   for (const Launch& l : plan.launches) {
@@ -229,7 +269,8 @@ int print_meta(const KernelSpec& spec, const TargetInfo& target, const InspectOp
     if (!maps.empty()) line("tensor maps", maps + ": TMA, encoded at each launch");
   }
   if (plan.workspace_bytes) line("workspace", fmt::format("{} bytes", plan.workspace_bytes));
-  for (size_t v = 1; v < variants.size(); ++v) line("fallback", config_string(variants[v]));
+  if (!config)
+    for (size_t v = 1; v < variants.size(); ++v) line("fallback", config_string(variants[v]));
   print_tunings(spec, target, (*rt)->cache_dir(), o, line);
   line("cache key", i.cache_key);
   line("compile ms", fmt::format("{:.1f}", i.compile_ms));
@@ -239,7 +280,7 @@ int print_meta(const KernelSpec& spec, const TargetInfo& target, const InspectOp
     // The launch of the compiled kernel (the first where none is named so).
     auto it = std::find_if(plan.launches.begin(), plan.launches.end(), [&](const Launch& l) { return l.kernel == i.kernel; });
     const Launch& l = it != plan.launches.end() ? *it : plan.launches.front();
-    print_amd_report(spec, target, variants.front(), l.geometry, (*compiled)->code_object(), i.kernel, line);
+    print_amd_report(spec, target, chosen, l.geometry, (*compiled)->code_object(), i.kernel, line);
     // The plan's other kernels (the same code object; e.g. attention_bwd's dot and dq launches):
     // registers, LDS, scratch, occupancy and the hot loop of each, once per name.
     std::vector<std::string> seen = {i.kernel};
@@ -268,16 +309,17 @@ int print_meta(const KernelSpec& spec, const TargetInfo& target, const InspectOp
 }
 
 // --emit meta --json: the same facts as one document (docs/json.md, kiln.inspect.meta).
-int print_meta_json(const KernelSpec& spec, const TargetInfo& target, const InspectOptions& o) {
+int print_meta_json(const KernelSpec& spec, const TargetInfo& target, const InspectOptions& o,
+                    const std::optional<KernelConfig>& chosen) {
   auto rt = compile_only_runtime(o);
   if (!rt) return fail(rt.error());
-  auto compiled = (*rt)->compile(spec, target.name);
+  auto compiled = compile_kernel(**rt, spec, target, chosen);
   if (!compiled) return fail(compiled.error());
   const KernelInfo& i = (*compiled)->info();
   auto known_or_null = [](int v) { return v < 0 ? nlohmann::json(nullptr) : nlohmann::json(v); };
   const OpTemplate* op = *find_op(spec.op);
   const KernelSpec call = op->with_defaults(spec);
-  const KernelConfig config = op->choose_config(op->baked_spec(spec), target);
+  const KernelConfig config = chosen ? *chosen : op->choose_config(op->baked_spec(spec), target);
   const Plan plan = op->plan(call, config);
   const std::vector<TensorInfo> tensors = op->tensors(call);
   nlohmann::json maps = nlohmann::json::array();
@@ -336,8 +378,11 @@ int run_inspect(const InspectOptions& o) {
   if (auto valid = (*op)->validate(*spec, **target); !valid) return fail(valid.error());
 
   if (o.json && o.emit != "meta") return fail("--json goes with --emit meta (the other outputs are code)", 2);
-  if (o.emit == "meta") return o.json ? print_meta_json(*spec, **target, o) : print_meta(*spec, **target, o);
-  auto src = generate(*spec, **target);
+  auto config = parse_config(o.config);
+  if (!config) return fail(config.error().message, 2);
+  if (o.emit == "meta")
+    return o.json ? print_meta_json(*spec, **target, o, *config) : print_meta(*spec, **target, o, *config);
+  auto src = generate(*spec, **target, *config ? &**config : nullptr);
   if (!src) return fail(src.error());
   if (o.emit == "source") {
     fmt::print("{}", src->text);
@@ -365,7 +410,7 @@ int run_inspect(const InspectOptions& o) {
   // SASS of the cubin the runtime would load (through the cache).
   auto rt = compile_only_runtime(o);
   if (!rt) return fail(rt.error());
-  auto compiled = (*rt)->compile(*spec, (*target)->name);
+  auto compiled = compile_kernel(**rt, *spec, **target, *config);
   if (!compiled) return fail(compiled.error());
   if ((*compiled)->info().code_format != "cubin") {
     fmt::print("// SASS: not shown: the code object is {}, not a cubin\n", (*compiled)->info().code_format);
@@ -390,6 +435,10 @@ Command add_inspect_command(CLI::App& app) {
   add_cache_dir_option(*cmd, o->cache_dir);
   add_nvidia_compiler_option(*cmd, o->nvidia_compiler);
   cmd->add_flag("--json", o->json, "With --emit meta: one JSON document on stdout (schema: docs/json.md)");
+  cmd->add_option("--config", o->config,
+                  "A tile configuration instead of the heuristic's, as --emit meta prints them (KEY=VALUE items, "
+                  "space- or comma-separated, e.g. 'THREADS=512 ITEMS=4 VEC=8'): one of the op's variants or "
+                  "tuning candidates; --emit meta then shows that kernel and its launches");
   return [o] { return run_inspect(*o); };
 }
 
