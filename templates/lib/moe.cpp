@@ -218,11 +218,20 @@ const ParamInfo kRowMapParams[] = {
 
 std::span<const ParamInfo> row_map_params() { return kRowMapParams; }
 
+std::vector<int64_t> equal_pass_threads(int64_t nvec, int64_t lo, int64_t hi, const TargetInfo& target) {
+  std::vector<int64_t> out;
+  for (int64_t t = std::min(hi, nvec) / target.wave_size * target.wave_size; t >= std::max<int64_t>(lo, 1);
+       t -= target.wave_size)
+    if (nvec % t == 0) out.push_back(t);
+  return out;
+}
+
 std::vector<KernelConfig> row_walk_candidates(int64_t hidden, KernelConfig first, const TargetInfo& target) {
   const int64_t nvec = ceil_div(hidden, first.at("VEC"));
   std::vector<int64_t> threads = {64, 128, 256, 512, 1024};
-  for (int64_t passes = 1; passes <= 8; ++passes)
-    if (nvec % passes == 0) threads.push_back(nvec / passes);
+  // 1 to 8 equal passes over the row.
+  for (int64_t t : equal_pass_threads(nvec, ceil_div(nvec, 8), target.max_threads_per_block, target))
+    threads.push_back(t);
   std::vector<KernelConfig> out = {std::move(first)};
   for (int64_t t : threads) {
     KernelConfig c = out.front();

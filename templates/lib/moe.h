@@ -119,6 +119,9 @@ std::span<const ParamInfo> row_map_params();
 /// 1024 and the whole-wavefront thread counts that split the row's vectors into 1 to 8 equal
 /// passes, so that no pass leaves threads idle (`kiln run --bench` times them on the GPU).
 std::vector<KernelConfig> row_walk_candidates(int64_t hidden, KernelConfig first, const TargetInfo& target);
+/// The whole-wavefront thread counts from `lo` to `hi` that divide a row of `nvec` vectors into
+/// equal passes (no thread idle in the last one), largest first.
+std::vector<int64_t> equal_pass_threads(int64_t nvec, int64_t lo, int64_t hi, const TargetInfo& target);
 /// Their test specs: Mixtral's and DeepSeek's k and hidden sizes, odd hidden sizes (scalar
 /// accesses), every dtype, and 0 tokens.
 std::vector<TestSpec> row_map_test_specs(std::string_view op);

@@ -41,12 +41,8 @@ std::vector<KernelConfig> MoeUnpermuteBwdOp::variants(const KernelSpec& spec, co
   // moe_unpermute_bwd`, bench/results/h100-2026-11-27-session16/); 256 where none does.
   std::vector<KernelConfig> out = elementwise_row_variants(spec.param("hidden"), spec.dtype, target);
   for (KernelConfig& c : out) {
-    const int64_t nvec = ceil_div(spec.param("hidden"), c.at("VEC"));
-    for (int64_t t = std::min<int64_t>(256, nvec) / target.wave_size * target.wave_size; t >= 64; t -= target.wave_size)
-      if (nvec % t == 0) {
-        c["THREADS"] = t;
-        break;
-      }
+    const std::vector<int64_t> equal = moe::equal_pass_threads(ceil_div(spec.param("hidden"), c.at("VEC")), 64, 256, target);
+    if (!equal.empty()) c["THREADS"] = equal.front();
   }
   return out;
 }
