@@ -110,6 +110,19 @@ std::vector<KernelConfig> RmsNormOp::tuning_candidates(const KernelSpec& spec, c
     if (c.at("THREADS") <= target.max_threads_per_block && std::find(out.begin(), out.end(), c) == out.end())
       out.push_back(std::move(c));
   }
+  // NVIDIA, without the residual: the heuristic's with the other loads of the template's LOAD
+  // (plain ld.global; evict_last hints; Inductor's reload of x, the row not kept in registers).
+  // H100, 2026-11-28, 8192 rows bf16, the tuner (L2 warm) then bench_membound with the winners
+  // (L2 flushed), two rounds each: hidden 16384 LOAD 2 0.1856 / 0.1854 ms against 0.1874 (0.97 ->
+  // 0.98x torch.compile); 4096 LOAD 3 0.0490 / 0.0491 against 0.0499; 8192 the heuristic's, with
+  // LOAD 2 10% slower there. No one choice wins at every size, so they stay tuning candidates
+  // (bench/results/h100-2026-11-27-session17/rmsnorm-load/).
+  if (!s.param("residual") && target.vendor == Vendor::nvidia && out.front().at("VEC") > 1)
+    for (int64_t load : {1, 2, 3}) {
+      KernelConfig c = out.front();
+      c["LOAD"] = load;
+      out.push_back(std::move(c));
+    }
   return out;
 }
 std::vector<uint32_t> RmsNormOp::base_alignment(const KernelSpec& spec, const KernelConfig& config) const {
@@ -119,10 +132,10 @@ std::vector<uint32_t> RmsNormOp::base_alignment(const KernelSpec& spec, const Ke
 std::string RmsNormOp::specialize(const KernelSpec& given, const KernelConfig& c) const {
   const KernelSpec spec = with_defaults(given);
   return fp8_fused_defines(spec, c) + fmt::format("constexpr int HIDDEN = {};\nconstexpr int THREADS = {}, VEC = {}, ITEMS = {};\n"
-                     "#define RESIDUAL {}\n#define SAVE_RSTD {}\n"
+                     "#define RESIDUAL {}\n#define SAVE_RSTD {}\n#define LOAD {}\n"
                      "typedef {} in_t;\ntypedef {} out_t;\n",
                      spec.param("hidden"), c.at("THREADS"), c.at("VEC"), c.at("ITEMS"), spec.param("residual"),
-                     spec.param("save_rstd"), device_type_name(spec.dtype), device_type_name(spec.out_dtype));
+                     spec.param("save_rstd"), c.count("LOAD") ? c.at("LOAD") : 0, device_type_name(spec.dtype), device_type_name(spec.out_dtype));
 }
 
 Plan RmsNormOp::plan(const KernelSpec& given, const KernelConfig& c) const {

@@ -173,6 +173,42 @@ INSTANTIATE_TEST_SUITE_P(Targets, CompileEveryTarget,
                                            Case{"sm_90a", "clang"}),
                          [](const auto& info) { return std::string(info.param.target) + "_" + info.param.compiler; });
 
+// rmsnorm's LOAD candidates (sm_90a): inline PTX that both NVIDIA compilers accept, the cache
+// hints in the PTX, and no spills.
+TEST(Compile, RmsNormLoadCandidatesCarryTheirCacheHints) {
+  const TargetInfo& target = **find_target("sm_90a");
+  const OpTemplate* norm = *find_op("rmsnorm");
+  for (const char* name : {"nvrtc", "clang"}) {
+#if !KILN_WITH_LLVM
+    if (std::string(name) == "clang") continue;
+#endif
+    auto compiler = compiler_for(target, name);
+    if (!compiler && compiler.error().code == Errc::driver_unavailable) GTEST_SKIP() << compiler.error().message;
+    ASSERT_TRUE(compiler.ok()) << compiler.error().message;
+    for (int64_t hidden : {4096, 16384}) {
+      const KernelSpec spec = rmsnorm_spec(8, hidden);
+      int loads = 0;
+      for (const KernelConfig& c : norm->tuning_candidates(spec, target)) {
+        if (!c.count("LOAD")) continue;
+        ++loads;
+        SCOPED_TRACE(std::string(name) + ": " + config_string(c));
+        auto src = generate(spec, target, &c);
+        ASSERT_TRUE(src.ok()) << src.error().message;
+        auto out = (*compiler)->compile(*src);
+        ASSERT_TRUE(out.ok()) << out.error().message;
+        EXPECT_EQ(out->info.spill_stores, 0);
+        auto ptx = (*compiler)->emit(*src, Emit::assembly);
+        ASSERT_TRUE(ptx.ok()) << ptx.error().message;
+        const int64_t load = c.at("LOAD");
+        EXPECT_EQ(ptx->find("ld.global.nc") == std::string::npos, true) << "x and gamma bypass the read-only path";
+        EXPECT_EQ(ptx->find("L2::evict_last") != std::string::npos, load >= 2);
+        EXPECT_EQ(ptx->find("L2::evict_first") != std::string::npos, load == 3);
+      }
+      EXPECT_EQ(loads, 3) << hidden;
+    }
+  }
+}
+
 TEST(Compile, EveryTuningCandidateCompilesWithItsTileOrderGroup) {
   const TargetInfo& target = **find_target("sm_90a");
   const OpTemplate* gemm = *find_op("gemm");

@@ -135,11 +135,23 @@ TEST(Templates, TuningCandidatesStartWithTheHeuristicAndAreDistinct) {
   const KernelSpec cp_async = gemm_spec(100, 70, 33, false, true);
   EXPECT_EQ(gemm->tuning_candidates(cp_async, sm90), std::vector<KernelConfig>{gemm->choose_config(cp_async, sm90)});
   // rmsnorm: the heuristic's, then 1, 2, 4, 8 accesses per thread (hidden 4096 bf16: 512 vectors;
-  // the heuristic's is the 2-access one on sm_90a), each distinct.
+  // the heuristic's is the 2-access one on sm_90a), then on NVIDIA the heuristic's with the three
+  // other ways of loading x and gamma (LOAD 1-3), each distinct; AMD has no LOAD candidates.
   const OpTemplate* norm = *find_op("rmsnorm");
   const std::vector<KernelConfig> nc = norm->tuning_candidates(rmsnorm_spec(8, 4096), sm90);
-  ASSERT_EQ(nc.size(), 4u);
+  ASSERT_EQ(nc.size(), 7u);
   EXPECT_EQ(nc.front(), norm->choose_config(rmsnorm_spec(8, 4096), sm90));
+  for (int64_t load = 1; load <= 3; ++load) {
+    KernelConfig c = nc.front();
+    c["LOAD"] = load;
+    EXPECT_EQ(nc[static_cast<size_t>(3 + load)], c) << load;
+  }
+  for (const KernelConfig& c : norm->tuning_candidates(rmsnorm_spec(8, 4096), target("gfx942")))
+    EXPECT_EQ(c.count("LOAD"), 0u) << config_string(c);
+  // The fused residual keeps the plain loads.
+  KernelSpec residual = rmsnorm_spec(8, 4096);
+  residual.params["residual"] = 1;
+  for (const KernelConfig& c : norm->tuning_candidates(residual, sm90)) EXPECT_EQ(c.count("LOAD"), 0u) << config_string(c);
   for (size_t i = 0; i < nc.size(); ++i)
     for (size_t j = i + 1; j < nc.size(); ++j) EXPECT_NE(nc[i], nc[j]) << i << " and " << j;
 }
