@@ -33,19 +33,24 @@ RowBlock swiglu_row_block(const TargetInfo& target, RowBlock nvidia) {
 
 bool chunk_major(const KernelConfig& c) { return c.count("CHUNK_MAJOR") && c.at("CHUNK_MAJOR"); }
 
-std::vector<KernelConfig> elementwise_row_candidates(int64_t columns, KernelConfig first, const TargetInfo& target) {
-  const int64_t vec = first.at("VEC"), nvec = ceil_div(columns, vec);
-  const bool order = chunk_major(first);
+std::vector<KernelConfig> thread_item_candidates(KernelConfig first, int64_t accesses, std::initializer_list<int64_t> items,
+                                                 const TargetInfo& target) {
   std::vector<KernelConfig> out = {std::move(first)};
   for (int64_t threads : {64, 128, 256, 512, 1024})
-    for (int64_t items : {1, 2}) {
-      KernelConfig c = {{"THREADS", threads}, {"VEC", vec}, {"ITEMS", items}};
-      if (order) c["CHUNK_MAJOR"] = 1;
-      if (threads % target.wave_size == 0 && threads <= target.max_threads_per_block && threads * items <= nvec &&
+    for (int64_t n : items) {
+      KernelConfig c = out.front();
+      c["THREADS"] = threads;
+      c["ITEMS"] = n;
+      if (threads % target.wave_size == 0 && threads <= target.max_threads_per_block && threads * n <= accesses &&
           std::find(out.begin(), out.end(), c) == out.end())
         out.push_back(std::move(c));
     }
   return out;
+}
+
+std::vector<KernelConfig> elementwise_row_candidates(int64_t columns, KernelConfig first, const TargetInfo& target) {
+  const int64_t nvec = ceil_div(columns, first.at("VEC"));
+  return thread_item_candidates(std::move(first), nvec, {1, 2}, target);
 }
 
 std::string elementwise_row_defines(const KernelConfig& c) {

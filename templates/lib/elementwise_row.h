@@ -4,6 +4,8 @@
 // a row). Part of the library (templates/lib/): no op folder includes another's.
 #pragma once
 
+#include <initializer_list>
+
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -47,6 +49,12 @@ std::vector<KernelConfig> elementwise_row_variants(int64_t columns, DType t, con
 /// (bench/results/h100-2026-11-27-membound-rows/), and each candidate costs the tuning-record
 /// lookup of a process's first build of the kernel.
 std::vector<KernelConfig> elementwise_row_candidates(int64_t columns, KernelConfig first, const TargetInfo& target);
+/// `first`, then copies of it with THREADS 64 to 1024 (whole wavefronts, at most the target's
+/// block) and each ITEMS of `items`, where THREADS x ITEMS accesses fit in a row of `accesses`;
+/// each configuration once. The candidates of the row kernels (elementwise_row_candidates,
+/// quantize_fp8's row blocks).
+std::vector<KernelConfig> thread_item_candidates(KernelConfig first, int64_t accesses, std::initializer_list<int64_t> items,
+                                                 const TargetInfo& target);
 /// "#define CHUNK_MAJOR 0|1\n" for a configuration (lib/elementwise_row.kernel).
 std::string elementwise_row_defines(const KernelConfig& config);
 /// The test specs of an elementwise-row op over [rows, I] (swiglu, swiglu_bwd): I 1, 7, 100, 1024

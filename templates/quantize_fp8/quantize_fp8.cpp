@@ -214,16 +214,7 @@ std::vector<KernelConfig> QuantizeFp8Op::tuning_candidates(const KernelSpec& spe
     // block1x128's row blocks: THREADS 64 to 1024 with ITEMS 1, 2 or 4 where a row holds them,
     // then the tile kernel that served block1x128 before them.
     const int64_t chunks = ceil_div(with_defaults(spec).param("cols"), 8);
-    std::vector<KernelConfig> out = {d};
-    for (int64_t threads : {64, 128, 256, 512, 1024})
-      for (int64_t items : {1, 2, 4}) {
-        KernelConfig c = d;
-        c["THREADS"] = threads;
-        c["ITEMS"] = items;
-        if (threads % target.wave_size == 0 && threads <= target.max_threads_per_block && threads * items <= chunks &&
-            std::find(out.begin(), out.end(), c) == out.end())
-          out.push_back(std::move(c));
-      }
+    std::vector<KernelConfig> out = thread_item_candidates(d, chunks, {1, 2, 4}, target);
     out.push_back({{"TILED", 1}, {"THREADS", kTileThreads}, {"VEC", d.at("VEC")}, {"ITEMS", 1}, {"COL_MAJOR_GRID", 1}});
     return out;
   }
