@@ -27,6 +27,7 @@ constexpr std::array kParts = {
     LibraryPart{"fp8_sm90", false, true, "sm_90a fp8 GEMM pieces: cp.async of K-major fp8 rows into swizzled 128-byte lines, blockwise promotion of WGMMA accumulators"},
     LibraryPart{"grouped", true, true, "grouped GEMM tiles: a block's group and tile of c from the group offsets on the device"},
     LibraryPart{"grouped_sm90", false, true, "sm_90a grouped GEMM scheduler: offsets and row-tile prefix in shared memory, a persistent tile's group (m-grouped) or its c[g] tile (k-grouped), bounded stores at a group's end, a k-grouped tile's stores"},
+    LibraryPart{"load_hints", true, true, "16-byte global loads with L1/L2 eviction hints on sm_90a (plain loads elsewhere)"},
     LibraryPart{"mbarrier", false, true, "sm_90a mbarriers: init, arrive, expect_tx, parity wait"},
     LibraryPart{"mfma", true, false, "CDNA3/CDNA4 MFMA: 32x32x8, 16x16x16 and gfx950's 32x32x16, 16x16x32 (bf16/fp16); fp8/bf8 32x32x16 and gfx950's 32x32x64"},
     LibraryPart{"moe_rows", true, true, "MoE permutation rows: scatter a token row to its K expert rows, gather (weighted) sums of them"},

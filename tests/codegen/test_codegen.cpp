@@ -79,7 +79,7 @@ TEST(Codegen, SourceHoldsPreludeConstantsAndTemplate) {
   // An op without library lines has no library section; rmsnorm has the parts it names.
   auto rms = generate(rmsnorm_spec(4, 1024), target("gfx942"));
   ASSERT_TRUE(rms.ok());
-  EXPECT_EQ(rms->library_parts, (std::vector<std::string>{"pack", "reduce"}));
+  EXPECT_EQ(rms->library_parts, (std::vector<std::string>{"load_hints", "pack", "reduce"}));
   EXPECT_EQ(rms->text.find("// ---- library: fp8"), std::string::npos) << "only the parts used";
 }
 

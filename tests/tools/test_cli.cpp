@@ -1030,8 +1030,10 @@ TEST_F(CliTest, InspectMetaListsTuningRecords) {
             std::string::npos)
       << after.out;
   EXPECT_NE(after.out.find("record        " + *stored), std::string::npos) << after.out;
-  // A spec with one configuration has nothing to tune and says nothing about it.
-  Output plain = kiln_cached({"inspect", "rmsnorm", "--param", "rows=4,hidden=128", "--arch", "sm_90a", "--emit", "meta"});
+  // A spec with one configuration has nothing to tune and says nothing about it (rmsnorm with the
+  // residual over 16 vectors: every block shape is one wavefront of one access).
+  Output plain = kiln_cached(
+      {"inspect", "rmsnorm", "--param", "rows=4,hidden=128,residual=true", "--arch", "sm_90a", "--emit", "meta"});
   ASSERT_EQ(plain.code, 0) << plain.err;
   EXPECT_EQ(plain.out.find("tuned"), std::string::npos) << plain.out;
 }
