@@ -169,13 +169,16 @@ class Runtime {
 
   /// Autotunes the kernel of `spec` on the device: compiles each of the op's tuning candidates
   /// (through the cache), runs it once on fresh random inputs in the op's tensors, times
-  /// `options.reps` launches with device events and keeps the configuration of the lowest median
-  /// time. The winner is stored as a tuning record in the writable cache (v1/tuning/, keyed by the
+  /// `options.reps` launches with device events, each after writing twice the device's caches
+  /// (its L2; on AMD also the Infinity Cache) so that no launch finds its inputs there, and keeps
+  /// the configuration of the lowest median time (without the device memory for that flush, a
+  /// warning, and the launches are timed with the caches warm). The winner is stored as a tuning record in the writable cache (v1/tuning/, keyed by the
   /// spec, target, device name and compiler; see docs/cache.md), so that kernel() in this and in
   /// every later process compiles it, and it replaces the spec's kernel in memory now. A record
   /// that exists already is returned without timing (from_record), unless `options.force`.
-  /// Only gemm on sm_90a's TMA path has several candidates (tile width x tile-order group); for
-  /// any other spec the report lists the one configuration, untimed, and nothing is stored.
+  /// Ops list their candidates (OpTemplate::tuning_candidates: gemm's tiles and tile-order
+  /// groups, the row kernels' block shapes, ...); for a spec with one configuration the report
+  /// lists it, untimed, and nothing is stored.
   /// A candidate that fails to compile, load or launch is reported (TuneCandidate::error) and
   /// skipped. Errors: Errc::driver_unavailable (no GPU), invalid_argument (the spec, reps < 1),
   /// timeout (another process tuning the spec for too long), and the error of the heuristic's

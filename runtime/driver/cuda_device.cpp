@@ -138,13 +138,15 @@ class CudaModule final : public KernelFunction {
 
 class CudaDevice final : public DeviceImpl {
  public:
-  CudaDevice(const CudaApi* api, CUdevice dev, CUcontext ctx, std::string name, int sms, const TargetInfo* target)
-      : api_(api), dev_(dev), ctx_(ctx), name_(std::move(name)), sms_(sms), target_(target) {}
+  CudaDevice(const CudaApi* api, CUdevice dev, CUcontext ctx, std::string name, int sms, size_t l2_bytes,
+             const TargetInfo* target)
+      : api_(api), dev_(dev), ctx_(ctx), name_(std::move(name)), sms_(sms), l2_bytes_(l2_bytes), target_(target) {}
   ~CudaDevice() override { api_->cuDevicePrimaryCtxRelease(dev_); }
 
   std::string name() const override { return name_; }
   const TargetInfo& target() const override { return *target_; }
   int compute_units() const override { return sms_; }
+  size_t cache_bytes() const override { return l2_bytes_; }
 
   std::optional<MemoryLimit> free_memory() override {
     size_t free_bytes = 0, total_bytes = 0;
@@ -246,6 +248,7 @@ class CudaDevice final : public DeviceImpl {
   CUcontext ctx_;
   std::string name_;
   int sms_;
+  size_t l2_bytes_;  // CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE (50 MiB on an H100)
   const TargetInfo* target_;
 };
 
@@ -267,6 +270,8 @@ Result<std::unique_ptr<DeviceImpl>> open_cuda_device(int ordinal) {
   KILN_CU(*api, cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev));
   KILN_CU(*api, cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev));
   KILN_CU(*api, cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev));
+  int l2 = 0;  // 0 (no flush before the tuner's launches) where the driver does not say
+  if (api->cuDeviceGetAttribute(&l2, CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, dev) != CUDA_SUCCESS || l2 < 0) l2 = 0;
   const std::string arch = fmt::format("sm_{}{}a", major, minor);
   auto target = find_target(arch);
   if (!target)
@@ -277,7 +282,7 @@ Result<std::unique_ptr<DeviceImpl>> open_cuda_device(int ordinal) {
   KILN_CU(*api, cuDevicePrimaryCtxRetain(&ctx, dev));
   KILN_CU(*api, cuCtxSetCurrent(ctx));
   KILN_LOG_INFO("using {} ({}, {} SMs) through {}", name, arch, sms, api->path);
-  return std::unique_ptr<DeviceImpl>(new CudaDevice(api, dev, ctx, name, sms, *target));
+  return std::unique_ptr<DeviceImpl>(new CudaDevice(api, dev, ctx, name, sms, static_cast<size_t>(l2), *target));
 }
 
 }  // namespace kiln

@@ -41,11 +41,12 @@ class HipModule final : public KernelFunction {
 
 class HipDevice final : public DeviceImpl {
  public:
-  HipDevice(const HipApi* api, int ordinal, std::string name, int cus, const TargetInfo* target)
-      : api_(api), ordinal_(ordinal), name_(std::move(name)), cus_(cus), target_(target) {}
+  HipDevice(const HipApi* api, int ordinal, std::string name, int cus, size_t cache_bytes, const TargetInfo* target)
+      : api_(api), ordinal_(ordinal), name_(std::move(name)), cus_(cus), cache_bytes_(cache_bytes), target_(target) {}
   std::string name() const override { return name_; }
   const TargetInfo& target() const override { return *target_; }
   int compute_units() const override { return cus_; }
+  size_t cache_bytes() const override { return cache_bytes_; }
   std::optional<MemoryLimit> free_memory() override {
     size_t free_bytes = 0, total_bytes = 0;
     if (!api_->hipMemGetInfo || api_->hipSetDevice(ordinal_) != hipSuccess ||
@@ -138,6 +139,7 @@ class HipDevice final : public DeviceImpl {
   int ordinal_;
   std::string name_;
   int cus_;
+  size_t cache_bytes_;
   const TargetInfo* target_;
 };
 
@@ -161,7 +163,11 @@ Result<std::unique_ptr<DeviceImpl>> open_hip_device(int ordinal) {
     return make_error(Errc::unsupported, fmt::format("{} is {}; Kiln has no target for it yet (supported: "
                                                      "gfx942, gfx950)",
                                                      props.name, arch));
-  return std::unique_ptr<DeviceImpl>(new HipDevice(api, ordinal, props.name, props.multiProcessorCount, *target));
+  // The L2 that the driver reports, and the 256 MiB Infinity Cache (MALL) of every CDNA3/CDNA4
+  // Instinct part Kiln targets (MI300X, MI325X, MI350X, MI355X), which hipDeviceProp_t does not list.
+  const size_t cache = static_cast<size_t>(props.l2CacheSize > 0 ? props.l2CacheSize : 0) + (size_t{256} << 20);
+  return std::unique_ptr<DeviceImpl>(
+      new HipDevice(api, ordinal, props.name, props.multiProcessorCount, cache, *target));
 }
 
 #else

@@ -58,7 +58,8 @@ CUctx_st g_primary;
 thread_local CUcontext t_current = nullptr;
 std::atomic<bool> g_initialized{false};
 
-std::atomic<int> g_launches{0}, g_tensor_maps{0}, g_modules{0}, g_allocations{0}, g_events{0};
+std::atomic<int> g_launches{0}, g_tensor_maps{0}, g_modules{0}, g_allocations{0}, g_events{0}, g_memsets{0};
+std::atomic<size_t> g_last_memset_bytes{0};
 std::atomic<int> g_fail_launches{0};
 std::mutex g_last_mu;  // guards g_last (launch records are rare enough in tests; uncontended otherwise)
 FakeCudaLaunch g_last{};
@@ -195,6 +196,7 @@ FAKE_EXPORT CUresult cuDeviceGetAttribute(int* value, CUdevice_attribute attribu
     case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *value = 1024; break;
     case CU_DEVICE_ATTRIBUTE_WARP_SIZE: *value = 32; break;
     case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: *value = 227 * 1024; break;
+    case CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE: *value = 1 << 20; break;  // 1 MiB (an H100 has 50): cheap tuner flushes
     default: *value = 0; break;
   }
   return CUDA_SUCCESS;
@@ -371,6 +373,8 @@ FAKE_EXPORT CUresult cuMemcpyDtoH(void* dst, CUdeviceptr src, size_t bytes) {
 }
 FAKE_EXPORT CUresult cuMemsetD8(CUdeviceptr dst, unsigned char value, size_t count) {
   if (count) std::memset(reinterpret_cast<void*>(dst), value, count);
+  g_memsets.fetch_add(1);
+  g_last_memset_bytes.store(count);
   return CUDA_SUCCESS;
 }
 
@@ -423,6 +427,8 @@ FAKE_EXPORT int fake_cuda_tensor_map_count(void) { return g_tensor_maps.load(); 
 FAKE_EXPORT int fake_cuda_live_modules(void) { return g_modules.load(); }
 FAKE_EXPORT int fake_cuda_live_allocations(void) { return g_allocations.load(); }
 FAKE_EXPORT int fake_cuda_live_events(void) { return g_events.load(); }
+FAKE_EXPORT int fake_cuda_memset_count(void) { return g_memsets.load(); }
+FAKE_EXPORT size_t fake_cuda_last_memset_bytes(void) { return g_last_memset_bytes.load(); }
 FAKE_EXPORT int fake_cuda_is_old_driver(void) {
 #ifdef KILN_FAKE_CUDA_OLD_DRIVER
   return 1;

@@ -37,6 +37,10 @@ int fake_cuda_tensor_map_count(void);
 int fake_cuda_live_modules(void);
 /// Device allocations not yet freed.
 int fake_cuda_live_allocations(void);
+/// cuMemsetD8 calls since load, and the byte count of the last one (the fake reports an L2 of
+/// 1 MiB, so the tuner's cache flushes are 2 MiB each).
+int fake_cuda_memset_count(void);
+size_t fake_cuda_last_memset_bytes(void);
 /// Events created and not yet destroyed.
 int fake_cuda_live_events(void);
 /// 1 when this build lacks cuTensorMapEncodeTiled and cuLaunchKernelEx (a pre-12.0 driver).

@@ -132,6 +132,31 @@ TEST(FakeCuda, ACheckTooLargeForTheDeviceIsRefusedWithTheFigures) {
   EXPECT_EQ(rt->stats().compiles, 0u) << "nothing was compiled";
 }
 
+// The tuner writes twice the device's caches (the fake reports a 1 MiB L2) before each timed
+// launch, so that no candidate is timed on inputs that the launch before it left in L2.
+TEST(FakeCuda, TheTunerFlushesTheCachesBeforeEachTimedLaunch) {
+  ASSERT_TRUE(kUseFake);
+  KILN_REQUIRE_NVRTC();
+  kiln::testing::TempDir dir;
+  auto rt = testing::fake_runtime(dir.path());
+  ASSERT_TRUE(rt);
+  auto memsets = testing::fake_cuda<FakeCudaCountFn>("fake_cuda_memset_count");
+  using BytesFn = size_t (*)(void);
+  const int live = testing::fake_cuda<FakeCudaCountFn>("fake_cuda_live_allocations")();
+  const int before = memsets();
+  TuneOptions options;
+  options.reps = 3;
+  options.force = true;
+  auto report = rt->tune(testing::rmsnorm_spec(64, 4096), options);
+  ASSERT_TRUE(report.ok()) << report.error().message;
+  int timed = 0;
+  for (const TuneCandidate& c : report->candidates) timed += c.error.empty() ? 1 : 0;
+  ASSERT_GE(timed, 2) << "rmsnorm has several candidates on sm_90a";
+  EXPECT_GE(memsets() - before, timed * options.reps);
+  EXPECT_EQ(testing::fake_cuda<BytesFn>("fake_cuda_last_memset_bytes")(), size_t{2} << 20);
+  EXPECT_EQ(testing::fake_cuda<FakeCudaCountFn>("fake_cuda_live_allocations")(), live) << "the flush buffer is freed";
+}
+
 TEST(FakeCuda, TimeMsDestroysItsEventsOnError) {
   ASSERT_TRUE(kUseFake);
   auto device = open_cuda_device(0);

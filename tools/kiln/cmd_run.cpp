@@ -36,7 +36,7 @@ void print_tuning(const TuneReport& r, double flops) {
     fmt::print("tuning       from record {} ({} launches per candidate on {}, {})\n", r.record, r.reps, r.device,
                r.created_utc);
   else
-    fmt::print("tuning       {} candidates, {} launches each timed alone (median, L2 warm); {}\n", r.candidates.size(),
+    fmt::print("tuning       {} candidates, {} launches each timed alone after a cache flush (median); {}\n", r.candidates.size(),
                r.reps, r.record.empty() ? "not kept (memory-only cache)" : "record " + r.record);
   fmt::print("{}", format_candidates(r, flops, "             "));
 }
@@ -129,8 +129,8 @@ int run_run(const RunOptions& o) {
     if (report->flops > 0) rate = fmt::format("{:.1f} TFLOP/s, {}", report->flops / s / 1e12, rate);
     // Back-to-back launches overlap one launch's tail with the next one's start, and the inputs
     // stay in L2: for kernels under about 100 us this reads faster than bench/'s figures, which time
-    // each launch alone after an L2 flush (H100, 2026-11-27: quantize_fp8 block1x128 at 8192 x 4096,
-    // 0.0367 ms here, 0.0408 in the tuner's table, 0.0405 in bench_membound).
+    // each launch alone after an L2 flush, as the tuner does (H100, 2026-11-27: quantize_fp8
+    // block1x128 at 8192 x 4096, 0.0367 ms here, 0.0405 in bench_membound).
     fmt::print("kernel       {:.4f} ms a launch (median of 5 batches of {} back-to-back launches, L2 warm), {}\n",
                report->kernel_ms, co.bench_iterations, rate);
   }
@@ -147,9 +147,9 @@ Command add_run_command(CLI::App& app) {
   add_spec_options(*cmd, o->spec);
   cmd->add_flag("--check", o->check, "Compare every output row (default: a sample of 256 rows)");
   cmd->add_flag("--bench", o->bench,
-                "Also time the kernel: device time a launch in back-to-back batches (L2 warm; bench/ times each "
-                "launch alone after an L2 flush), TFLOP/s (gemm), GB/s; tunes it first (the tuning record is kept in "
-                "the cache, so only the first run times the candidates)");
+                "Also time the kernel: device time a launch in back-to-back batches (L2 warm; bench/ and the tuner "
+                "time each launch alone after an L2 flush), TFLOP/s (gemm), GB/s; tunes it first (the tuning record "
+                "is kept in the cache, so only the first run times the candidates)");
   cmd->add_flag("--no-tune", o->no_tune, "With --bench: time the heuristic's (or an existing record's) configuration, without tuning");
   cmd->add_option("--sample-rows", o->sample_rows, "Output rows compared with the reference (0: all)");
   cmd->add_option("--iterations", o->iterations, "Launches timed with --bench (default 100)");
