@@ -44,10 +44,6 @@ class DeviceImpl : public Device {
   /// MemAvailable), to refuse a request that cannot fit before allocating it; nullopt when the
   /// driver cannot say.
   virtual std::optional<MemoryLimit> free_memory() { return std::nullopt; }
-  /// Bytes of on-chip and last-level cache that can still hold a launch's inputs from the launch
-  /// before it (an NVIDIA GPU's L2; an AMD GPU's L2 and Infinity Cache), 0 when unknown. The tuner
-  /// writes twice this much before each timed launch, so that no candidate finds its inputs there.
-  virtual size_t cache_bytes() const { return 0; }
 };
 
 /// Opens NVIDIA device `ordinal` through libcuda (primary context). Errors name what is missing.

@@ -158,7 +158,7 @@ class RuntimeImpl final : public Runtime {
   // candidate (every kernel but sm_90a's TMA gemm), which is not looked up at all.
   std::optional<KernelConfig> tuned_config(const KernelSpec& spec);
   static size_t winner_index(const std::vector<TuneCandidate>& candidates, const KernelConfig& winner);
-  // Device memory that the tuner writes before each timed launch (DeviceImpl::cache_bytes), freed
+  // Device memory that the tuner writes before each timed launch (Device::cache_bytes), freed
   // with it; ptr null: no flush.
   struct FlushBuffer {
     Device* device = nullptr;

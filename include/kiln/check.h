@@ -25,7 +25,10 @@ struct CheckOptions {
   uint64_t seed = 0;          ///< 0: a fresh seed from std::random_device.
   int64_t sample_rows = 0;    ///< Output rows compared with the reference (0: all rows).
   std::map<std::string, float> scalars;
-  int bench_iterations = 0;   ///< > 0: also time this many launches (median of 5 batches).
+  /// > 0: also time this many launches, each alone after writing twice Device::cache_bytes (so
+  /// that no input is found cached; where that memory cannot be had, with the caches warm and
+  /// CheckReport::kernel_flushed false); their median is CheckReport::kernel_ms.
+  int bench_iterations = 0;
   /// Optional: called once after the comparison with `launch`, which launches the checked kernel
   /// once on the checked tensors (the default stream, nothing synchronized), so that a benchmark
   /// times the kernel on the inputs already made instead of making GPU-sized inputs a second
@@ -65,6 +68,7 @@ struct CheckReport {
   double first_call_ms = 0;    ///< kernel(): compile or cache load + module load, host wall time.
   double cached_call_ms = 0;   ///< A second kernel() call (memory hit), host wall time.
   double kernel_ms = 0;        ///< Median device time per launch (with bench_iterations), or the timer's result.
+  bool kernel_flushed = false; ///< kernel_ms (bench_iterations) was timed after cache flushes.
   double bytes = 0;            ///< Bytes moved by one launch (inputs read + outputs written).
   double flops = 0;            ///< Floating-point operations of one launch (GEMM: 2*M*N*K).
   std::string origin;          ///< "compiled", "disk" or "memory".

@@ -26,6 +26,11 @@ class Device {
   virtual const TargetInfo& target() const = 0;
   /// Multiprocessors (NVIDIA SMs, AMD CUs).
   virtual int compute_units() const = 0;
+  /// Bytes of cache that can still hold a launch's inputs from the launch before it: an NVIDIA
+  /// GPU's L2 (CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE); an AMD GPU's L2 and its 256 MiB Infinity
+  /// Cache; 0 when unknown. Timing that wants no input cached (Runtime::tune, `kiln run --bench`)
+  /// writes twice this much before each timed launch.
+  virtual size_t cache_bytes() const { return 0; }
 
   /// Device memory, in bytes. Errors: Errc::driver_error (out of memory, ...).
   virtual Result<void*> malloc(size_t bytes) = 0;

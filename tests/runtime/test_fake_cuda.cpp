@@ -157,6 +157,32 @@ TEST(FakeCuda, TheTunerFlushesTheCachesBeforeEachTimedLaunch) {
   EXPECT_EQ(testing::fake_cuda<FakeCudaCountFn>("fake_cuda_live_allocations")(), live) << "the flush buffer is freed";
 }
 
+// check_on_device's bench_iterations (`kiln run --bench`): each timed launch alone after a cache
+// flush, as the tuner and bench/ time kernels.
+TEST(FakeCuda, TheCheckTimesEachLaunchAfterACacheFlush) {
+  ASSERT_TRUE(kUseFake);
+  KILN_REQUIRE_NVRTC();
+  kiln::testing::TempDir dir;
+  auto rt = testing::fake_runtime(dir.path());
+  ASSERT_TRUE(rt);
+  EXPECT_EQ(rt->device()->cache_bytes(), size_t{1} << 20) << "the fake's L2";
+  auto memsets = testing::fake_cuda<FakeCudaCountFn>("fake_cuda_memset_count");
+  using BytesFn = size_t (*)(void);
+  const int live = testing::fake_cuda<FakeCudaCountFn>("fake_cuda_live_allocations")();
+  CheckOptions options;
+  options.bench_iterations = 5;
+  const int before_launches = fake_launch_count();
+  const int before = memsets();
+  auto report = check_on_device(*rt, testing::rmsnorm_spec(64, 1024), options);
+  ASSERT_TRUE(report.ok()) << report.error().message;
+  EXPECT_TRUE(report->kernel_flushed);
+  EXPECT_GE(memsets() - before, options.bench_iterations);
+  EXPECT_EQ(testing::fake_cuda<BytesFn>("fake_cuda_last_memset_bytes")(), size_t{2} << 20);
+  EXPECT_EQ(fake_launch_count() - before_launches, 1 + 1 + options.bench_iterations)
+      << "the checked launch, one warm-up, then each timed launch once";
+  EXPECT_EQ(testing::fake_cuda<FakeCudaCountFn>("fake_cuda_live_allocations")(), live) << "the flush buffer is freed";
+}
+
 TEST(FakeCuda, TimeMsDestroysItsEventsOnError) {
   ASSERT_TRUE(kUseFake);
   auto device = open_cuda_device(0);

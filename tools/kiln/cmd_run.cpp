@@ -112,6 +112,7 @@ int run_run(const RunOptions& o) {
                           {"cached_call_ms", report->cached_call_ms},
                           {"origin", report->origin},
                           {"kernel_ms", report->kernel_ms > 0 ? nlohmann::json(report->kernel_ms) : nlohmann::json(nullptr)},
+                          {"kernel_flushed", report->kernel_flushed},
                           {"bytes", report->bytes},
                           {"flops", report->flops}};
     fmt::print("{}\n", doc.dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
@@ -127,12 +128,8 @@ int run_run(const RunOptions& o) {
     const double s = report->kernel_ms * 1e-3;
     std::string rate = fmt::format("{:.1f} GB/s", report->bytes / s / 1e9);
     if (report->flops > 0) rate = fmt::format("{:.1f} TFLOP/s, {}", report->flops / s / 1e12, rate);
-    // Back-to-back launches overlap one launch's tail with the next one's start, and the inputs
-    // stay in L2: for kernels under about 100 us this reads faster than bench/'s figures, which time
-    // each launch alone after an L2 flush, as the tuner does (H100, 2026-11-27: quantize_fp8
-    // block1x128 at 8192 x 4096, 0.0367 ms here, 0.0405 in bench_membound).
-    fmt::print("kernel       {:.4f} ms a launch (median of 5 batches of {} back-to-back launches, L2 warm), {}\n",
-               report->kernel_ms, co.bench_iterations, rate);
+    fmt::print("kernel       {:.4f} ms a launch (median of {} launches, each alone {}), {}\n", report->kernel_ms,
+               co.bench_iterations, report->kernel_flushed ? "after a cache flush" : "with the caches warm", rate);
   }
   std::fflush(stdout);
   if (!report->pass) return fail(fmt::format("check failed: {}", format_report(*report)));
@@ -147,9 +144,9 @@ Command add_run_command(CLI::App& app) {
   add_spec_options(*cmd, o->spec);
   cmd->add_flag("--check", o->check, "Compare every output row (default: a sample of 256 rows)");
   cmd->add_flag("--bench", o->bench,
-                "Also time the kernel: device time a launch in back-to-back batches (L2 warm; bench/ and the tuner "
-                "time each launch alone after an L2 flush), TFLOP/s (gemm), GB/s; tunes it first (the tuning record "
-                "is kept in the cache, so only the first run times the candidates)");
+                "Also time the kernel: the median device time of single launches, each after a cache flush (as the "
+                "tuner and bench/ time them), TFLOP/s (gemm), GB/s; tunes it first (the tuning record is kept in the "
+                "cache, so only the first run times the candidates)");
   cmd->add_flag("--no-tune", o->no_tune, "With --bench: time the heuristic's (or an existing record's) configuration, without tuning");
   cmd->add_option("--sample-rows", o->sample_rows, "Output rows compared with the reference (0: all)");
   cmd->add_option("--iterations", o->iterations, "Launches timed with --bench (default 100)");
