@@ -173,15 +173,21 @@ INSTANTIATE_TEST_SUITE_P(Targets, CompileEveryTarget,
                                            Case{"sm_90a", "clang"}),
                          [](const auto& info) { return std::string(info.param.target) + "_" + info.param.compiler; });
 
+// The NVIDIA compilers of this build: NVRTC, and clang where it has LLVM.
+std::vector<const char*> nvidia_compilers() {
+#if KILN_WITH_LLVM
+  return {"nvrtc", "clang"};
+#else
+  return {"nvrtc"};
+#endif
+}
+
 // rmsnorm's LOAD candidates (sm_90a): inline PTX that both NVIDIA compilers accept, the cache
 // hints in the PTX, and no spills.
 TEST(Compile, RmsNormLoadCandidatesCarryTheirCacheHints) {
   const TargetInfo& target = **find_target("sm_90a");
   const OpTemplate* norm = *find_op("rmsnorm");
-  for (const char* name : {"nvrtc", "clang"}) {
-#if !KILN_WITH_LLVM
-    if (std::string(name) == "clang") continue;
-#endif
+  for (const char* name : nvidia_compilers()) {
     auto compiler = compiler_for(target, name);
     if (!compiler && compiler.error().code == Errc::driver_unavailable) GTEST_SKIP() << compiler.error().message;
     ASSERT_TRUE(compiler.ok()) << compiler.error().message;
@@ -213,11 +219,8 @@ TEST(Compile, EveryTuningCandidateCompilesWithItsTileOrderGroup) {
   const TargetInfo& target = **find_target("sm_90a");
   const OpTemplate* gemm = *find_op("gemm");
   for (auto [ta, tb] : {std::pair{false, true}, std::pair{false, false}, std::pair{true, false}})
-  for (const char* name : {"nvrtc", "clang"}) {
+  for (const char* name : nvidia_compilers()) {
     const KernelSpec spec = gemm_spec(1024, 1024, 1024, ta, tb);
-#if !KILN_WITH_LLVM
-    if (std::string(name) == "clang") continue;
-#endif
     auto compiler = compiler_for(target, name);
     if (!compiler && compiler.error().code == Errc::driver_unavailable) GTEST_SKIP() << compiler.error().message;
     ASSERT_TRUE(compiler.ok()) << compiler.error().message;
@@ -310,10 +313,7 @@ TEST(Compile, CompilerErrorsCarryTheLogAndTheSource) {
   auto src = generate(swiglu_spec(1, 64), target);
   ASSERT_TRUE(src.ok());
   src->text += "\nthis is not C++;\n";
-  for (const char* name : {"nvrtc", "clang"}) {
-#if !KILN_WITH_LLVM
-    if (std::string(name) == "clang") continue;
-#endif
+  for (const char* name : nvidia_compilers()) {
     auto compiler = compiler_for(target, name);
     ASSERT_TRUE(compiler.ok());
     auto out = (*compiler)->compile(*src);
