@@ -13,6 +13,7 @@
 #include <stdexcept>
 
 #include "runtime/device_tensors.h"
+#include "runtime/flushed_timing.h"
 #include "templates/registry.h"
 
 namespace kiln {
@@ -222,34 +223,16 @@ Result<CheckReport> check_unguarded(Runtime& rt, const KernelSpec& spec, const C
   KILN_TRY(compare_all(*op, full, options.scalars, tensors.inputs(), tensors.tensors(), refs, read, report));
 
   if (options.bench_iterations > 0) {
-    // Each launch alone, after twice the device's caches are written, as Runtime::tune and bench/
-    // time kernels: back-to-back launches overlap one launch's tail with the next one's start and
-    // find the previous launch's inputs in L2, which read 5-10% fast for kernels under about
-    // 100 us (H100, 2026-11-28: quantize_fp8 block1x128 at 8192 x 4096, 0.0369 ms back to back,
-    // 0.0399-0.0405 flushed).
+    // Each launch alone from cold caches, as Runtime::tune and bench/ time kernels (back-to-back
+    // launches overlap and find the previous launch's inputs in L2, which read 5-10% fast under
+    // about 100 us: H100, 2026-11-28, quantize_fp8 block1x128 at 8192 x 4096, 0.0369 ms back to
+    // back, 0.0399-0.0405 flushed).
     KILN_TRY(kernel->launch(spec, ptrs, options.scalars, nullptr));  // warm-up
-    void* flush = nullptr;
-    const size_t flush_bytes = 2 * device->cache_bytes();
-    if (flush_bytes) {
-      auto p = device->malloc(flush_bytes);
-      if (p) flush = *p;
-    }
-    std::vector<float> ms;
-    Result<void> timed = ok();
-    for (int i = 0; i < options.bench_iterations && timed; ++i) {
-      if (flush) timed = device->memset(flush, static_cast<uint8_t>(i), flush_bytes);
-      if (!timed) break;
-      auto t = device->time_ms(nullptr, [&] { return kernel->launch(spec, ptrs, options.scalars, nullptr); });
-      if (t)
-        ms.push_back(*t);
-      else
-        timed = t.take_error();
-    }
-    if (flush) (void)device->free(flush);
-    KILN_TRY(std::move(timed));
-    std::sort(ms.begin(), ms.end());
-    report.kernel_ms = ms.size() % 2 ? ms[ms.size() / 2] : 0.5 * (ms[ms.size() / 2 - 1] + ms[ms.size() / 2]);
-    report.kernel_flushed = flush != nullptr;
+    KILN_ASSIGN_OR_RETURN(FlushedTimes t, time_flushed_launches(*device, options.bench_iterations, [&] {
+      return kernel->launch(spec, ptrs, options.scalars, nullptr);
+    }, to_string(spec)));
+    report.kernel_ms = t.median_ms;
+    report.kernel_flushed = t.flushed;
   }
   if (options.timer) {
     KILN_ASSIGN_OR_RETURN(report.kernel_ms,

@@ -158,32 +158,11 @@ class RuntimeImpl final : public Runtime {
   // candidate (every kernel but sm_90a's TMA gemm), which is not looked up at all.
   std::optional<KernelConfig> tuned_config(const KernelSpec& spec);
   static size_t winner_index(const std::vector<TuneCandidate>& candidates, const KernelConfig& winner);
-  // Device memory that the tuner writes before each timed launch (Device::cache_bytes), freed
-  // with it; ptr null: no flush.
-  struct FlushBuffer {
-    Device* device = nullptr;
-    void* ptr = nullptr;
-    size_t bytes = 0;
-    FlushBuffer() = default;
-    FlushBuffer(Device* d, void* p, size_t n) : device(d), ptr(p), bytes(n) {}
-    FlushBuffer(const FlushBuffer&) = delete;
-    FlushBuffer& operator=(const FlushBuffer&) = delete;
-    FlushBuffer& operator=(FlushBuffer&& o) noexcept {
-      std::swap(device, o.device);
-      std::swap(ptr, o.ptr);
-      std::swap(bytes, o.bytes);
-      return *this;
-    }
-    ~FlushBuffer() {
-      if (ptr) (void)device->free(ptr);
-    }
-  };
   // Compiles, loads and times one tuning candidate: one launch to warm up (and to surface launch
-  // errors), then `reps` launches, each timed with device events after `flush` is written (when
-  // it has a buffer); fills in c's times.
+  // errors), then `reps` launches, each alone from cold caches (time_flushed_launches); fills in
+  // c's times.
   Result<std::shared_ptr<KernelImpl>> time_candidate(const KernelSpec& spec, const KernelConfig& config,
-                                                     std::span<void* const> buffers, int reps,
-                                                     const FlushBuffer& flush, TuneCandidate& c);
+                                                     std::span<void* const> buffers, int reps, TuneCandidate& c);
 
   // Loads `compiled` (one of the spec's variants or tuning candidates) as the preferred variant
   // of a Kernel; the op's other variants are compiled and loaded when a call needs them.

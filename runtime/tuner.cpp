@@ -9,6 +9,7 @@
 
 #include "cache/tuning.h"
 #include "runtime/device_tensors.h"
+#include "runtime/flushed_timing.h"
 #include "runtime/runtime_impl.h"
 #include "support/env.h"
 #include "support/log.h"
@@ -48,30 +49,13 @@ Result<TuneReport> RuntimeImpl::tune(const KernelSpec& spec, const TuneOptions& 
   auto time_all = [&]() -> Result<TuningRecord> {
     std::mt19937_64 rng(std::random_device{}());
     KILN_ASSIGN_OR_RETURN(DeviceTensors tensors, DeviceTensors::make(*device_, *op, spec, rng));
-    // Each timed launch starts from caches that hold none of its inputs, as bench/ times the
-    // kernels and as a step's large tensors arrive: twice the device's caches are written before
-    // it. With the caches warm, launches re-read what the previous launch left in L2, and that
-    // ranked candidates differently (H100, 2026-11-28: quantize_fp8 block1x128 at 8192 x 4096 went
-    // to the tile kernel, 0.0412 ms warm, which took 0.0427 ms flushed against the row blocks'
-    // 0.0405; bench/results/h100-2026-11-27-session17/quantize-load-tried/). Without the memory
-    // for it the launches are timed warm (a warning says so).
-    FlushBuffer flush;
-    if (const size_t bytes = 2 * device_->cache_bytes()) {
-      auto p = device_->malloc(bytes);
-      if (p) {
-        flush = FlushBuffer(device_.get(), *p, bytes);
-      } else {
-        KILN_LOG_WARN("tuning {}: no {} bytes to flush the caches between timed launches ({}); timing with the "
-                      "caches warm", report.spec, bytes, p.error().message);
-      }
-    }
     report.reps = options.reps;
     report.created_utc = utc_now();
     std::optional<Error> first_error;
     for (size_t i = 0; i < candidates.size(); ++i) {
       TuneCandidate& c = report.candidates.emplace_back();
       c.config = candidates[i];
-      auto timed = time_candidate(spec, candidates[i], tensors.pointers(), options.reps, flush, c);
+      auto timed = time_candidate(spec, candidates[i], tensors.pointers(), options.reps, c);
       if (!timed) {
         c.error = timed.error().message;
         KILN_LOG_WARN("tuning {}: candidate {} failed: {}", report.spec, config_string(c.config), c.error);
@@ -137,23 +121,19 @@ size_t RuntimeImpl::winner_index(const std::vector<TuneCandidate>& candidates, c
 
 Result<std::shared_ptr<KernelImpl>> RuntimeImpl::time_candidate(const KernelSpec& spec, const KernelConfig& config,
                                                                 std::span<void* const> buffers, int reps,
-                                                                const FlushBuffer& flush, TuneCandidate& c) {
+                                                                TuneCandidate& c) {
   KILN_ASSIGN_OR_RETURN(auto compiled, get_compiled(spec, device_->target(), &config, /*record_spec=*/false));
   KILN_ASSIGN_OR_RETURN(auto k, load(compiled));
   const Kernel& kernel = as_kernel(*k);
   KILN_TRY(kernel.launch(spec, buffers, {}, nullptr));
   KILN_TRY(device_->synchronize(nullptr));
-  std::vector<float> ms;
-  for (int r = 0; r < reps; ++r) {
-    if (flush.ptr) KILN_TRY(device_->memset(flush.ptr, static_cast<uint8_t>(r), flush.bytes));  // stream order: before the timing
-    KILN_ASSIGN_OR_RETURN(float t,
-                          device_->time_ms(nullptr, [&] { return kernel.launch(spec, buffers, {}, nullptr); }));
-    ms.push_back(t);
-  }
-  std::sort(ms.begin(), ms.end());
-  c.median_ms = ms.size() % 2 ? ms[ms.size() / 2] : 0.5 * (ms[ms.size() / 2 - 1] + ms[ms.size() / 2]);
-  c.min_ms = ms.front();
-  c.max_ms = ms.back();
+  // Each timed launch from cold caches (runtime/flushed_timing.h says why).
+  KILN_ASSIGN_OR_RETURN(FlushedTimes t, time_flushed_launches(*device_, reps, [&] {
+    return kernel.launch(spec, buffers, {}, nullptr);
+  }, "tuning " + to_string(spec)));
+  c.median_ms = t.median_ms;
+  c.min_ms = t.min_ms;
+  c.max_ms = t.max_ms;
   return k;
 }
 

@@ -112,7 +112,7 @@ std::vector<KernelConfig> RmsNormOp::tuning_candidates(const KernelSpec& spec, c
   }
   // NVIDIA, without the residual: the heuristic's with the other loads of the template's LOAD
   // (plain ld.global; evict_last hints; Inductor's reload of x, the row not kept in registers).
-  // H100, 2026-11-28, 8192 rows bf16, the tuner (L2 warm) then bench_membound with the winners
+  // H100, 2026-11-28, 8192 rows bf16, the tuner (then with L2 warm) and bench_membound with the winners
   // (L2 flushed), two rounds each: hidden 16384 LOAD 2 0.1856 / 0.1854 ms against 0.1874 (0.97 ->
   // 0.98x torch.compile); 4096 LOAD 3 0.0490 / 0.0491 against 0.0499; 8192 the heuristic's, with
   // LOAD 2 10% slower there. No one choice wins at every size, so they stay tuning candidates

@@ -1,0 +1,28 @@
+// Device time of single launches from cold caches: what Runtime::tune and `kiln run --bench`
+// (check_on_device's bench_iterations) measure, as bench/ times kernels. Before each timed launch
+// twice Device::cache_bytes() are written, so that no launch finds the previous one's inputs in
+// L2 (or an AMD GPU's Infinity Cache). With the caches warm the tuner ranked candidates wrongly:
+// H100, 2026-11-28, quantize_fp8 block1x128 at 8192 x 4096 went to the tile kernel, 0.0412 ms
+// warm, 0.0427 ms flushed against the row blocks' 0.0405
+// (bench/results/h100-2026-11-27-session17/quantize-load-tried/).
+#pragma once
+
+#include <functional>
+#include <string_view>
+
+#include "kiln/device.h"
+
+namespace kiln {
+
+struct FlushedTimes {
+  double median_ms = 0, min_ms = 0, max_ms = 0;
+  bool flushed = false;  ///< false: no device memory for the flush (a warning said so), caches warm
+};
+
+/// Times `reps` (>= 1) launches of `launch` on the default stream with device events, each alone
+/// after the flush. `what` names the work in the warning. Errors: the memset's, time_ms's or the
+/// launch's; the flush buffer is freed on every path.
+Result<FlushedTimes> time_flushed_launches(Device& device, int reps, const std::function<Result<void>()>& launch,
+                                           std::string_view what);
+
+}  // namespace kiln
