@@ -17,8 +17,8 @@ namespace {
 constexpr std::array kParts = {
     LibraryPart{"amd_vectors", true, false, "ext_vector_type registers of MFMA and 16-byte accesses (u32x4, f32x16, ...)"},
     LibraryPart{"attention", true, true, "attention masks (causal, sliding window), softcap tanh, LDS tile loads and dot products"},
-    LibraryPart{"attention_sm90", false, true, "sm_90a attention registers: exp2, bf16/fp16 A fragments, quad reductions, Q K^T and P V WGMMAs"},
-    LibraryPart{"cross_entropy", true, true, "cross-entropy's gradient element by element: the row's factors (dloss, label smoothing, z-loss) and one logit's gradient"},
+    LibraryPart{"attention_sm90", false, true, "sm_90a attention registers: bf16/fp16 A fragments, quad reductions, Q K^T and P V WGMMAs"},
+    LibraryPart{"cross_entropy", true, true, "cross-entropy's gradient: the row's factors (dloss, label smoothing, z-loss), one access's gradients, and the fill of a row with no loss term (includes pack)"},
     LibraryPart{"elementwise_row", true, true, "an elementwise-row kernel's block: its row and its chunk of the row, row-major or chunk-major launch order"},
     LibraryPart{"epilogue_sm90", false, true, "sm_90a GEMM epilogue: fp32 accumulators to C through swizzled shared-memory chunks and TMA stores"},
     LibraryPart{"fp8", true, true, "fp8 storage types (OCP e4m3/e5m2, FNUZ), round-to-nearest-even saturating conversions"},
