@@ -9,39 +9,50 @@
 
 namespace kiln {
 
-Result<FlushedTimes> time_flushed_launches(Device& device, int reps, const std::function<Result<void>()>& launch,
-                                           std::string_view what) {
-  void* flush = nullptr;
+CacheFlush::CacheFlush(Device& device, std::string_view what) : device_(device) {
   const size_t bytes = 2 * device.cache_bytes();
-  if (bytes) {
-    auto p = device.malloc(bytes);
-    if (p)
-      flush = *p;
-    else
-      KILN_LOG_WARN("{}: no {} bytes to flush the caches between timed launches ({}); timing with the caches warm",
-                    what, bytes, p.error().message);
+  if (!bytes) return;
+  auto p = device.malloc(bytes);
+  if (p) {
+    buffer_ = *p;
+    bytes_ = bytes;
+  } else {
+    KILN_LOG_WARN("{}: no {} bytes to flush the caches between timed launches ({}); timing with the caches warm",
+                  what, bytes, p.error().message);
   }
+}
+
+CacheFlush::~CacheFlush() {
+  if (buffer_) (void)device_.free(buffer_);
+}
+
+Result<void> CacheFlush::flush(uint8_t value) {
+  if (!buffer_) return ok();
+  return device_.memset(buffer_, value, bytes_);
+}
+
+Result<FlushedTimes> time_flushed_launches(Device& device, CacheFlush& flush, int reps,
+                                           const std::function<Result<void>()>& launch, std::string_view what) {
   std::vector<float> ms;
-  Result<void> status = ok();
-  for (int r = 0; r < reps && status; ++r) {
-    if (flush) status = device.memset(flush, static_cast<uint8_t>(r), bytes);  // stream order: before the timing
-    if (!status) break;
-    auto t = device.time_ms(nullptr, launch);
-    if (t)
-      ms.push_back(*t);
-    else
-      status = t.take_error();
+  for (int r = 0; r < reps; ++r) {
+    KILN_TRY(flush.flush(static_cast<uint8_t>(r)));  // stream order: before the timing
+    KILN_ASSIGN_OR_RETURN(float t, device.time_ms(nullptr, launch));
+    ms.push_back(t);
   }
-  if (flush) (void)device.free(flush);
-  KILN_TRY(std::move(status));
   if (ms.empty()) return make_error(Errc::invalid_argument, fmt::format("{}: no launch timed (reps = {})", what, reps));
   std::sort(ms.begin(), ms.end());
   FlushedTimes out;
   out.median_ms = ms.size() % 2 ? ms[ms.size() / 2] : 0.5 * (ms[ms.size() / 2 - 1] + ms[ms.size() / 2]);
   out.min_ms = ms.front();
   out.max_ms = ms.back();
-  out.flushed = flush != nullptr;
+  out.flushed = flush.active();
   return out;
+}
+
+Result<FlushedTimes> time_flushed_launches(Device& device, int reps, const std::function<Result<void>()>& launch,
+                                           std::string_view what) {
+  CacheFlush flush(device, what);
+  return time_flushed_launches(device, flush, reps, launch, what);
 }
 
 }  // namespace kiln

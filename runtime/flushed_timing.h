@@ -19,9 +19,33 @@ struct FlushedTimes {
   bool flushed = false;  ///< false: no device memory for the flush (a warning said so), caches warm
 };
 
+/// The flush buffer: 2 x Device::cache_bytes() of device memory, allocated once and reused by
+/// every time_flushed_launches call given it (the tuner makes one per tuning, not one per
+/// candidate). Where the memory is missing, one warning names `what`, and launches are timed with
+/// the caches warm. Freed by the destructor; not copyable.
+class CacheFlush {
+ public:
+  CacheFlush(Device& device, std::string_view what);
+  ~CacheFlush();
+  CacheFlush(const CacheFlush&) = delete;
+  CacheFlush& operator=(const CacheFlush&) = delete;
+  /// Writes the buffer (stream order: before the next timed launch); ok() without a buffer.
+  Result<void> flush(uint8_t value);
+  bool active() const { return buffer_ != nullptr; }
+
+ private:
+  Device& device_;
+  void* buffer_ = nullptr;
+  size_t bytes_ = 0;
+};
+
 /// Times `reps` (>= 1) launches of `launch` on the default stream with device events, each alone
-/// after the flush. `what` names the work in the warning. Errors: the memset's, time_ms's or the
-/// launch's; the flush buffer is freed on every path.
+/// after `flush` writes its buffer. `what` names the work in errors. Errors: the memset's,
+/// time_ms's or the launch's.
+Result<FlushedTimes> time_flushed_launches(Device& device, CacheFlush& flush, int reps,
+                                           const std::function<Result<void>()>& launch, std::string_view what);
+
+/// The same with a flush buffer of its own, allocated and freed by this call.
 Result<FlushedTimes> time_flushed_launches(Device& device, int reps, const std::function<Result<void>()>& launch,
                                            std::string_view what);
 

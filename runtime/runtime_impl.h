@@ -27,6 +27,7 @@
 #include "cache/tiers.h"
 #include "kiln/runtime.h"
 #include "runtime/device_impl.h"
+#include "runtime/flushed_timing.h"
 #include "support/fs.h"
 #include "templates/op_template.h"
 #include "templates/registry.h"
@@ -159,10 +160,11 @@ class RuntimeImpl final : public Runtime {
   std::optional<KernelConfig> tuned_config(const KernelSpec& spec);
   static size_t winner_index(const std::vector<TuneCandidate>& candidates, const KernelConfig& winner);
   // Compiles, loads and times one tuning candidate: one launch to warm up (and to surface launch
-  // errors), then `reps` launches, each alone from cold caches (time_flushed_launches); fills in
-  // c's times.
+  // errors), then `reps` launches, each alone from cold caches (time_flushed_launches, with the
+  // tuning's one flush buffer); fills in c's times.
   Result<std::shared_ptr<KernelImpl>> time_candidate(const KernelSpec& spec, const KernelConfig& config,
-                                                     std::span<void* const> buffers, int reps, TuneCandidate& c);
+                                                     std::span<void* const> buffers, int reps, CacheFlush& flush,
+                                                     TuneCandidate& c);
 
   // Loads `compiled` (one of the spec's variants or tuning candidates) as the preferred variant
   // of a Kernel; the op's other variants are compiled and loaded when a call needs them.

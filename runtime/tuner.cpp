@@ -52,10 +52,11 @@ Result<TuneReport> RuntimeImpl::tune(const KernelSpec& spec, const TuneOptions& 
     report.reps = options.reps;
     report.created_utc = utc_now();
     std::optional<Error> first_error;
+    CacheFlush flush(*device_, "tuning " + report.spec);  // one buffer for every candidate
     for (size_t i = 0; i < candidates.size(); ++i) {
       TuneCandidate& c = report.candidates.emplace_back();
       c.config = candidates[i];
-      auto timed = time_candidate(spec, candidates[i], tensors.pointers(), options.reps, c);
+      auto timed = time_candidate(spec, candidates[i], tensors.pointers(), options.reps, flush, c);
       if (!timed) {
         c.error = timed.error().message;
         KILN_LOG_WARN("tuning {}: candidate {} failed: {}", report.spec, config_string(c.config), c.error);
@@ -121,14 +122,14 @@ size_t RuntimeImpl::winner_index(const std::vector<TuneCandidate>& candidates, c
 
 Result<std::shared_ptr<KernelImpl>> RuntimeImpl::time_candidate(const KernelSpec& spec, const KernelConfig& config,
                                                                 std::span<void* const> buffers, int reps,
-                                                                TuneCandidate& c) {
+                                                                CacheFlush& flush, TuneCandidate& c) {
   KILN_ASSIGN_OR_RETURN(auto compiled, get_compiled(spec, device_->target(), &config, /*record_spec=*/false));
   KILN_ASSIGN_OR_RETURN(auto k, load(compiled));
   const Kernel& kernel = as_kernel(*k);
   KILN_TRY(kernel.launch(spec, buffers, {}, nullptr));
   KILN_TRY(device_->synchronize(nullptr));
   // Each timed launch from cold caches (runtime/flushed_timing.h says why).
-  KILN_ASSIGN_OR_RETURN(FlushedTimes t, time_flushed_launches(*device_, reps, [&] {
+  KILN_ASSIGN_OR_RETURN(FlushedTimes t, time_flushed_launches(*device_, flush, reps, [&] {
     return kernel.launch(spec, buffers, {}, nullptr);
   }, "tuning " + to_string(spec)));
   c.median_ms = t.median_ms;

@@ -59,6 +59,8 @@ thread_local CUcontext t_current = nullptr;
 std::atomic<bool> g_initialized{false};
 
 std::atomic<int> g_launches{0}, g_tensor_maps{0}, g_modules{0}, g_allocations{0}, g_events{0}, g_memsets{0};
+// cuMemAlloc calls of the device's flush size (2 x the fake's 1 MiB L2): the tuner's flush buffers.
+std::atomic<int> g_flush_sized_allocs{0};
 std::atomic<size_t> g_last_memset_bytes{0};
 std::atomic<int> g_fail_launches{0};
 std::mutex g_last_mu;  // guards g_last (launch records are rare enough in tests; uncontended otherwise)
@@ -348,6 +350,7 @@ FAKE_EXPORT CUresult cuMemAlloc(CUdeviceptr* ptr, size_t bytes) {
   if (!p) return CUDA_ERROR_OUT_OF_MEMORY;
   *ptr = reinterpret_cast<CUdeviceptr>(p);
   g_allocations.fetch_add(1);
+  if (bytes == size_t{2} << 20) g_flush_sized_allocs.fetch_add(1);
   return CUDA_SUCCESS;
 }
 // An H100's 80 GiB, all free: Kiln refuses a request larger than that before allocating it.
@@ -429,6 +432,7 @@ FAKE_EXPORT int fake_cuda_live_allocations(void) { return g_allocations.load(); 
 FAKE_EXPORT int fake_cuda_live_events(void) { return g_events.load(); }
 FAKE_EXPORT int fake_cuda_memset_count(void) { return g_memsets.load(); }
 FAKE_EXPORT size_t fake_cuda_last_memset_bytes(void) { return g_last_memset_bytes.load(); }
+FAKE_EXPORT int fake_cuda_flush_sized_allocations(void) { return g_flush_sized_allocs.load(); }
 FAKE_EXPORT int fake_cuda_is_old_driver(void) {
 #ifdef KILN_FAKE_CUDA_OLD_DRIVER
   return 1;

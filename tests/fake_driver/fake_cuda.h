@@ -41,6 +41,8 @@ int fake_cuda_live_allocations(void);
 /// 1 MiB, so the tuner's cache flushes are 2 MiB each).
 int fake_cuda_memset_count(void);
 size_t fake_cuda_last_memset_bytes(void);
+/// cuMemAlloc calls of exactly 2 MiB (twice the fake's L2: a cache-flush buffer) since load.
+int fake_cuda_flush_sized_allocations(void);
 /// Events created and not yet destroyed.
 int fake_cuda_live_events(void);
 /// 1 when this build lacks cuTensorMapEncodeTiled and cuLaunchKernelEx (a pre-12.0 driver).

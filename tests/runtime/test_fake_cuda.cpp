@@ -133,7 +133,8 @@ TEST(FakeCuda, ACheckTooLargeForTheDeviceIsRefusedWithTheFigures) {
 }
 
 // The tuner writes twice the device's caches (the fake reports a 1 MiB L2) before each timed
-// launch, so that no candidate is timed on inputs that the launch before it left in L2.
+// launch, so that no candidate is timed on inputs that the launch before it left in L2; one
+// buffer serves every candidate of the tuning.
 TEST(FakeCuda, TheTunerFlushesTheCachesBeforeEachTimedLaunch) {
   ASSERT_TRUE(kUseFake);
   KILN_REQUIRE_NVRTC();
@@ -142,8 +143,9 @@ TEST(FakeCuda, TheTunerFlushesTheCachesBeforeEachTimedLaunch) {
   ASSERT_TRUE(rt);
   auto memsets = testing::fake_cuda<FakeCudaCountFn>("fake_cuda_memset_count");
   using BytesFn = size_t (*)(void);
+  auto flush_allocs = testing::fake_cuda<FakeCudaCountFn>("fake_cuda_flush_sized_allocations");
   const int live = testing::fake_cuda<FakeCudaCountFn>("fake_cuda_live_allocations")();
-  const int before = memsets();
+  const int before = memsets(), allocs_before = flush_allocs();
   TuneOptions options;
   options.reps = 3;
   options.force = true;
@@ -154,6 +156,7 @@ TEST(FakeCuda, TheTunerFlushesTheCachesBeforeEachTimedLaunch) {
   ASSERT_GE(timed, 2) << "rmsnorm has several candidates on sm_90a";
   EXPECT_GE(memsets() - before, timed * options.reps);
   EXPECT_EQ(testing::fake_cuda<BytesFn>("fake_cuda_last_memset_bytes")(), size_t{2} << 20);
+  EXPECT_EQ(flush_allocs() - allocs_before, 1) << "one flush buffer for the whole tuning, not one per candidate";
   EXPECT_EQ(testing::fake_cuda<FakeCudaCountFn>("fake_cuda_live_allocations")(), live) << "the flush buffer is freed";
 }
 
