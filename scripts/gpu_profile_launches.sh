@@ -3,7 +3,8 @@
 # machine: `kiln run OP ... --bench --no-tune` under nsys (or, where nsys is absent, ncu's
 # gpu__time_duration per kernel, without the gaps). Logs under $OUT. Usage:
 #   scripts/gpu_profile_launches.sh            # the memory-bound rows below 0.9 of a same-size copy
-# (issue 19, section 4: embedding_bwd, rmsnorm_bwd, cross_entropy grad_inplace, moe_unpermute_bwd);
+# (issue 19, section 4: embedding_bwd, rmsnorm_bwd, cross_entropy grad_inplace, moe_unpermute_bwd) and the
+# multi-launch MoE ops whose small launches may be latency-bound (moe_router's count, moe_permute's scan);
 # ONLY=PREFIX keeps the cases whose name starts with PREFIX.
 set -uo pipefail
 export OUT=${OUT:-$PWD/out}
@@ -16,6 +17,8 @@ cases=(
   "rmsnorm_bwd_16384|rmsnorm_bwd -p rows=8192 -p hidden=16384"
   "cross_entropy_grad|cross_entropy -p tokens=8192 -p vocab=128256 -p grad_inplace=1"
   "moe_unpermute_bwd|moe_unpermute_bwd -p tokens=16384 -p hidden=7168 -p k=8"
+  "moe_router|moe_router -p tokens=16384 -p experts=256 -p k=8 -p scoring=sigmoid -p n_group=8 -p topk_group=4 -p group_score=top2_sum -p renormalize=true -p bias=true"
+  "moe_permute|moe_permute -p tokens=16384 -p hidden=7168 -p k=8 -p experts=256"
 )
 NSYS=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
 NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
