@@ -228,23 +228,20 @@ Result<std::string> sm90_ptx(const KernelSpec& spec, const char* name) {
 }
 
 // Calls check(spec, ptx) on the sm_90a PTX of each spec from each NVIDIA compiler, with the
-// compiler and spec in the failure trace. False where no NVIDIA compiler is available (the caller
-// skips), after a failure to compile.
+// compiler and spec in the failure trace. Returns why the test should skip (no NVIDIA compiler
+// here), or "" once every spec was checked (or one failed to compile, a test failure).
 template <class Check>
-bool check_sm90_ptx(std::span<const KernelSpec> specs, Check check, std::string* skipped) {
+std::string check_sm90_ptx(std::span<const KernelSpec> specs, Check check) {
   for (const char* name : nvidia_compilers())
     for (const KernelSpec& spec : specs) {
       SCOPED_TRACE(std::string(name) + ": " + to_string(spec));
       auto ptx = sm90_ptx(spec, name);
-      if (!ptx && ptx.error().code == Errc::driver_unavailable) {
-        *skipped = ptx.error().message;
-        return false;
-      }
+      if (!ptx && ptx.error().code == Errc::driver_unavailable) return ptx.error().message;
       EXPECT_TRUE(ptx.ok()) << ptx.error().message;
-      if (!ptx) return false;
+      if (!ptx) return "";
       check(spec, *ptx);
     }
-  return true;
+  return "";
 }
 
 // Cross-entropy's passes are issue-bound on an H200 (ncu, 2026-11-28: 1.11e9 instructions for
@@ -262,16 +259,15 @@ TEST(Compile, CrossEntropyAndRmsNormConvertAPackAtATime) {
       {"cross_entropy_bwd", DType::bf16, DType::bf16, {{"tokens", 8192}, {"vocab", 128256}}},
       rmsnorm_spec(8192, 16384),
       residual};
-  std::string skipped;
-  if (!check_sm90_ptx(specs, [](const KernelSpec& spec, const std::string& ptx) {
-        if (spec.op != "rmsnorm") {
-          EXPECT_NE(ptx.find("ex2.approx.ftz.f32"), std::string::npos);
-          EXPECT_EQ(ptx.find("ex2.approx.f32"), std::string::npos) << "an exponential with the subnormal scaling";
-        }
-        EXPECT_NE(ptx.find("cvt.rn.bf16x2.f32"), std::string::npos);
-        EXPECT_EQ(ptx.find("cvt.rn.bf16.f32"), std::string::npos) << "a bf16 result converted alone";
-      }, &skipped) && !skipped.empty())
-    GTEST_SKIP() << skipped;
+  const std::string skip = check_sm90_ptx(specs, [](const KernelSpec& spec, const std::string& ptx) {
+    if (spec.op != "rmsnorm") {
+      EXPECT_NE(ptx.find("ex2.approx.ftz.f32"), std::string::npos);
+      EXPECT_EQ(ptx.find("ex2.approx.f32"), std::string::npos) << "an exponential with the subnormal scaling";
+    }
+    EXPECT_NE(ptx.find("cvt.rn.bf16x2.f32"), std::string::npos);
+    EXPECT_EQ(ptx.find("cvt.rn.bf16.f32"), std::string::npos) << "a bf16 result converted alone";
+  });
+  if (!skip.empty()) GTEST_SKIP() << skip;
 }
 
 // swiglu's and swiglu_bwd's sigmoid (the preludes' kiln::sigmoid) is one ex2.approx.ftz and one
@@ -282,16 +278,15 @@ TEST(Compile, SwigluSigmoidIsOneExponentialAndOneReciprocal) {
   for (const char* op : {"swiglu", "swiglu_bwd"})
     for (int64_t fp8_out : {0, 1})
       specs.push_back({op, DType::bf16, DType::bf16, {{"rows", 8192}, {"intermediate", 14336}, {"fp8_out", fp8_out}}});
-  std::string skipped;
-  if (!check_sm90_ptx(specs, [](const KernelSpec& spec, const std::string& ptx) {
-        EXPECT_NE(ptx.find("ex2.approx.ftz.f32"), std::string::npos);
-        EXPECT_NE(ptx.find("rcp.approx.ftz.f32"), std::string::npos);
-        EXPECT_EQ(ptx.find("ex2.approx.f32"), std::string::npos) << "an exponential with the subnormal scaling";
-        if (spec.param("fp8_out") != 0) return;  // the fp8 kernels divide once a row, for the scale
-        EXPECT_EQ(ptx.find("div.rn.f32"), std::string::npos) << "an IEEE division";
-        EXPECT_EQ(ptx.find("rcp.rn.f32"), std::string::npos) << "an IEEE reciprocal";
-      }, &skipped) && !skipped.empty())
-    GTEST_SKIP() << skipped;
+  const std::string skip = check_sm90_ptx(specs, [](const KernelSpec& spec, const std::string& ptx) {
+    EXPECT_NE(ptx.find("ex2.approx.ftz.f32"), std::string::npos);
+    EXPECT_NE(ptx.find("rcp.approx.ftz.f32"), std::string::npos);
+    EXPECT_EQ(ptx.find("ex2.approx.f32"), std::string::npos) << "an exponential with the subnormal scaling";
+    if (spec.param("fp8_out") != 0) return;  // the fp8 kernels divide once a row, for the scale
+    EXPECT_EQ(ptx.find("div.rn.f32"), std::string::npos) << "an IEEE division";
+    EXPECT_EQ(ptx.find("rcp.rn.f32"), std::string::npos) << "an IEEE reciprocal";
+  });
+  if (!skip.empty()) GTEST_SKIP() << skip;
 }
 
 TEST(Compile, EveryTuningCandidateCompilesWithItsTileOrderGroup) {
