@@ -32,7 +32,7 @@ constexpr std::array kParts = {
     LibraryPart{"mfma", true, false, "CDNA3/CDNA4 MFMA: 32x32x8, 16x16x16 and gfx950's 32x32x16, 16x16x32 (bf16/fp16); fp8/bf8 32x32x16 and gfx950's 32x32x64"},
     LibraryPart{"moe_rows", true, true, "MoE permutation rows: scatter a token row to its K expert rows, gather (weighted) sums of them"},
     LibraryPart{"pack", true, true, "Pack<T, N>: N elements per load or store (16-byte vectors); opaque()"},
-    LibraryPart{"reduce", true, true, "lane-group, wavefront and block sum/max reductions"},
+    LibraryPart{"reduce", true, true, "lane-group, wavefront and block sum/max reductions; column sums of per-block partials"},
     LibraryPart{"rope", true, true, "rotary position embedding of one token's q and k heads: sin/cos, rotate-half and interleaved pairs"},
     LibraryPart{"sm90", false, true, "sm_90a basics: shared addresses, proxy fence, named barriers, setmaxnreg, cp.async, grouped tile order"},
     LibraryPart{"softmax", true, true, "online softmax: running max and sum, rescale, merge, logsumexp"},

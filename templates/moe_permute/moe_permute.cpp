@@ -200,6 +200,7 @@ std::vector<TestSpec> MoePermuteOp::test_specs(const TargetInfo& target) const {
   add(DType::f16, 300, 8, 5, 4, "1200 slots: two rank blocks of 4 rounds and a partial one");
   add(DType::f32, 5, 7, 3, 3, "hidden 7 (scalar accesses), fp32");
   add(DType::bf16, 20, 16, 300, 4, "300 experts: two scan tiles");
+  add(DType::f32, 2200, 1, 5, 4, "8800 slots: 9 rank blocks, the scan's batch of 8 blocks and a remainder");
   add(DType::bf16, 6, 2048, 64, 6, "DeepSeek-V2-Lite: hidden 2048, 64 experts, top-6");
   add(DType::bf16, 9, 7168, 256, 8, "DeepSeek-V3: hidden 7168, 256 experts, top-8");
   add(DType::bf16, 0, 64, 8, 2, "0 tokens: offsets = 0");

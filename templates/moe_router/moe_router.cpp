@@ -30,7 +30,11 @@ const ParamInfo kParams[] = {
 const ScalarInfo kScalars[] = {
     {"routed_scaling_factor", 1.0f, "multiplies every weight (DeepSeek-V3: 2.5)"},
 };
-constexpr int64_t kThreads = 256, kCountThreads = 256;
+constexpr int64_t kThreads = 256;
+// The count launch: kCountCols experts per block, each column's route-block partials split over
+// kCountLanes lanes (lib/reduce's column_sum). One thread per expert summing every partial took
+// 512 dependent-free but serial loads per thread at DeepSeek-V3's 16384 tokens.
+constexpr int64_t kCountCols = 32, kCountLanes = 8;
 constexpr int64_t kMaxBlocks = 512;  // route blocks; waves stride over the tokens beyond
 
 std::vector<int64_t> tokens_experts(const KernelSpec& s) { return {s.param("tokens"), s.param("experts")}; }
@@ -72,9 +76,9 @@ std::string MoeRouterOp::specialize(const KernelSpec& given, const KernelConfig&
   return fmt::format(
       "constexpr int EXPERTS = {}, K = {}, N_GROUP = {}, TOPK_GROUP = {};\nconstexpr bool GROUP_TOP2 = {};\n"
       "#define SIGMOID {}\n#define RENORM {}\n#define HAS_BIAS {}\n#define SELECT_LOGITS {}\n"
-      "constexpr int THREADS = {}, COUNT_THREADS = {};\ntypedef {} in_t;\n",
+      "constexpr int THREADS = {}, COUNT_COLS = {}, COUNT_LANES = {};\ntypedef {} in_t;\n",
       r.experts, r.k, r.n_group, r.groups_kept(), r.group_top2, int(r.sigmoid), int(r.renormalize), int(r.bias),
-      int(r.selects_by_logits()), c.at("THREADS"), kCountThreads, device_type_name(given.dtype));
+      int(r.selects_by_logits()), c.at("THREADS"), kCountCols, kCountLanes, device_type_name(given.dtype));
 }
 
 Plan MoeRouterOp::plan(const KernelSpec& call, const KernelConfig& c) const {
@@ -101,8 +105,8 @@ Plan MoeRouterOp::plan(const KernelSpec& call, const KernelConfig& c) const {
   }
   Launch count;
   count.kernel = "kiln_moe_router_count";
-  count.geometry.grid.x = static_cast<uint32_t>(ceil_div(E, kCountThreads));
-  count.geometry.block.x = static_cast<uint32_t>(kCountThreads);
+  count.geometry.grid.x = static_cast<uint32_t>(ceil_div(E, kCountCols));
+  count.geometry.block.x = static_cast<uint32_t>(kCountCols * kCountLanes);
   count.args = {A::workspace(0), A::tensor(out + 2), A::i32(T > 0 ? blocks : 0)};
   p.launches.push_back(std::move(count));
   return p;
