@@ -61,11 +61,14 @@ int64_t block_rows(const KernelConfig& c) {
 int64_t block_threads(const KernelConfig& c) {
   return wgmma(c) ? 128 * (1 + consumers(c)) : mfma(c) ? 64 * c.at("WAVES") : c.at("THREADS");
 }
+// Keys per block of the Hopper kernel: 128, or 176 (FlashAttention-3's block at head dim 128
+// without a mask; two stages then fit).
+int64_t sm90_keys(const KernelConfig& c) { return c.count("BN") ? c.at("BN") : 128; }
 // Dynamic shared memory of the Hopper kernel: 1 KiB of alignment slack, Q (128 rows), STAGES K
-// and V tiles of 128 keys, the mbarriers.
+// and V tiles of BN keys, the mbarriers.
 int64_t sm90_shared_bytes(const KernelSpec& spec, const KernelConfig& c) {
   const int64_t d = spec.param("head_dim");
-  return 1024 + block_rows(c) * d * 2 + 2 * c.at("STAGES") * 128 * d * 2 + 8 * (2 + 4 * c.at("STAGES"));
+  return 1024 + block_rows(c) * d * 2 + 2 * c.at("STAGES") * sm90_keys(c) * d * 2 + 8 * (2 + 4 * c.at("STAGES"));
 }
 // PINGPONG: the consumer warpgroups take turns on the tensor cores (FlashAttention-3). STAGES: the
 // K/V ring's depth, 3 at head dim 128 (225 KiB of shared memory, under the 227 KiB a block may opt
@@ -133,10 +136,10 @@ std::string_view AttentionOp::device_template(const KernelConfig& c) const {
 std::string AttentionOp::specialize(const KernelSpec& spec, const KernelConfig& c) const {
   if (wgmma(c))
     return ah::specialize_common(spec) +
-           fmt::format("constexpr int BM = {}, BN = 128, STAGES = {}, CONSUMERS = {};\n"
+           fmt::format("constexpr int BM = {}, BN = {}, STAGES = {}, CONSUMERS = {};\n"
                        "constexpr bool IN_BF16 = {}, PINGPONG = {}, PERSISTENT = {}, SNAKE = {};\n"
                        "constexpr int L2_MIN_MIB = {};\n",
-                       block_rows(c), c.at("STAGES"), consumers(c), spec.dtype == DType::bf16 ? "true" : "false",
+                       block_rows(c), sm90_keys(c), c.at("STAGES"), consumers(c), spec.dtype == DType::bf16 ? "true" : "false",
                        c.at("PINGPONG") ? "true" : "false",
                        c.count("PERSISTENT") && c.at("PERSISTENT") ? "true" : "false",
                        c.count("SNAKE") && c.at("SNAKE") ? "true" : "false",
@@ -164,7 +167,7 @@ Plan AttentionOp::plan(const KernelSpec& call, const KernelConfig& c) const {
   // Tensors: q, k, v, [cu_seqlens_q, cu_seqlens_k], out, lse.
   if (wgmma(c)) {
     // q, k, v as TMA tensor maps: rows of the full row stride, boxes of 64 columns (one head's
-    // 64-column chunk) by the block's query rows (q) or 128 keys (k, v). An empty tensor gets one
+    // 64-column chunk) by the block's query rows (q) or BN keys (k, v). An empty tensor gets one
     // row: no box of it is ever loaded.
     auto map = [&](uint32_t t, int64_t stride, int64_t rows, int64_t box_rows) {
       return KernelArg::tensor_map_of(TensorMapInfo{t, static_cast<uint64_t>(stride),
@@ -172,7 +175,8 @@ Plan AttentionOp::plan(const KernelSpec& call, const KernelConfig& c) const {
                                                     static_cast<uint32_t>(box_rows)});
     };
     l.args = {map(0, ah::q_stride(call), ah::tokens_q(call), block_rows(c)),
-              map(1, ah::k_stride(call), ah::tokens_k(call), 128), map(2, ah::v_stride(call), ah::tokens_k(call), 128)};
+              map(1, ah::k_stride(call), ah::tokens_k(call), sm90_keys(c)),
+              map(2, ah::v_stride(call), ah::tokens_k(call), sm90_keys(c))};
     if (thd) l.args.insert(l.args.end(), {KernelArg::tensor(3), KernelArg::tensor(4)});
     // seqlen_k: with thd the longest key sequence (the persistent item order's L2 budget).
     l.args.insert(l.args.end(), {KernelArg::tensor(out), KernelArg::tensor(out + 1), KernelArg::i32(call.param("seqlen_q")),
@@ -199,7 +203,11 @@ Plan AttentionOp::plan(const KernelSpec& call, const KernelConfig& c) const {
 }
 
 // Tuning on sm_90a times the Hopper kernel's default against it with the other persistence, the other
-// ping-pong, and two stages (head dim 128) or two consumers (64).
+// ping-pong, and two stages (head dim 128) or two consumers (64); at head dim 128 without a mask
+// also 176-key blocks in two stages (FlashAttention-3's tile there), persistent and not. As the
+// default they won 1.8-3.2% at seqlen 8192 batch 1 and lost 1.2-3.5% at 4096 batch 2 and 4 (the
+// last block of 4096 keys holds 48 of 176; H200, 2026-11-28, bench_attention, two rounds each,
+// bench/results/h200-2026-11-28-session20/): a candidate, not the default.
 std::vector<KernelConfig> AttentionOp::tuning_candidates(const KernelSpec& spec, const TargetInfo& target) const {
   if (!has_wgmma(spec, target)) return {choose_config(spec, target)};
   const KernelConfig d = sm90_default(spec);
@@ -210,6 +218,12 @@ std::vector<KernelConfig> AttentionOp::tuning_candidates(const KernelSpec& spec,
                                  sm90_config(spec, !pingpong, stages, persistent, n)};
   if (stages == 3) c.push_back(sm90_config(spec, pingpong, 2, persistent));
   if (consumers(d) == 3) c.push_back(sm90_config(spec, pingpong, stages, persistent, 2));
+  if (spec.param("head_dim") == 128 && !masked(spec))  // 176-key blocks (two stages), with and without persistence
+    for (bool p : {true, false}) {
+      KernelConfig k = sm90_config(spec, pingpong, 2, p, n);
+      k["BN"] = 176;
+      c.push_back(k);
+    }
   if (persistent) {  // the item order: a plain stride, and the other L2 threshold
     c.push_back(sm90_config(spec, pingpong, stages, persistent, n, false));
     KernelConfig other = d;

@@ -312,6 +312,35 @@ TEST(Compile, EveryTuningCandidateCompilesWithItsTileOrderGroup) {
   }
 }
 
+// The Hopper attention forward's tuning candidates at head dim 128 without a mask, 176-key blocks
+// (m64n176k16, 88 accumulators) among them, compile with NVRTC without spills and without ptxas
+// serializing the WGMMAs (its advisories C7512 / C7513 / C7515).
+TEST(Compile, AttentionTuningCandidatesCompileWithTheirKeyBlocks) {
+  const TargetInfo& target = **find_target("sm_90a");
+  const OpTemplate* op = *find_op("attention");
+  auto compiler = compiler_for(target, "nvrtc");
+  if (!compiler && compiler.error().code == Errc::driver_unavailable) GTEST_SKIP() << compiler.error().message;
+  ASSERT_TRUE(compiler.ok()) << compiler.error().message;
+  for (DType t : {DType::bf16, DType::f16}) {
+    const KernelSpec spec{"attention", t, t,
+                          {{"batch", 1}, {"seqlen_q", 300}, {"seqlen_k", 300}, {"heads", 4}, {"kv_heads", 2}, {"head_dim", 128}}};
+    int wide = 0;
+    for (const KernelConfig& c : op->tuning_candidates(op->with_defaults(spec), target)) {
+      if (!c.count("WGMMA")) continue;
+      SCOPED_TRACE(fmt::format("{}: {}", dtype_name(t), config_string(c)));
+      wide += c.count("BN") && c.at("BN") == 176;
+      auto src = generate(spec, target, &c);
+      ASSERT_TRUE(src.ok()) << src.error().message;
+      auto out = (*compiler)->compile(*src);
+      ASSERT_TRUE(out.ok()) << out.error().message;
+      EXPECT_EQ(out->info.spill_stores, 0);
+      for (const char* advisory : {"C7512", "C7513", "C7515"})
+        EXPECT_EQ(out->log.find(advisory), std::string::npos) << "ptxas serialized the WGMMAs:\n" << out->log;
+    }
+    EXPECT_EQ(wide, 2) << "176-key blocks, persistent and not";
+  }
+}
+
 // gfx950's fp8 MFMA kernels (gemm_fp8 and grouped_gemm) compile in both tuning candidates, each
 // with its MFMA: the 32x32x16 fp8 form (the choice, four per 64 k) or the 32x32x64 f8f6f4 form (one
 // per 64 k); no scratch, no spills, 64 x 64 and 128 x 128 tiles.

@@ -493,7 +493,7 @@ TEST_F(GpuRuntime, Fp8BlockScalesAtAnUnalignedViewGiveTheSameC) {
 }
 
 TEST_F(GpuTuning, TheWinnerIsKeptForTheNextProcess) {
-  if (rt->device()->target().name != "sm_90a") GTEST_SKIP() << "only sm_90a's TMA gemm has several tuning candidates";
+  if (rt->device()->target().name != "sm_90a") GTEST_SKIP() << "only sm_90a's TMA kernels have several tuning candidates";
   const KernelSpec spec = gemm_spec(1024, 1024, 1024, false, true);
   auto report = rt->tune(spec);
   ASSERT_TRUE(report.ok()) << report.error().message;
@@ -548,11 +548,12 @@ TEST_F(GpuTuning, TheWinnerIsKeptForTheNextProcess) {
 TEST_F(GpuTuning, EveryCandidateMatchesTheReference) {
   // Each candidate made the winner of a record by hand, then checked through kernel(): the tuned
   // configurations (the bf16 GEMM's other tile width and GROUP_M = 16; gemm_fp8's ping-pong
-  // flipped, the other consumer count, DBUF, the cp.async kernel) are as correct as the heuristic's.
+  // flipped, the other consumer count, DBUF, the cp.async kernel; attention's 176-key blocks, persistence
+  // and item orders) are as correct as the heuristic's.
   RuntimeOptions o = options;
   o.nvidia_compiler = "nvrtc";  // the records below are NVRTC's
   Runtime* probe = rt.get();  // its device, target and name
-  if (probe->device()->target().name != "sm_90a") GTEST_SKIP() << "only sm_90a's TMA gemm has several tuning candidates";
+  if (probe->device()->target().name != "sm_90a") GTEST_SKIP() << "only sm_90a's TMA kernels have several tuning candidates";
   const std::string device = probe->device()->name();
   auto cache = std::move(DiskCache::open(scratch.path())).value();
   // gemm_fp8: more tiles than the H100's 132 SMs, so that persistent blocks take two tiles (the
@@ -566,7 +567,11 @@ TEST_F(GpuTuning, EveryCandidateMatchesTheReference) {
                                  gemm_spec(1024, 1024, 1024, true, false, DType::f16, DType::f32),
                                  fp8_spec(2048, 1300, 400, kGemmBlock1x128, DType::bf16),
                                  fp8_spec(2000, 1280, 768, kGemmBlockwise, DType::f32),
-                                 fp8_spec(3072, 1280, 272, kGemmTensorwise, DType::bf16)}) {
+                                 fp8_spec(3072, 1280, 272, kGemmTensorwise, DType::bf16),
+                                 // attention at head dim 128 without a mask: 300 keys, so a 176-key block ends short
+                                 KernelSpec{"attention", DType::bf16, DType::bf16,
+                                            {{"batch", 2}, {"seqlen_q", 300}, {"seqlen_k", 300}, {"heads", 4},
+                                             {"kv_heads", 2}, {"head_dim", 128}}}}) {
     const OpTemplate& gemm = **find_op(spec.op);
     for (const KernelConfig& c : gemm.tuning_candidates(spec, probe->device()->target())) {
       SCOPED_TRACE(to_string(spec) + ": " + config_string(c));
