@@ -549,7 +549,7 @@ TEST_F(GpuTuning, EveryCandidateMatchesTheReference) {
   // Each candidate made the winner of a record by hand, then checked through kernel(): the tuned
   // configurations (the bf16 GEMM's other tile width and GROUP_M = 16; gemm_fp8's ping-pong
   // flipped, the other consumer count, DBUF, the cp.async kernel; attention's 176-key blocks, persistence
-  // and item orders) are as correct as the heuristic's.
+  // and item orders; cross-entropy's cluster shapes) are as correct as the heuristic's.
   RuntimeOptions o = options;
   o.nvidia_compiler = "nvrtc";  // the records below are NVRTC's
   Runtime* probe = rt.get();  // its device, target and name
@@ -571,7 +571,11 @@ TEST_F(GpuTuning, EveryCandidateMatchesTheReference) {
                                  // attention at head dim 128 without a mask: 300 keys, so a 176-key block ends short
                                  KernelSpec{"attention", DType::bf16, DType::bf16,
                                             {{"batch", 2}, {"seqlen_q", 300}, {"seqlen_k", 300}, {"heads", 4},
-                                             {"kv_heads", 2}, {"head_dim", 128}}}}) {
+                                             {"kv_heads", 2}, {"head_dim", 128}}},
+                                 // cross_entropy's fused form: the row on chip in clusters of 2, 4 and 8 with 1, 3 or
+                                 // 6 blocks per SM, rows looping (300 rows over 66-99 clusters), and the row kernels
+                                 KernelSpec{"cross_entropy", DType::bf16, DType::bf16,
+                                            {{"tokens", 300}, {"vocab", 128256}, {"grad_inplace", 1}}}}) {
     const OpTemplate& gemm = **find_op(spec.op);
     for (const KernelConfig& c : gemm.tuning_candidates(spec, probe->device()->target())) {
       SCOPED_TRACE(to_string(spec) + ": " + config_string(c));
