@@ -22,8 +22,9 @@ namespace kiln {
 
 /// Bump when the key, the record's fields or what they measure change: old records then miss
 /// instead of being misread. 2: candidates timed after a cache flush (1: with the caches warm,
-/// which ranked some memory-bound candidates wrongly).
-inline constexpr int kTuningFormatVersion = 2;
+/// which ranked some memory-bound candidates wrongly). 3: each candidate timed after settling
+/// launches (TuneOptions::settle_ms: at the clock of sustained load, not the boost clock).
+inline constexpr int kTuningFormatVersion = 3;
 
 /// What a measured winner depends on. The template hash is that of the heuristic's source (the
 /// kernel family of the spec); a change of the device template makes old records miss. Never

@@ -160,11 +160,12 @@ class RuntimeImpl final : public Runtime {
   std::optional<KernelConfig> tuned_config(const KernelSpec& spec);
   static size_t winner_index(const std::vector<TuneCandidate>& candidates, const KernelConfig& winner);
   // Compiles, loads and times one tuning candidate: one launch to warm up (and to surface launch
-  // errors), then `reps` launches, each alone from cold caches (time_flushed_launches, with the
-  // tuning's one flush buffer); fills in c's times.
+  // errors), back-to-back launches for about settle_ms of device time (TuneOptions::settle_ms),
+  // then `reps` launches, each alone from cold caches (time_flushed_launches, with the tuning's
+  // one flush buffer); fills in c's times.
   Result<std::shared_ptr<KernelImpl>> time_candidate(const KernelSpec& spec, const KernelConfig& config,
-                                                     std::span<void* const> buffers, int reps, CacheFlush& flush,
-                                                     TuneCandidate& c);
+                                                     std::span<void* const> buffers, int reps, double settle_ms,
+                                                     CacheFlush& flush, TuneCandidate& c);
 
   // Loads `compiled` (one of the spec's variants or tuning candidates) as the preferred variant
   // of a Kernel; the op's other variants are compiled and loaded when a call needs them.

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <optional>
 #include <random>
 #include <vector>
@@ -24,6 +25,9 @@ Result<TuneReport> RuntimeImpl::tune(const KernelSpec& spec, const TuneOptions& 
                       "no device was found)");
   if (options.reps < 1)
     return make_error(Errc::invalid_argument, fmt::format("tune: reps = {}; time at least 1 launch", options.reps));
+  if (!(options.settle_ms >= 0))
+    return make_error(Errc::invalid_argument,
+                      fmt::format("tune: settle_ms = {}; give 0 (no settling launches) or more", options.settle_ms));
   KILN_ASSIGN_OR_RETURN(const OpTemplate* op, find_op(spec.op));
   const TargetInfo& target = device_->target();
   KILN_TRY(op->validate(spec, target));
@@ -56,7 +60,7 @@ Result<TuneReport> RuntimeImpl::tune(const KernelSpec& spec, const TuneOptions& 
     for (size_t i = 0; i < candidates.size(); ++i) {
       TuneCandidate& c = report.candidates.emplace_back();
       c.config = candidates[i];
-      auto timed = time_candidate(spec, candidates[i], tensors.pointers(), options.reps, flush, c);
+      auto timed = time_candidate(spec, candidates[i], tensors.pointers(), options.reps, options.settle_ms, flush, c);
       if (!timed) {
         c.error = timed.error().message;
         KILN_LOG_WARN("tuning {}: candidate {} failed: {}", report.spec, config_string(c.config), c.error);
@@ -122,12 +126,18 @@ size_t RuntimeImpl::winner_index(const std::vector<TuneCandidate>& candidates, c
 
 Result<std::shared_ptr<KernelImpl>> RuntimeImpl::time_candidate(const KernelSpec& spec, const KernelConfig& config,
                                                                 std::span<void* const> buffers, int reps,
-                                                                CacheFlush& flush, TuneCandidate& c) {
+                                                                double settle_ms, CacheFlush& flush,
+                                                                TuneCandidate& c) {
   KILN_ASSIGN_OR_RETURN(auto compiled, get_compiled(spec, device_->target(), &config, /*record_spec=*/false));
   KILN_ASSIGN_OR_RETURN(auto k, load(compiled));
   const Kernel& kernel = as_kernel(*k);
-  KILN_TRY(kernel.launch(spec, buffers, {}, nullptr));
-  KILN_TRY(device_->synchronize(nullptr));
+  // The warm-up launch, timed: it sizes the settling launches (TuneOptions::settle_ms says why).
+  KILN_ASSIGN_OR_RETURN(float once, device_->time_ms(nullptr, [&] { return kernel.launch(spec, buffers, {}, nullptr); }));
+  if (settle_ms > 0) {
+    const double n = std::ceil(settle_ms / std::max(static_cast<double>(once), 1e-3));
+    for (int i = 0, count = static_cast<int>(std::min(n, 1000.0)); i < count; ++i)
+      KILN_TRY(kernel.launch(spec, buffers, {}, nullptr));
+  }
   // Each timed launch from cold caches (runtime/flushed_timing.h says why).
   KILN_ASSIGN_OR_RETURN(FlushedTimes t, time_flushed_launches(*device_, flush, reps, [&] {
     return kernel.launch(spec, buffers, {}, nullptr);

@@ -1,5 +1,7 @@
 // Kiln on the fake CUDA driver (tests/fake_driver), a CUDA 13 driver: a real NVRTC compile, then
 // launches the fake records. Needs no GPU; the tests that compile need NVRTC (they skip without).
+#include <cmath>
+
 #include "fake_driver/fake_cuda_test.h"
 #include "kiln/check.h"
 #include "runtime/driver/cuda_api.h"
@@ -158,6 +160,47 @@ TEST(FakeCuda, TheTunerFlushesTheCachesBeforeEachTimedLaunch) {
   EXPECT_EQ(testing::fake_cuda<BytesFn>("fake_cuda_last_memset_bytes")(), size_t{2} << 20);
   EXPECT_EQ(flush_allocs() - allocs_before, 1) << "one flush buffer for the whole tuning, not one per candidate";
   EXPECT_EQ(testing::fake_cuda<FakeCudaCountFn>("fake_cuda_live_allocations")(), live) << "the flush buffer is freed";
+}
+
+// The tuner launches each candidate back to back for about TuneOptions::settle_ms before timing
+// it (so that it is timed at the clock of sustained load); 0 turns that off; a negative or NaN
+// value is an error.
+TEST(FakeCuda, TuningSettlesEachCandidateBeforeTimingIt) {
+  ASSERT_TRUE(kUseFake);
+  KILN_REQUIRE_NVRTC();
+  kiln::testing::TempDir dir;
+  auto rt = testing::fake_runtime(dir.path());
+  ASSERT_TRUE(rt);
+  const KernelSpec spec = testing::rmsnorm_spec(64, 4096);
+  auto launches = [&](double settle_ms, int& timed) {
+    TuneOptions options;
+    options.reps = 3;
+    options.force = true;
+    options.settle_ms = settle_ms;
+    const int before = fake_launch_count();
+    auto report = rt->tune(spec, options);
+    EXPECT_TRUE(report.ok()) << report.error().message;
+    timed = 0;
+    if (report.ok())
+      for (const TuneCandidate& c : report->candidates) timed += c.error.empty() ? 1 : 0;
+    return fake_launch_count() - before;
+  };
+  int timed = 0, timed_settled = 0;
+  const int plain = launches(0, timed);
+  ASSERT_GE(timed, 2) << "rmsnorm has several candidates on sm_90a";
+  EXPECT_EQ(plain, timed * (1 + 3)) << "without settling: a warm-up and the timed launches per candidate";
+  const int settled = launches(50, timed_settled);
+  EXPECT_EQ(timed_settled, timed);
+  EXPECT_GE(settled, plain + timed) << "at least one settling launch per candidate";
+  EXPECT_LE(settled, plain + 1000 * timed) << "at most 1000 per candidate";
+  for (double bad : {-1.0, std::nan("")}) {
+    TuneOptions options;
+    options.settle_ms = bad;
+    auto report = rt->tune(spec, options);
+    ASSERT_FALSE(report.ok());
+    EXPECT_EQ(report.error().code, Errc::invalid_argument);
+    EXPECT_NE(report.error().message.find("settle_ms"), std::string::npos) << report.error().message;
+  }
 }
 
 // check_on_device's bench_iterations (`kiln run --bench`): each timed launch alone after a cache
