@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "support/log.h"
@@ -47,6 +48,14 @@ Result<FlushedTimes> time_flushed_launches(Device& device, CacheFlush& flush, in
   out.max_ms = ms.back();
   out.flushed = flush.active();
   return out;
+}
+
+Result<void> settle_launches(Device& device, double settle_ms, const std::function<Result<void>()>& launch) {
+  KILN_ASSIGN_OR_RETURN(float once, device.time_ms(nullptr, launch));
+  if (!(settle_ms > 0)) return ok();
+  const double n = std::ceil(settle_ms / std::max(static_cast<double>(once), 1e-3));
+  for (int i = 0, count = static_cast<int>(std::min(n, double{kMaxSettleLaunches})); i < count; ++i) KILN_TRY(launch());
+  return ok();
 }
 
 Result<FlushedTimes> time_flushed_launches(Device& device, int reps, const std::function<Result<void>()>& launch,

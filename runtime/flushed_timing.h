@@ -45,6 +45,16 @@ class CacheFlush {
 Result<FlushedTimes> time_flushed_launches(Device& device, CacheFlush& flush, int reps,
                                            const std::function<Result<void>()>& launch, std::string_view what);
 
+/// Most launches settle_launches issues: a tiny kernel's settling stays a few milliseconds of host time.
+inline constexpr int kMaxSettleLaunches = 1000;
+
+/// Times one launch of `launch` (a warm-up), then launches it back to back for about `settle_ms`
+/// of device time (at most kMaxSettleLaunches; none at 0), so that the launches timed next run
+/// at the clock the GPU holds under that kernel's sustained load, not its boost clock (H200,
+/// 2026-11-28: 1740-1785 MHz under the attention forward's load, 1980 for a burst of launches).
+/// Errors: time_ms's or the launch's.
+Result<void> settle_launches(Device& device, double settle_ms, const std::function<Result<void>()>& launch);
+
 /// The same with a flush buffer of its own, allocated and freed by this call.
 Result<FlushedTimes> time_flushed_launches(Device& device, int reps, const std::function<Result<void>()>& launch,
                                            std::string_view what);

@@ -160,7 +160,7 @@ class RuntimeImpl final : public Runtime {
   std::optional<KernelConfig> tuned_config(const KernelSpec& spec);
   static size_t winner_index(const std::vector<TuneCandidate>& candidates, const KernelConfig& winner);
   // Compiles, loads and times one tuning candidate: one launch to warm up (and to surface launch
-  // errors), back-to-back launches for about settle_ms of device time (TuneOptions::settle_ms),
+  // errors), back-to-back launches for about settle_ms of device time (settle_launches),
   // then `reps` launches, each alone from cold caches (time_flushed_launches, with the tuning's
   // one flush buffer); fills in c's times.
   Result<std::shared_ptr<KernelImpl>> time_candidate(const KernelSpec& spec, const KernelConfig& config,

@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cmath>
 #include <optional>
 #include <random>
 #include <vector>
@@ -131,17 +130,11 @@ Result<std::shared_ptr<KernelImpl>> RuntimeImpl::time_candidate(const KernelSpec
   KILN_ASSIGN_OR_RETURN(auto compiled, get_compiled(spec, device_->target(), &config, /*record_spec=*/false));
   KILN_ASSIGN_OR_RETURN(auto k, load(compiled));
   const Kernel& kernel = as_kernel(*k);
-  // The warm-up launch, timed: it sizes the settling launches (TuneOptions::settle_ms says why).
-  KILN_ASSIGN_OR_RETURN(float once, device_->time_ms(nullptr, [&] { return kernel.launch(spec, buffers, {}, nullptr); }));
-  if (settle_ms > 0) {
-    const double n = std::ceil(settle_ms / std::max(static_cast<double>(once), 1e-3));
-    for (int i = 0, count = static_cast<int>(std::min(n, 1000.0)); i < count; ++i)
-      KILN_TRY(kernel.launch(spec, buffers, {}, nullptr));
-  }
-  // Each timed launch from cold caches (runtime/flushed_timing.h says why).
-  KILN_ASSIGN_OR_RETURN(FlushedTimes t, time_flushed_launches(*device_, flush, reps, [&] {
-    return kernel.launch(spec, buffers, {}, nullptr);
-  }, "tuning " + to_string(spec)));
+  const auto launch = [&] { return kernel.launch(spec, buffers, {}, nullptr); };
+  // A warm-up launch, then the clock of sustained load, then each timed launch from cold caches
+  // (runtime/flushed_timing.h says why).
+  KILN_TRY(settle_launches(*device_, settle_ms, launch));
+  KILN_ASSIGN_OR_RETURN(FlushedTimes t, time_flushed_launches(*device_, flush, reps, launch, "tuning " + to_string(spec)));
   c.median_ms = t.median_ms;
   c.min_ms = t.min_ms;
   c.max_ms = t.max_ms;

@@ -18,8 +18,8 @@ struct TuneOptions {
   /// Device time, milliseconds, of back-to-back launches of each candidate before its timed ones
   /// (at most 1000 launches; 0: none), so that it is timed at the clock the GPU holds under that
   /// kernel's sustained load, as in a training step, not at its boost clock. H200, 2026-11-28:
-  /// the attention forward ran at 1980 MHz for a burst of launches and at 1740-1770 MHz (11% slower)
-  /// after about 100 ms of them; 20 timed launches without this fit inside the burst.
+  /// the attention forward ran at 1980 MHz for a burst of launches and at 1740-1785 MHz (11% slower)
+  /// once they ran for about 100 ms; 20 timed launches without this fit inside the burst.
   double settle_ms = 200;
 };
 

@@ -32,6 +32,16 @@ struct Case {
   const char* compiler;
 };
 
+// ptxas's advisories C7512 / C7513 / C7515 mean that it serialized every wgmma.mma_async of the
+// kernel (too few registers; a non-WGMMA instruction defines a WGMMA's input or accumulator
+// registers inside a pipeline stage). The Hopper attention forward had C7515 from its masks' writes
+// into the score accumulators: removing it took the forward from 0.81 to 0.97 of cuDNN
+// (2026-11-26). NVRTC's log carries ptxas's report (--ptxas-options=-v); clang's compile does not.
+void expect_wgmma_not_serialized(const std::string& nvrtc_log) {
+  for (const char* advisory : {"C7512", "C7513", "C7515"})
+    EXPECT_EQ(nvrtc_log.find(advisory), std::string::npos) << "ptxas serialized the WGMMAs:\n" << nvrtc_log;
+}
+
 // Every op's own test specs for the target (a new op is compiled here without a line in this
 // file), one per distinct baked spec, plus two large GEMMs.
 std::vector<KernelSpec> every_op_and_dtype(const TargetInfo& target) {
@@ -145,16 +155,7 @@ TEST_P(CompileEveryTarget, ProducesAValidCodeObject) {
                             : known_spill     ? 16
                                               : 0;
     EXPECT_LE(info.spill_stores, allowed) << "no spills expected in these small kernels";
-    // ptxas's advisories C7512 / C7513 / C7515 mean that it serialized every wgmma.mma_async of the
-    // kernel (too few registers; a non-WGMMA instruction defines a WGMMA's input or accumulator
-    // registers inside a pipeline stage). The Hopper attention forward had C7515 from its masks' writes into the score
-    // accumulators: removing it took the forward from 0.81 to 0.97 of cuDNN (2026-11-26). NVRTC's log
-    // carries ptxas's report (--ptxas-options=-v); clang's compile does not report it here.
-    if (target.vendor == Vendor::nvidia && !clang) {
-      for (const char* advisory : {"C7512", "C7513", "C7515"}) {
-        EXPECT_EQ(out->log.find(advisory), std::string::npos) << "ptxas serialized the WGMMAs:\n" << out->log;
-      }
-    }
+    if (target.vendor == Vendor::nvidia && !clang) expect_wgmma_not_serialized(out->log);
 #if KILN_WITH_LLVM
     const auto symbols = elf_symbols(b);
     EXPECT_TRUE(symbols.count(src->kernel_name)) << "kernel symbol missing from the ELF";
@@ -334,8 +335,7 @@ TEST(Compile, AttentionTuningCandidatesCompileWithTheirKeyBlocks) {
       auto out = (*compiler)->compile(*src);
       ASSERT_TRUE(out.ok()) << out.error().message;
       EXPECT_EQ(out->info.spill_stores, 0);
-      for (const char* advisory : {"C7512", "C7513", "C7515"})
-        EXPECT_EQ(out->log.find(advisory), std::string::npos) << "ptxas serialized the WGMMAs:\n" << out->log;
+      expect_wgmma_not_serialized(out->log);
     }
     EXPECT_EQ(wide, 2) << "176-key blocks, persistent and not";
   }
