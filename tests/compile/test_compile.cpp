@@ -341,6 +341,48 @@ TEST(Compile, AttentionTuningCandidatesCompileWithTheirKeyBlocks) {
   }
 }
 
+// The Hopper backward keeps few copies of its passes: NVRTC's optimizer and ptxas take time with
+// the code's size, and issue 15 asks for a cold compile under 1 s. Counted by P's exponentials in
+// each kernel's PTX, 32 per copy of a pass (a thread's 64 x 64 tile fragment): the dq kernel's
+// pipelined loop holds three copies of its step (alternate_last_in_a), each with a masked-tile
+// copy of its pass at head dim 128 and none at 64 (the pairs past the limit cleared after the
+// pass); the dK/dV kernel five steps at 64 (alternate) without masked copies, and one step with
+// its masked copy at 128. d3d30d3 had 320 in the dq kernel at both head dims and in the dK/dV
+// kernel at 64 (five steps, two copies each); attention_bwd took 1.1-1.2 s to compile there.
+TEST(Compile, AttentionBackwardKeepsFewCopiesOfItsPasses) {
+  const TargetInfo& target = **find_target("sm_90a");
+  auto compiler = compiler_for(target, "nvrtc");
+  if (!compiler && compiler.error().code == Errc::driver_unavailable) GTEST_SKIP() << compiler.error().message;
+  ASSERT_TRUE(compiler.ok()) << compiler.error().message;
+  struct Expect {
+    int64_t head_dim;
+    int dq, dkdv;
+  };
+  for (const Expect& e : {Expect{64, 96, 160}, Expect{128, 192, 64}}) {
+    SCOPED_TRACE(fmt::format("head_dim {}", e.head_dim));
+    const KernelSpec spec{"attention_bwd", DType::bf16, DType::bf16,
+                          {{"batch", 1}, {"seqlen_q", 300}, {"seqlen_k", 300}, {"heads", 4}, {"kv_heads", 2},
+                           {"head_dim", e.head_dim}, {"causal", 1}}};
+    auto src = generate(spec, target);
+    ASSERT_TRUE(src.ok()) << src.error().message;
+    ASSERT_TRUE(src->config.count("WGMMA")) << "the TMA + WGMMA kernels";
+    auto ptx = (*compiler)->emit(*src, Emit::assembly);
+    ASSERT_TRUE(ptx.ok()) << ptx.error().message;
+    // Exponentials per kernel: from its .entry to the next.
+    auto exps = [&](const std::string& kernel) {
+      const size_t at = ptx->find(".entry " + kernel + "(");
+      if (at == std::string::npos) return -1;
+      const size_t end = ptx->find(".entry ", at + 1);
+      int n = 0;
+      for (size_t i = ptx->find("ex2.approx", at); i < end && i != std::string::npos; i = ptx->find("ex2.approx", i + 1))
+        ++n;
+      return n;
+    };
+    EXPECT_EQ(exps("kiln_attention_bwd_dq"), e.dq);
+    EXPECT_EQ(exps("kiln_attention_bwd_dkdv"), e.dkdv);
+  }
+}
+
 // gfx950's fp8 MFMA kernels (gemm_fp8 and grouped_gemm) compile in both tuning candidates, each
 // with its MFMA: the 32x32x16 fp8 form (the choice, four per 64 k) or the 32x32x64 f8f6f4 form (one
 // per 64 k); no scratch, no spills, 64 x 64 and 128 x 128 tiles.
