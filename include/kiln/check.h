@@ -29,6 +29,11 @@ struct CheckOptions {
   /// that no input is found cached; where that memory cannot be had, with the caches warm and
   /// CheckReport::kernel_flushed false); their median is CheckReport::kernel_ms.
   int bench_iterations = 0;
+  /// With bench_iterations: device time, milliseconds, of back-to-back launches before the timed
+  /// ones (at most 1000 launches; 0: one warm-up launch only), so that the kernel is timed at the
+  /// clock the GPU holds under sustained load, as TuneOptions::settle_ms does for the tuner (its
+  /// note has the H200's figures). Negative or NaN: an invalid_argument error.
+  double bench_settle_ms = 200;
   /// Optional: called once after the comparison with `launch`, which launches the checked kernel
   /// once on the checked tensors (the default stream, nothing synchronized), so that a benchmark
   /// times the kernel on the inputs already made instead of making GPU-sized inputs a second

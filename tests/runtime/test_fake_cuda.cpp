@@ -204,7 +204,7 @@ TEST(FakeCuda, TuningSettlesEachCandidateBeforeTimingIt) {
 }
 
 // check_on_device's bench_iterations (`kiln run --bench`): each timed launch alone after a cache
-// flush, as the tuner and bench/ time kernels.
+// flush, as the tuner and bench/ time kernels, after back-to-back launches for bench_settle_ms.
 TEST(FakeCuda, TheCheckTimesEachLaunchAfterACacheFlush) {
   ASSERT_TRUE(kUseFake);
   KILN_REQUIRE_NVRTC();
@@ -217,7 +217,8 @@ TEST(FakeCuda, TheCheckTimesEachLaunchAfterACacheFlush) {
   const int live = testing::fake_cuda<FakeCudaCountFn>("fake_cuda_live_allocations")();
   CheckOptions options;
   options.bench_iterations = 5;
-  const int before_launches = fake_launch_count();
+  options.bench_settle_ms = 0;
+  int before_launches = fake_launch_count();
   const int before = memsets();
   auto report = check_on_device(*rt, testing::rmsnorm_spec(64, 1024), options);
   ASSERT_TRUE(report.ok()) << report.error().message;
@@ -227,6 +228,23 @@ TEST(FakeCuda, TheCheckTimesEachLaunchAfterACacheFlush) {
   EXPECT_EQ(fake_launch_count() - before_launches, 1 + 1 + options.bench_iterations)
       << "the checked launch, one warm-up, then each timed launch once";
   EXPECT_EQ(testing::fake_cuda<FakeCudaCountFn>("fake_cuda_live_allocations")(), live) << "the flush buffer is freed";
+  // By default (`kiln run --bench`) back-to-back launches for about 200 ms come first, as the
+  // tuner's settle_ms: at least one, at most 1000.
+  EXPECT_EQ(CheckOptions{}.bench_settle_ms, 200);
+  options.bench_settle_ms = CheckOptions{}.bench_settle_ms;
+  before_launches = fake_launch_count();
+  report = check_on_device(*rt, testing::rmsnorm_spec(64, 1024), options);
+  ASSERT_TRUE(report.ok()) << report.error().message;
+  const int settled = fake_launch_count() - before_launches;
+  EXPECT_GE(settled, 1 + 1 + 1 + options.bench_iterations);
+  EXPECT_LE(settled, 1 + 1 + 1000 + options.bench_iterations);
+  for (double bad : {-1.0, std::nan("")}) {
+    options.bench_settle_ms = bad;
+    auto refused = check_on_device(*rt, testing::rmsnorm_spec(64, 1024), options);
+    ASSERT_FALSE(refused.ok());
+    EXPECT_EQ(refused.error().code, Errc::invalid_argument);
+    EXPECT_NE(refused.error().message.find("bench_settle_ms"), std::string::npos) << refused.error().message;
+  }
 }
 
 TEST(FakeCuda, TimeMsDestroysItsEventsOnError) {
