@@ -172,6 +172,10 @@ def main():
         kf, kb = float(r["Forward TFLOPS"]), float(r["Backward TFLOPS"])
         o = dict(label=label, Check=r["Check"], kiln_fwd=kf, kiln_bwd=kb)
         for name, backend in PEERS:
+            if "_softcap" in label:  # bench_attention --softcap: SDPA has no logit softcap
+                o[f"{name}_fwd"] = o[f"{name}_bwd"] = None
+                reasons.append(f"{label}: {name}: SDPA has no logit softcap")
+                continue
             if is_varlen:
                 if name != "FA2" or lens is None:
                     o[f"{name}_fwd"] = o[f"{name}_bwd"] = None

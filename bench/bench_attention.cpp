@@ -38,6 +38,7 @@
 // (FlashAttention's). Gates (shared/reference/BENCHMARKS.md): SNR > 40 dB on out, dq, dk, dv
 // over the sampled values; lse within 1e-4 absolute + 1e-4 relative; no non-finite value.
 // Unchecked rows report Check "-" (same kernel and inputs as the checked row of their shape).
+// --softcap N runs every case with that logit softcap, unchecked (the reference here has none).
 //
 // Timing: device events around one launch (the op's whole call: the backward is its 3 kernels),
 // a 256 MiB memset before each to evict L2 (as triton.testing.do_bench does for the peers);
@@ -104,6 +105,7 @@ struct CaseList {
   Shape varlen_heads = kVarlenHeads;
   int64_t varlen_tokens = kVarlenTokens, varlen_min = kVarlenMin, varlen_max = kVarlenMax;
   bool quick = false, check_all = false;
+  int64_t softcap = 0;  // --softcap: every case with this logit softcap, unchecked
 };
 
 struct Case {
@@ -111,6 +113,7 @@ struct Case {
   Shape shape;                // seq: S (dense) or the longest sequence (varlen)
   int64_t batch = 1;          // sequences
   bool causal = false;
+  int64_t softcap = 0;        // logit softcap (0: none)
   std::vector<int64_t> lens;  // varlen (layout thd): every sequence's length; empty: dense (bshd)
   bool check = false;
   size_t group = 0;           // index of the tensor set it runs on
@@ -220,6 +223,12 @@ void build_cases(const CaseList& list, std::vector<Case>& cases, std::vector<Gro
   groups.push_back(std::move(dg));
   for (Group& g : groups)
     for (size_t i : g.cases) g.tokens = std::max(g.tokens, cases[i].tokens());
+  if (list.softcap > 0)  // this file's fp64 reference has no softcap: the GPU tests check the op's softcap specs
+    for (Case& c : cases) {
+      c.label += fmt::format("_softcap{}", list.softcap);
+      c.softcap = list.softcap;
+      c.check = false;
+    }
 }
 
 kiln::KernelSpec make_spec(const Case& c, bool backward) {
@@ -229,6 +238,7 @@ kiln::KernelSpec make_spec(const Case& c, bool backward) {
                       {"head_dim", c.shape.d},
                       {"causal", c.causal ? 1 : 0},
                       {"batch", c.batch}}};
+  if (c.softcap > 0) s.params["softcap"] = c.softcap;
   if (c.varlen()) {
     s.params["layout"] = 1;  // thd
     s.params["total_q"] = s.params["total_k"] = c.tokens();
@@ -510,6 +520,7 @@ struct Options {
   bool timing = true, tune = false;
   std::vector<std::string> shapes;  // "HQ/HKV/D/S"
   std::string varlen;               // "TOTAL/MIN/MAX"
+  int64_t softcap = 0;
 };
 
 struct Bench {
@@ -893,13 +904,24 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_flag("--tune", opt.tune, "Time every tuning candidate of each case first (Runtime::tune) and print them");
   app.add_flag("!--no-timing", opt.timing, "Check only, no timed repetitions (implied by --backend emulator)");
+  app.add_option("--softcap", opt.softcap,
+                 "Every case with this logit softcap (score = N tanh(score / N), Gemma-2's; labels end _softcapN), "
+                 "timed only: this bench's reference has none (the GPU tests check the op's softcap specs) and "
+                 "SDPA has no softcap (bench/attention_peers.py skips these rows)")
+      ->check(CLI::Range(int64_t{0}, int64_t{100000}));
   CLI11_PARSE(app, argc, argv);
   opt.max_reps = std::max(opt.max_reps, opt.min_reps);
   if (opt.backend == "emulator") opt.timing = false;
 
+  if (opt.softcap > 0 && !opt.timing) {
+    std::fprintf(stderr, "bench_attention: --softcap rows are timed only (no check), so they need timing "
+                         "(not --no-timing, not --backend emulator)\n");
+    return 2;
+  }
   CaseList list;
   list.quick = opt.quick;
   list.check_all = opt.check_all;
+  list.softcap = opt.softcap;
   auto numbers = [](const std::string& text, size_t count, std::vector<int64_t>& out) {
     out.clear();
     size_t pos = 0;
