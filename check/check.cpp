@@ -227,10 +227,10 @@ Result<CheckReport> check_unguarded(Runtime& rt, const KernelSpec& spec, const C
     // launches overlap and find the previous launch's inputs in L2, which read 5-10% fast under
     // about 100 us: H100, 2026-11-28, quantize_fp8 block1x128 at 8192 x 4096, 0.0369 ms back to
     // back, 0.0399-0.0405 flushed), after a warm-up and back-to-back launches for about
-    // bench_settle_ms (settle_launches: the clock of sustained load, as the tuner).
-    auto launch = [&] { return kernel->launch(spec, ptrs, options.scalars, nullptr); };
-    KILN_TRY(settle_launches(*device, options.bench_settle_ms, launch));
-    KILN_ASSIGN_OR_RETURN(FlushedTimes t, time_flushed_launches(*device, options.bench_iterations, launch, to_string(spec)));
+    // bench_settle_ms (the clock of sustained load, as the tuner).
+    KILN_ASSIGN_OR_RETURN(FlushedTimes t, time_flushed_launches(*device, options.bench_iterations, options.bench_settle_ms, [&] {
+      return kernel->launch(spec, ptrs, options.scalars, nullptr);
+    }, to_string(spec)));
     report.kernel_ms = t.median_ms;
     report.kernel_flushed = t.flushed;
   }

@@ -32,8 +32,13 @@ Result<void> CacheFlush::flush(uint8_t value) {
   return device_.memset(buffer_, value, bytes_);
 }
 
-Result<FlushedTimes> time_flushed_launches(Device& device, CacheFlush& flush, int reps,
+Result<FlushedTimes> time_flushed_launches(Device& device, CacheFlush& flush, int reps, double settle_ms,
                                            const std::function<Result<void>()>& launch, std::string_view what) {
+  KILN_ASSIGN_OR_RETURN(float once, device.time_ms(nullptr, launch));  // warm-up
+  if (settle_ms > 0) {
+    const double n = std::ceil(settle_ms / std::max(static_cast<double>(once), 1e-3));
+    for (int i = 0, count = static_cast<int>(std::min(n, double{kMaxSettleLaunches})); i < count; ++i) KILN_TRY(launch());
+  }
   std::vector<float> ms;
   for (int r = 0; r < reps; ++r) {
     KILN_TRY(flush.flush(static_cast<uint8_t>(r)));  // stream order: before the timing
@@ -50,18 +55,10 @@ Result<FlushedTimes> time_flushed_launches(Device& device, CacheFlush& flush, in
   return out;
 }
 
-Result<void> settle_launches(Device& device, double settle_ms, const std::function<Result<void>()>& launch) {
-  KILN_ASSIGN_OR_RETURN(float once, device.time_ms(nullptr, launch));
-  if (!(settle_ms > 0)) return ok();
-  const double n = std::ceil(settle_ms / std::max(static_cast<double>(once), 1e-3));
-  for (int i = 0, count = static_cast<int>(std::min(n, double{kMaxSettleLaunches})); i < count; ++i) KILN_TRY(launch());
-  return ok();
-}
-
-Result<FlushedTimes> time_flushed_launches(Device& device, int reps, const std::function<Result<void>()>& launch,
-                                           std::string_view what) {
+Result<FlushedTimes> time_flushed_launches(Device& device, int reps, double settle_ms,
+                                           const std::function<Result<void>()>& launch, std::string_view what) {
   CacheFlush flush(device, what);
-  return time_flushed_launches(device, flush, reps, launch, what);
+  return time_flushed_launches(device, flush, reps, settle_ms, launch, what);
 }
 
 }  // namespace kiln

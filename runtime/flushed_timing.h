@@ -39,24 +39,23 @@ class CacheFlush {
   size_t bytes_ = 0;
 };
 
-/// Times `reps` (>= 1) launches of `launch` on the default stream with device events, each alone
-/// after `flush` writes its buffer. `what` names the work in errors. Errors: the memset's,
-/// time_ms's or the launch's.
-Result<FlushedTimes> time_flushed_launches(Device& device, CacheFlush& flush, int reps,
-                                           const std::function<Result<void>()>& launch, std::string_view what);
-
-/// Most launches settle_launches issues: a tiny kernel's settling stays a few milliseconds of host time.
+/// Most settling launches time_flushed_launches issues: a tiny kernel's settling stays a few
+/// milliseconds of host time.
 inline constexpr int kMaxSettleLaunches = 1000;
 
-/// Times one launch of `launch` (a warm-up), then launches it back to back for about `settle_ms`
-/// of device time (at most kMaxSettleLaunches; none at 0), so that the launches timed next run
-/// at the clock the GPU holds under that kernel's sustained load, not its boost clock (H200,
-/// 2026-11-28: 1740-1785 MHz under the attention forward's load, 1980 for a burst of launches).
-/// Errors: time_ms's or the launch's.
-Result<void> settle_launches(Device& device, double settle_ms, const std::function<Result<void>()>& launch);
+/// How Kiln times a kernel (the tuner, `kiln run --bench`): one launch of `launch` (a warm-up,
+/// timed), then launches back to back for about `settle_ms` of device time (at most
+/// kMaxSettleLaunches; none at 0), so that the timed launches run at the clock the GPU holds under
+/// that kernel's sustained load, not its boost clock (H200, 2026-11-28: 1740-1785 MHz under the
+/// attention forward's load, 1980 for a burst of launches); then `reps` (>= 1) launches on the
+/// default stream with device events, each alone after `flush` writes its buffer. `settle_ms` must
+/// be >= 0 (callers refuse other values up front). `what` names the work in errors. Errors: the
+/// memset's, time_ms's or the launch's.
+Result<FlushedTimes> time_flushed_launches(Device& device, CacheFlush& flush, int reps, double settle_ms,
+                                           const std::function<Result<void>()>& launch, std::string_view what);
 
 /// The same with a flush buffer of its own, allocated and freed by this call.
-Result<FlushedTimes> time_flushed_launches(Device& device, int reps, const std::function<Result<void>()>& launch,
-                                           std::string_view what);
+Result<FlushedTimes> time_flushed_launches(Device& device, int reps, double settle_ms,
+                                           const std::function<Result<void>()>& launch, std::string_view what);
 
 }  // namespace kiln

@@ -159,10 +159,9 @@ class RuntimeImpl final : public Runtime {
   // candidate (every kernel but sm_90a's TMA gemm), which is not looked up at all.
   std::optional<KernelConfig> tuned_config(const KernelSpec& spec);
   static size_t winner_index(const std::vector<TuneCandidate>& candidates, const KernelConfig& winner);
-  // Compiles, loads and times one tuning candidate: one launch to warm up (and to surface launch
-  // errors), back-to-back launches for about settle_ms of device time (settle_launches),
-  // then `reps` launches, each alone from cold caches (time_flushed_launches, with the tuning's
-  // one flush buffer); fills in c's times.
+  // Compiles, loads and times one tuning candidate (time_flushed_launches, with the tuning's one
+  // flush buffer: a warm-up, which also surfaces launch errors, back-to-back launches for about
+  // settle_ms, then `reps` launches each alone from cold caches); fills in c's times.
   Result<std::shared_ptr<KernelImpl>> time_candidate(const KernelSpec& spec, const KernelConfig& config,
                                                      std::span<void* const> buffers, int reps, double settle_ms,
                                                      CacheFlush& flush, TuneCandidate& c);

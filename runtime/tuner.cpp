@@ -130,11 +130,11 @@ Result<std::shared_ptr<KernelImpl>> RuntimeImpl::time_candidate(const KernelSpec
   KILN_ASSIGN_OR_RETURN(auto compiled, get_compiled(spec, device_->target(), &config, /*record_spec=*/false));
   KILN_ASSIGN_OR_RETURN(auto k, load(compiled));
   const Kernel& kernel = as_kernel(*k);
-  const auto launch = [&] { return kernel.launch(spec, buffers, {}, nullptr); };
   // A warm-up launch, then the clock of sustained load, then each timed launch from cold caches
   // (runtime/flushed_timing.h says why).
-  KILN_TRY(settle_launches(*device_, settle_ms, launch));
-  KILN_ASSIGN_OR_RETURN(FlushedTimes t, time_flushed_launches(*device_, flush, reps, launch, "tuning " + to_string(spec)));
+  KILN_ASSIGN_OR_RETURN(FlushedTimes t, time_flushed_launches(*device_, flush, reps, settle_ms, [&] {
+    return kernel.launch(spec, buffers, {}, nullptr);
+  }, "tuning " + to_string(spec)));
   c.median_ms = t.median_ms;
   c.min_ms = t.min_ms;
   c.max_ms = t.max_ms;

@@ -128,7 +128,7 @@ int run_run(const RunOptions& o) {
     const double s = report->kernel_ms * 1e-3;
     std::string rate = fmt::format("{:.1f} GB/s", report->bytes / s / 1e9);
     if (report->flops > 0) rate = fmt::format("{:.1f} TFLOP/s, {}", report->flops / s / 1e12, rate);
-    fmt::print("kernel       {:.4f} ms a launch (median of {} launches, each alone {}, after {:.0f} ms of back-to-back launches), {}\n",
+    fmt::print("kernel       {:.4f} ms a launch (median of {} launches, each alone {}, after up to {:.0f} ms of back-to-back launches), {}\n",
                report->kernel_ms, co.bench_iterations, report->kernel_flushed ? "after a cache flush" : "with the caches warm",
                co.bench_settle_ms, rate);
   }
@@ -145,10 +145,11 @@ Command add_run_command(CLI::App& app) {
   add_spec_options(*cmd, o->spec);
   cmd->add_flag("--check", o->check, "Compare every output row (default: a sample of 256 rows)");
   cmd->add_flag("--bench", o->bench,
-                "Also time the kernel: the median device time of single launches, each after a cache flush, after about "
-                "200 ms of back-to-back launches (the clock of sustained load; as the tuner and bench/ time them), "
-                "TFLOP/s (gemm), GB/s; tunes it first (the tuning record is kept in the "
-                "cache, so only the first run times the candidates)");
+                fmt::format("Also time the kernel: the median device time of single launches, each after a cache flush, "
+                            "after about {:.0f} ms of back-to-back launches (the clock of sustained load; as the tuner "
+                            "and bench/ time them), TFLOP/s (gemm), GB/s; tunes it first (the tuning record is kept in "
+                            "the cache, so only the first run times the candidates)",
+                            CheckOptions{}.bench_settle_ms));
   cmd->add_flag("--no-tune", o->no_tune, "With --bench: time the heuristic's (or an existing record's) configuration, without tuning");
   cmd->add_option("--sample-rows", o->sample_rows, "Output rows compared with the reference (0: all)");
   cmd->add_option("--iterations", o->iterations, "Launches timed with --bench (default 100)");
