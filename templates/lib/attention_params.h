@@ -359,7 +359,7 @@ inline std::string specialize_common(const KernelSpec& s) {
 // The test specs of both ops (the backward adds `deterministic` to some): odd lengths, GQA, MQA,
 // causal with seqlen_q < and > seqlen_k, sliding windows, softcap, thd with an empty sequence,
 // head_dim 64, 128, 256 and 192/128, bf16 and fp16, no tokens; small enough for the CDNA
-// emulator (at most 256 KiB moved), and two larger ones for GPUs.
+// emulator (at most 256 KiB moved), and larger ones for GPUs.
 inline std::vector<TestSpec> test_specs(std::string_view op, bool backward) {
   std::vector<TestSpec> out;
   auto bshd = [&](DType t, int64_t b, int64_t sq, int64_t sk, int64_t h, int64_t hkv, int64_t d,
@@ -406,6 +406,8 @@ inline std::vector<TestSpec> test_specs(std::string_view op, bool backward) {
        "GPU size: causal GQA at head_dim 64, 1-6 key blocks per query block (odd and even counts: the "
        "sm_90a backward's two-step software pipeline and its tails)");
   thd_spec(DType::bf16, 5, 700, 900, 300, 400, 4, 1, 128, {{"window_left", 64}}, "GPU size: thd, window 64");
+  bshd(DType::bf16, 1, 333, 333, 4, 2, 128, {{"causal", 1}, {"softcap", 30}},
+       "GPU size: causal with logit softcap 30 at head_dim 128, several tiles");
   if (!backward)  // the persistent forward's later rounds (9 query blocks x 2 x 16 heads = 288 items, more
                   // than two per block of the grid: the snake order's backward rounds run)
     bshd(DType::bf16, 2, 1100, 1100, 16, 4, 128, causal, "GPU size: causal GQA, 288 work items");

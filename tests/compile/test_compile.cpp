@@ -383,6 +383,38 @@ TEST(Compile, AttentionBackwardKeepsFewCopiesOfItsPasses) {
   }
 }
 
+// The logit softcap's tanh divides by div.full.f32, not IEEE division (div.rn.f32, whose out-of-line
+// slow path ptxas keeps in every pass): with div.rn the H200 took 2.92 / 7.03 ms for the causal
+// forward / backward at heads 32/8, head dim 128, s8192, and 1.52 / 4.41 ms with div.full
+// (2026-11-28, bench/results/h200-2026-11-28-session22/softcap-div-full).
+TEST(Compile, AttentionSoftcapHasNoIeeeDivision) {
+  const TargetInfo& target = **find_target("sm_90a");
+  auto compiler = compiler_for(target, "nvrtc");
+  if (!compiler && compiler.error().code == Errc::driver_unavailable) GTEST_SKIP() << compiler.error().message;
+  ASSERT_TRUE(compiler.ok()) << compiler.error().message;
+  for (const char* op : {"attention", "attention_bwd"})
+    for (int64_t head_dim : {64, 128}) {
+      SCOPED_TRACE(fmt::format("{} head_dim {}", op, head_dim));
+      const KernelSpec spec{op, DType::bf16, DType::bf16,
+                            {{"batch", 1}, {"seqlen_q", 300}, {"seqlen_k", 300}, {"heads", 4}, {"kv_heads", 2},
+                             {"head_dim", head_dim}, {"causal", 1}, {"softcap", 30}}};
+      auto src = generate(spec, target);
+      ASSERT_TRUE(src.ok()) << src.error().message;
+      ASSERT_TRUE(src->config.count("WGMMA")) << "the TMA + WGMMA kernels";
+      auto ptx = (*compiler)->emit(*src, Emit::assembly);
+      ASSERT_TRUE(ptx.ok()) << ptx.error().message;
+      auto count = [&](const std::string& what) {
+        int n = 0;
+        for (size_t i = ptx->find(what); i != std::string::npos; i = ptx->find(what, i + 1)) ++n;
+        return n;
+      };
+      // The forward keeps a few IEEE divisions outside its passes (scale / softcap, 1 / rowsum);
+      // with div_f in attention_tanh there were 131-256 (one per tanh of a pass).
+      EXPECT_LE(count("div.rn.f32"), 4);
+      EXPECT_GE(count("div.full.f32"), 128);
+    }
+}
+
 // gfx950's fp8 MFMA kernels (gemm_fp8 and grouped_gemm) compile in both tuning candidates, each
 // with its MFMA: the 32x32x16 fp8 form (the choice, four per 64 k) or the 32x32x64 f8f6f4 form (one
 // per 64 k); no scratch, no spills, 64 x 64 and 128 x 128 tiles.
