@@ -297,7 +297,9 @@ void AttentionBwdOp::init_inputs_with_scalars(const KernelSpec& spec, const Scal
 }
 
 // fp64, every row (dk and dv need every query): P = exp(S - lse) from the lse input, D from the
-// out input, as the op defines them.
+// out input, as the op defines them. Two passes on every core (ah::for_each_ref_item): dq by query
+// rows, then dk and dv by key rows (S and dP computed in both), each element summed in the order
+// of the one-pass loop (keys for dq; query heads, then queries for dk and dv).
 void AttentionBwdOp::reference(const KernelSpec& s, const Scalars& scalars, std::span<const std::vector<float>> in,
                                std::span<const int64_t>, std::vector<RefOutput>& outputs) const {
   const auto ts = tensors(s);
@@ -315,44 +317,65 @@ void AttentionBwdOp::reference(const KernelSpec& s, const Scalars& scalars, std:
   dq = ah::strided_zeros(Tq, qs, H * D);
   dk = ah::strided_zeros(Tk, ks, Hkv * D);
   dv = ah::strided_zeros(Tk, vs, Hkv * Dv);
-  for (int64_t b = 0; b < s.param("batch"); ++b) {
-    const ah::Seq sq = ah::sequence(s, cu_q, cu_k, b);
-    for (int64_t h = 0; h < H; ++h) {
-      const int64_t hk = h / group;
-      for (int64_t i = 0; i < sq.lq; ++i) {
-        const int64_t t = sq.q0 + i;
-        const double row_lse = lse[static_cast<size_t>(h * Tq + t)];
-        if (std::isinf(row_lse)) continue;
-        const float* qi = &q[static_cast<size_t>(t * qs + h * D)];
-        const float* doi = &dout[static_cast<size_t>((t * H + h) * Dv)];
-        const float* oi = &out[static_cast<size_t>((t * H + h) * Dv)];
-        double dd = 0;
-        for (int64_t c = 0; c < Dv; ++c) dd += double(doi[c]) * oi[c];
-        for (int64_t j = 0; j < sq.lk; ++j) {
-          if (!ah::visible(s, i, j, sq.lq, sq.lk)) continue;
-          const int64_t u = sq.k0 + j;
-          const float* kj = &k[static_cast<size_t>(u * ks + hk * D)];
-          const float* vj = &v[static_cast<size_t>(u * vs + hk * Dv)];
-          double dot = 0, dp = 0;
-          for (int64_t c = 0; c < D; ++c) dot += double(qi[c]) * kj[c];
-          for (int64_t c = 0; c < Dv; ++c) dp += double(doi[c]) * vj[c];
-          double x = dot * scale, dcap = 1.0;
-          if (cap > 0) {
-            const double th = std::tanh(x / cap);
-            x = cap * th;
-            dcap = 1.0 - th * th;
-          }
-          const double p = std::exp(x - row_lse);
-          const double ds = p * (dp - dd) * dcap * scale;
-          for (int64_t c = 0; c < Dv; ++c) dv[static_cast<size_t>(u * vs + hk * Dv + c)] += p * doi[c];
-          for (int64_t c = 0; c < D; ++c) {
-            dk[static_cast<size_t>(u * ks + hk * D + c)] += ds * qi[c];
-            dq[static_cast<size_t>(t * qs + h * D + c)] += ds * kj[c];
-          }
-        }
+  std::vector<double> dd(static_cast<size_t>(H * Tq), 0.0);  // D = rowsum(dout * out) [heads, tokens_q]
+  // p = P and ds = dS of query token t of head h and key token u.
+  auto pair = [&](int64_t t, int64_t h, int64_t u, double& p, double& ds) {
+    const int64_t hk = h / group;
+    const float* qi = &q[static_cast<size_t>(t * qs + h * D)];
+    const float* doi = &dout[static_cast<size_t>((t * H + h) * Dv)];
+    const float* kj = &k[static_cast<size_t>(u * ks + hk * D)];
+    const float* vj = &v[static_cast<size_t>(u * vs + hk * Dv)];
+    double dot = 0, dp = 0;
+    for (int64_t c = 0; c < D; ++c) dot += double(qi[c]) * kj[c];
+    for (int64_t c = 0; c < Dv; ++c) dp += double(doi[c]) * vj[c];
+    double x = dot * scale, dcap = 1.0;
+    if (cap > 0) {
+      const double th = std::tanh(x / cap);
+      x = cap * th;
+      dcap = 1.0 - th * th;
+    }
+    p = std::exp(x - static_cast<double>(lse[static_cast<size_t>(h * Tq + t)]));
+    ds = p * (dp - dd[static_cast<size_t>(h * Tq + t)]) * dcap * scale;
+  };
+  ah::for_each_ref_item(ah::ref_items(s, cu_q, cu_k, H, false), 0, [&](const ah::RefItem& it, std::vector<double>&) {
+    const ah::Seq& sq = it.seq;
+    const int64_t h = it.h, hk = h / group;
+    for (int64_t i = it.r0; i < it.r1; ++i) {
+      const int64_t t = sq.q0 + i;
+      if (std::isinf(lse[static_cast<size_t>(h * Tq + t)])) continue;
+      const float* doi = &dout[static_cast<size_t>((t * H + h) * Dv)];
+      const float* oi = &out[static_cast<size_t>((t * H + h) * Dv)];
+      double sum = 0;
+      for (int64_t c = 0; c < Dv; ++c) sum += double(doi[c]) * oi[c];
+      dd[static_cast<size_t>(h * Tq + t)] = sum;
+      for (int64_t j = 0; j < sq.lk; ++j) {
+        if (!ah::visible(s, i, j, sq.lq, sq.lk)) continue;
+        const int64_t u = sq.k0 + j;
+        double p, ds;
+        pair(t, h, u, p, ds);
+        const float* kj = &k[static_cast<size_t>(u * ks + hk * D)];
+        for (int64_t c = 0; c < D; ++c) dq[static_cast<size_t>(t * qs + h * D + c)] += ds * kj[c];
       }
     }
-  }
+  });
+  ah::for_each_ref_item(ah::ref_items(s, cu_q, cu_k, Hkv, true), 0, [&](const ah::RefItem& it, std::vector<double>&) {
+    const ah::Seq& sq = it.seq;
+    const int64_t hk = it.h;
+    for (int64_t j = it.r0; j < it.r1; ++j) {
+      const int64_t u = sq.k0 + j;
+      for (int64_t h = hk * group; h < (hk + 1) * group; ++h)
+        for (int64_t i = 0; i < sq.lq; ++i) {
+          const int64_t t = sq.q0 + i;
+          if (!ah::visible(s, i, j, sq.lq, sq.lk) || std::isinf(lse[static_cast<size_t>(h * Tq + t)])) continue;
+          double p, ds;
+          pair(t, h, u, p, ds);
+          const float* qi = &q[static_cast<size_t>(t * qs + h * D)];
+          const float* doi = &dout[static_cast<size_t>((t * H + h) * Dv)];
+          for (int64_t c = 0; c < Dv; ++c) dv[static_cast<size_t>(u * vs + hk * Dv + c)] += p * doi[c];
+          for (int64_t c = 0; c < D; ++c) dk[static_cast<size_t>(u * ks + hk * D + c)] += ds * qi[c];
+        }
+    }
+  });
 }
 
 Gate AttentionBwdOp::gate(const KernelSpec&, const TensorInfo&) const {

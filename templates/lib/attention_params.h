@@ -6,15 +6,18 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <map>
+#include <new>
 #include <random>
 #include <span>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "support/parallel.h"
 #include "templates/op_template.h"
 
 namespace kiln::attention_params {
@@ -250,6 +253,43 @@ inline std::vector<float> random_offsets(int64_t batch, int64_t total, int64_t m
   return cu;
 }
 
+// The references' work items: one sequence, one head and up to 64 of its query rows (or key
+// rows), so that parallel_for spreads a long sequence of one head over every core (the fp64
+// references at model sizes took minutes on one thread).
+struct RefItem {
+  Seq seq;
+  int64_t h, r0, r1;
+};
+inline std::vector<RefItem> ref_items(const KernelSpec& s, std::span<const float> cu_q, std::span<const float> cu_k,
+                                      int64_t heads, bool key_rows) {
+  constexpr int64_t kRows = 64;
+  std::vector<RefItem> items;
+  for (int64_t b = 0; b < s.param("batch"); ++b) {
+    const Seq sq = sequence(s, cu_q, cu_k, b);
+    const int64_t n = key_rows ? sq.lk : sq.lq;
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t r = 0; r < n; r += kRows) items.push_back({sq, h, r, std::min(n, r + kRows)});
+  }
+  return items;
+}
+
+// parallel_for over the items; body(item, scratch) must not throw, and an allocation failure in a
+// worker (its scratch) is rethrown here as std::bad_alloc, in the calling thread, where the check
+// path turns it into an error.
+template <class Body>
+void for_each_ref_item(const std::vector<RefItem>& items, size_t scratch_size, Body&& body) {
+  std::atomic<bool> failed{false};
+  parallel_for(items.size(), 1, [&](size_t begin, size_t end) {
+    try {
+      std::vector<double> scratch(scratch_size);
+      for (size_t w = begin; w < end; ++w) body(items[w], scratch);
+    } catch (...) {
+      failed = true;
+    }
+  });
+  if (failed) throw std::bad_alloc();
+}
+
 // The fp64 forward of every row: out [tokens_q, heads, dv] and lse [heads, tokens_q].
 inline void forward(const KernelSpec& s, double scale, std::span<const float> q, std::span<const float> k,
                     std::span<const float> v, std::span<const float> cu_q, std::span<const float> cu_k,
@@ -259,40 +299,42 @@ inline void forward(const KernelSpec& s, double scale, std::span<const float> q,
   const double cap = static_cast<double>(s.param("softcap"));
   out.assign(static_cast<size_t>(Tq * H * Dv), 0.0);
   lse.assign(static_cast<size_t>(H * Tq), -std::numeric_limits<double>::infinity());
-  std::vector<double> sc, acc(static_cast<size_t>(Dv));
-  for (int64_t b = 0; b < s.param("batch"); ++b) {
-    const Seq sq = sequence(s, cu_q, cu_k, b);
-    for (int64_t h = 0; h < H; ++h) {
-      const int64_t hk = h / group;
-      for (int64_t i = 0; i < sq.lq; ++i) {
-        const float* qi = &q[static_cast<size_t>((sq.q0 + i) * qs + h * D)];
-        sc.assign(static_cast<size_t>(sq.lk), 0.0);
-        double mx = -std::numeric_limits<double>::infinity();
-        for (int64_t j = 0; j < sq.lk; ++j) {
-          if (!visible(s, i, j, sq.lq, sq.lk)) continue;
-          const float* kj = &k[static_cast<size_t>((sq.k0 + j) * ks + hk * D)];
-          double dot = 0;
-          for (int64_t c = 0; c < D; ++c) dot += double(qi[c]) * kj[c];
-          double x = dot * scale;
-          if (cap > 0) x = cap * std::tanh(x / cap);
-          sc[j] = x;
-          mx = std::max(mx, x);
-        }
-        if (mx == -std::numeric_limits<double>::infinity()) continue;  // no visible key: out 0, lse -inf
-        double sum = 0;
-        std::fill(acc.begin(), acc.end(), 0.0);
-        for (int64_t j = 0; j < sq.lk; ++j) {
-          if (!visible(s, i, j, sq.lq, sq.lk)) continue;
-          const double p = std::exp(sc[j] - mx);
-          sum += p;
-          const float* vj = &v[static_cast<size_t>((sq.k0 + j) * vs + hk * Dv)];
-          for (int64_t c = 0; c < Dv; ++c) acc[c] += p * vj[c];
-        }
-        for (int64_t c = 0; c < Dv; ++c) out[static_cast<size_t>(((sq.q0 + i) * H + h) * Dv + c)] = acc[c] / sum;
-        lse[static_cast<size_t>(h * Tq + sq.q0 + i)] = mx + std::log(sum);
+  int64_t longest = 0;
+  for (int64_t b = 0; b < s.param("batch"); ++b) longest = std::max(longest, sequence(s, cu_q, cu_k, b).lk);
+  // scratch: the row's scores [longest], then its output accumulator [Dv]
+  for_each_ref_item(ref_items(s, cu_q, cu_k, H, false), static_cast<size_t>(longest + Dv),
+                    [&](const RefItem& it, std::vector<double>& scratch) {
+    const Seq& sq = it.seq;
+    const int64_t h = it.h, hk = h / group;
+    double* sc = scratch.data();
+    double* acc = scratch.data() + longest;
+    for (int64_t i = it.r0; i < it.r1; ++i) {
+      const float* qi = &q[static_cast<size_t>((sq.q0 + i) * qs + h * D)];
+      double mx = -std::numeric_limits<double>::infinity();
+      for (int64_t j = 0; j < sq.lk; ++j) {
+        if (!visible(s, i, j, sq.lq, sq.lk)) continue;
+        const float* kj = &k[static_cast<size_t>((sq.k0 + j) * ks + hk * D)];
+        double dot = 0;
+        for (int64_t c = 0; c < D; ++c) dot += double(qi[c]) * kj[c];
+        double x = dot * scale;
+        if (cap > 0) x = cap * std::tanh(x / cap);
+        sc[j] = x;
+        mx = std::max(mx, x);
       }
+      if (mx == -std::numeric_limits<double>::infinity()) continue;  // no visible key: out 0, lse -inf
+      double sum = 0;
+      std::fill(acc, acc + Dv, 0.0);
+      for (int64_t j = 0; j < sq.lk; ++j) {
+        if (!visible(s, i, j, sq.lq, sq.lk)) continue;
+        const double p = std::exp(sc[j] - mx);
+        sum += p;
+        const float* vj = &v[static_cast<size_t>((sq.k0 + j) * vs + hk * Dv)];
+        for (int64_t c = 0; c < Dv; ++c) acc[c] += p * vj[c];
+      }
+      for (int64_t c = 0; c < Dv; ++c) out[static_cast<size_t>(((sq.q0 + i) * H + h) * Dv + c)] = acc[c] / sum;
+      lse[static_cast<size_t>(h * Tq + sq.q0 + i)] = mx + std::log(sum);
     }
-  }
+  });
 }
 
 // Zeros for an output view of `tokens` rows `stride` elements apart with `used` columns written,
