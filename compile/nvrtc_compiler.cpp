@@ -69,8 +69,11 @@ class NvrtcCompiler final : public Compiler {
 
   std::vector<std::string> options(const TargetInfo& target) const {
     // -Xptxas -v puts ptxas's resource report (registers, shared memory, spills) into the log.
+    // --diag-suppress=177: "variable was declared but never referenced". Every kernel's source
+    // holds its template's baked constants and the prelude's, used or not; that warning filled
+    // every NVIDIA compile log (and meta.json, which a disk hit parses) with two to seven copies.
     std::vector<std::string> o = {fmt::format("--gpu-architecture={}", target.cpu), "--std=c++17", "-default-device",
-                                  "--ptxas-options=-v"};
+                                  "--ptxas-options=-v", "--diag-suppress=177"};
     // ptxas compiles a module's kernels on parallel threads (0: as many as the host has). The
     // machine code is byte-identical (every sm_90a kernel of the llama3.1-8b, its fp8 block and the
     // deepseek-v3 manifests compared, 2026-11-27: 84 code objects, 21 ops); a cold compile of the

@@ -93,8 +93,12 @@ TEST_P(CompileEveryTarget, ProducesAValidCodeObject) {
     // NVRTC, the default NVIDIA compiler, and the AMD compile do).
     const bool known_warning = spec.op == "quantize_fp8" && target.vendor == Vendor::nvidia &&
                                out->log.find("loop not unrolled") != std::string::npos;
+    // NVRTC writes its own as "warning #177-D: ..." (until 2026-11-28 every NVIDIA kernel had #177,
+    // unused constants of the prelude, and the causal attention forward #39, a division by zero in
+    // its discarded softcap branch).
     if (!known_warning) {
       EXPECT_EQ(out->log.find("warning:"), std::string::npos) << to_string(spec) << ": " << out->log;
+      EXPECT_EQ(out->log.find("warning #"), std::string::npos) << to_string(spec) << ": " << out->log;
     }
     const CodeObject& code = out->code;
     EXPECT_TRUE(validate_code_object(code, target).ok());
