@@ -189,6 +189,9 @@ Plan AttentionBwdOp::plan(const KernelSpec& call, const KernelConfig& c) const {
                                    KernelArg::i32(ah::v_stride(call)), KernelArg::scalar(0)});
       l.geometry.grid.x = static_cast<uint32_t>(k_blocks * batch);
       l.geometry.grid.y = static_cast<uint32_t>(call.param("kv_heads"));
+      // Programmatic dependent launch: after the D launch, and the dq launch after this one (the
+      // kernels' wait_prior_grid and release_dependents say what each waits for).
+      l.geometry.programmatic_dependent_launch = tq > 0;
       p.launches.push_back(std::move(l));
     }
     if (tq > 0 && ah::max_len_q(call) > 0) {
@@ -202,6 +205,9 @@ Plan AttentionBwdOp::plan(const KernelSpec& call, const KernelConfig& c) const {
                                    KernelArg::scalar(0)});
       l.geometry.grid.x = static_cast<uint32_t>(q_blocks * batch);
       l.geometry.grid.y = static_cast<uint32_t>(heads);
+      // Beside the dK/dV launch's last blocks, only when that launch is there: its blocks waited
+      // for D (after the D launch alone, this launch must start after it).
+      l.geometry.programmatic_dependent_launch = p.launches.back().kernel == "kiln_attention_bwd_dkdv";
       p.launches.push_back(std::move(l));
     }
     return p;
