@@ -310,5 +310,31 @@ TEST(Attention, BackwardReferenceMatchesFiniteDifferences) {
   }
 }
 
+// The Hopper backward overlaps its dq launch with the dK/dV launch's last blocks (programmatic
+// dependent launch, each kernel waiting for what it reads): dK/dV after D, dq after dK/dV. With no
+// keys the dq launch follows D alone and must wait for it as a plain launch does; AMD has no such
+// launch.
+TEST(Attention, BackwardOverlapsDqWithTheDkDvLaunchOnHopperOnly) {
+  const OpTemplate* op = *find_op("attention_bwd");
+  auto launches = [&](const KernelSpec& s, const char* t) {
+    const KernelSpec full = op->with_defaults(s);
+    return op->plan(full, op->choose_config(full, target(t))).launches;
+  };
+  const auto hopper = launches(bshd("attention_bwd", 2, 300, 300, 4, 2, 128), "sm_90a");
+  ASSERT_EQ(hopper.size(), 3u);
+  EXPECT_EQ(hopper[0].kernel, "kiln_attention_bwd_dot");
+  EXPECT_FALSE(hopper[0].geometry.programmatic_dependent_launch);
+  EXPECT_EQ(hopper[1].kernel, "kiln_attention_bwd_dkdv");
+  EXPECT_TRUE(hopper[1].geometry.programmatic_dependent_launch);
+  EXPECT_EQ(hopper[2].kernel, "kiln_attention_bwd_dq");
+  EXPECT_TRUE(hopper[2].geometry.programmatic_dependent_launch);
+  for (const Launch& l : launches(bshd("attention_bwd", 2, 300, 0, 4, 2, 128), "sm_90a")) {
+    EXPECT_NE(l.kernel, "kiln_attention_bwd_dkdv");
+    EXPECT_FALSE(l.geometry.programmatic_dependent_launch) << l.kernel << " after D alone";
+  }
+  for (const Launch& l : launches(bshd("attention_bwd", 2, 300, 300, 4, 2, 128), "gfx942"))
+    EXPECT_FALSE(l.geometry.programmatic_dependent_launch) << l.kernel;
+}
+
 }  // namespace
 }  // namespace kiln
