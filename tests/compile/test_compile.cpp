@@ -345,6 +345,32 @@ TEST(Compile, AttentionTuningCandidatesCompileWithTheirKeyBlocks) {
   }
 }
 
+// The PTX of the Hopper (TMA + WGMMA) kernels of an attention op at heads 4/2, 300 tokens, causal
+// (NVRTC), and the count of `what` in it from `from` (an .entry line; empty: the start) to the
+// next .entry (or the end).
+struct AttentionPtx {
+  std::string text;
+  int count(const std::string& what, const std::string& from = "") const {
+    const size_t at = from.empty() ? 0 : text.find(".entry " + from + "(");
+    if (at == std::string::npos) return -1;
+    const size_t end = from.empty() ? std::string::npos : text.find(".entry ", at + 1);
+    int n = 0;
+    for (size_t i = text.find(what, at); i != std::string::npos && i < end; i = text.find(what, i + 1)) ++n;
+    return n;
+  }
+};
+Result<AttentionPtx> attention_ptx(const char* op, int64_t head_dim, int64_t softcap) {
+  const TargetInfo& target = **find_target("sm_90a");
+  KILN_ASSIGN_OR_RETURN(auto compiler, compiler_for(target, "nvrtc"));
+  const KernelSpec spec{op, DType::bf16, DType::bf16,
+                        {{"batch", 1}, {"seqlen_q", 300}, {"seqlen_k", 300}, {"heads", 4}, {"kv_heads", 2},
+                         {"head_dim", head_dim}, {"causal", 1}, {"softcap", softcap}}};
+  KILN_ASSIGN_OR_RETURN(auto src, generate(spec, target));
+  if (!src.config.count("WGMMA")) return make_error(Errc::unsupported, "not the TMA + WGMMA kernels");
+  KILN_ASSIGN_OR_RETURN(std::string ptx, compiler->emit(src, Emit::assembly));
+  return AttentionPtx{std::move(ptx)};
+}
+
 // The Hopper backward keeps few copies of its passes: NVRTC's optimizer and ptxas take time with
 // the code's size, and issue 15 asks for a cold compile under 1 s. Counted by P's exponentials in
 // each kernel's PTX, 32 per copy of a pass (a thread's 64 x 64 tile fragment): the dq kernel's
@@ -354,36 +380,18 @@ TEST(Compile, AttentionTuningCandidatesCompileWithTheirKeyBlocks) {
 // its masked copy at 128. d3d30d3 had 320 in the dq kernel at both head dims and in the dK/dV
 // kernel at 64 (five steps, two copies each); attention_bwd took 1.1-1.2 s to compile there.
 TEST(Compile, AttentionBackwardKeepsFewCopiesOfItsPasses) {
-  const TargetInfo& target = **find_target("sm_90a");
-  auto compiler = compiler_for(target, "nvrtc");
-  if (!compiler && compiler.error().code == Errc::driver_unavailable) GTEST_SKIP() << compiler.error().message;
-  ASSERT_TRUE(compiler.ok()) << compiler.error().message;
   struct Expect {
     int64_t head_dim;
     int dq, dkdv;
   };
   for (const Expect& e : {Expect{64, 96, 160}, Expect{128, 192, 64}}) {
     SCOPED_TRACE(fmt::format("head_dim {}", e.head_dim));
-    const KernelSpec spec{"attention_bwd", DType::bf16, DType::bf16,
-                          {{"batch", 1}, {"seqlen_q", 300}, {"seqlen_k", 300}, {"heads", 4}, {"kv_heads", 2},
-                           {"head_dim", e.head_dim}, {"causal", 1}}};
-    auto src = generate(spec, target);
-    ASSERT_TRUE(src.ok()) << src.error().message;
-    ASSERT_TRUE(src->config.count("WGMMA")) << "the TMA + WGMMA kernels";
-    auto ptx = (*compiler)->emit(*src, Emit::assembly);
+    auto ptx = attention_ptx("attention_bwd", e.head_dim, 0);
+    if (!ptx && ptx.error().code == Errc::driver_unavailable) GTEST_SKIP() << ptx.error().message;
     ASSERT_TRUE(ptx.ok()) << ptx.error().message;
     // Exponentials per kernel: from its .entry to the next.
-    auto exps = [&](const std::string& kernel) {
-      const size_t at = ptx->find(".entry " + kernel + "(");
-      if (at == std::string::npos) return -1;
-      const size_t end = ptx->find(".entry ", at + 1);
-      int n = 0;
-      for (size_t i = ptx->find("ex2.approx", at); i < end && i != std::string::npos; i = ptx->find("ex2.approx", i + 1))
-        ++n;
-      return n;
-    };
-    EXPECT_EQ(exps("kiln_attention_bwd_dq"), e.dq);
-    EXPECT_EQ(exps("kiln_attention_bwd_dkdv"), e.dkdv);
+    EXPECT_EQ(ptx->count("ex2.approx", "kiln_attention_bwd_dq"), e.dq);
+    EXPECT_EQ(ptx->count("ex2.approx", "kiln_attention_bwd_dkdv"), e.dkdv);
   }
 }
 
@@ -392,30 +400,16 @@ TEST(Compile, AttentionBackwardKeepsFewCopiesOfItsPasses) {
 // causal, softcap 30, forward / backward: 2.92 / 7.03 ms with div.rn in tanh's exp form, 1.52 / 4.41
 // with div.full, 1.09 / 3.73 with tanh.approx (2026-11-28, bench/results/h200-2026-11-28-session22).
 TEST(Compile, AttentionSoftcapIsOneTanhInstruction) {
-  const TargetInfo& target = **find_target("sm_90a");
-  auto compiler = compiler_for(target, "nvrtc");
-  if (!compiler && compiler.error().code == Errc::driver_unavailable) GTEST_SKIP() << compiler.error().message;
-  ASSERT_TRUE(compiler.ok()) << compiler.error().message;
   for (const char* op : {"attention", "attention_bwd"})
     for (int64_t head_dim : {64, 128}) {
       SCOPED_TRACE(fmt::format("{} head_dim {}", op, head_dim));
-      const KernelSpec spec{op, DType::bf16, DType::bf16,
-                            {{"batch", 1}, {"seqlen_q", 300}, {"seqlen_k", 300}, {"heads", 4}, {"kv_heads", 2},
-                             {"head_dim", head_dim}, {"causal", 1}, {"softcap", 30}}};
-      auto src = generate(spec, target);
-      ASSERT_TRUE(src.ok()) << src.error().message;
-      ASSERT_TRUE(src->config.count("WGMMA")) << "the TMA + WGMMA kernels";
-      auto ptx = (*compiler)->emit(*src, Emit::assembly);
+      auto ptx = attention_ptx(op, head_dim, 30);
+      if (!ptx && ptx.error().code == Errc::driver_unavailable) GTEST_SKIP() << ptx.error().message;
       ASSERT_TRUE(ptx.ok()) << ptx.error().message;
-      auto count = [&](const std::string& what) {
-        int n = 0;
-        for (size_t i = ptx->find(what); i != std::string::npos; i = ptx->find(what, i + 1)) ++n;
-        return n;
-      };
       // The forward keeps a few IEEE divisions outside its passes (scale / softcap, 1 / rowsum);
       // tanh's exp form with div_f had 131-256 (one per tanh of a pass).
-      EXPECT_LE(count("div.rn.f32"), 4);
-      EXPECT_GE(count("tanh.approx.f32"), 128);
+      EXPECT_LE(ptx->count("div.rn.f32"), 4);
+      EXPECT_GE(ptx->count("tanh.approx.f32"), 128);
     }
 }
 
