@@ -838,6 +838,26 @@ TEST_F(CliTest, InspectMetaReportsEveryKernelOfTheMfmaAttentionBackward) {
   }
 }
 
+// A launch line names what changes how it launches: the Hopper attention backward's dK/dV and dq
+// launches start as dependents of the previous one (programmatic dependent launch), the cross-entropy
+// gradient's row-on-chip form runs in thread-block clusters; a plain launch says neither.
+TEST_F(CliTest, InspectMetaNamesDependentAndClusterLaunches) {
+  Output o = kiln_cached({"inspect", "attention_bwd", "-p", "batch=1,seqlen_q=512,seqlen_k=512,heads=8,kv_heads=2,head_dim=128,causal=1",
+                          "--dtype", "bf16", "--arch", "sm_90a", "--emit", "meta"});
+  ASSERT_EQ(o.code, 0) << o.err;
+  EXPECT_TRUE(std::regex_search(o.out, std::regex(R"(launch\s+kiln_attention_bwd_dot: grid \S+, block \d+, dynamic shared \d+ bytes\n)")))
+      << o.out;
+  for (const char* k : {"dkdv", "dq"})
+    EXPECT_TRUE(std::regex_search(
+        o.out, std::regex(fmt::format(R"(launch\s+kiln_attention_bwd_{}: .*bytes, programmatic dependent launch\n)", k))))
+        << o.out;
+  Output ce = kiln_cached({"inspect", "cross_entropy", "-p", "tokens=64,vocab=128256,grad_inplace=1", "--dtype", "bf16",
+                           "--arch", "sm_90a", "--emit", "meta"});
+  ASSERT_EQ(ce.code, 0) << ce.err;
+  EXPECT_TRUE(std::regex_search(ce.out, std::regex(R"(launch\s+kiln_cross_entropy_grad_cluster: .*bytes, clusters of 2x1x1\n)")))
+      << ce.out;
+}
+
 TEST_F(CliTest, InspectLlvmIr) {
   std::vector<std::string> args = {"inspect", "rmsnorm", "--param", "rows=4,hidden=128", "--arch", "gfx942",
                                    "--emit", "llvm"};

@@ -259,8 +259,13 @@ int print_meta(const KernelSpec& spec, const TargetInfo& target, const InspectOp
     const LaunchGeometry& g = l.geometry;
     const std::string grid = g.persistent ? fmt::format("persistent, {} tiles over at most one block per SM", g.grid.x)
                                           : fmt::format("grid {}x{}x{}", g.grid.x, g.grid.y, g.grid.z);
-    line("launch", fmt::format("{}: {}, block {}, dynamic {} {} bytes", l.kernel, grid, g.block.x, amd ? "LDS" : "shared",
-                               g.dynamic_shared_bytes));
+    std::string extra;
+    if (g.cluster.x * g.cluster.y * g.cluster.z > 1)
+      extra += fmt::format(", clusters of {}x{}x{}", g.cluster.x, g.cluster.y, g.cluster.z);
+    // sm_90a: may start while the previous launch finishes (the kernel waits for what it reads).
+    if (g.programmatic_dependent_launch && !amd) extra += ", programmatic dependent launch";
+    line("launch", fmt::format("{}: {}, block {}, dynamic {} {} bytes{}", l.kernel, grid, g.block.x,
+                               amd ? "LDS" : "shared", g.dynamic_shared_bytes, extra));
     std::string maps;
     for (const KernelArg& a : l.args)
       if (a.kind == KernelArg::Kind::tensor_map)
