@@ -178,7 +178,8 @@ Plan AttentionBwdOp::plan(const KernelSpec& call, const KernelConfig& c) const {
       l.geometry.block.x = 384;
       l.geometry.dynamic_shared_bytes = static_cast<uint32_t>(sm90_shared_bytes(call, c));
     };
-    if (tk > 0 && ah::max_len_k(call) > 0) {
+    const bool dkdv = tk > 0 && ah::max_len_k(call) > 0;
+    if (dkdv) {
       const int64_t k_blocks = ceil_div(ah::max_len_k(call), 128);
       Launch l;
       l.kernel = "kiln_attention_bwd_dkdv";
@@ -207,7 +208,7 @@ Plan AttentionBwdOp::plan(const KernelSpec& call, const KernelConfig& c) const {
       l.geometry.grid.y = static_cast<uint32_t>(heads);
       // Beside the dK/dV launch's last blocks, only when that launch is there: its blocks waited
       // for D (after the D launch alone, this launch must start after it).
-      l.geometry.programmatic_dependent_launch = p.launches.back().kernel == "kiln_attention_bwd_dkdv";
+      l.geometry.programmatic_dependent_launch = dkdv;
       p.launches.push_back(std::move(l));
     }
     return p;
