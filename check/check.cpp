@@ -32,41 +32,56 @@ OutputCheck compare(const TensorInfo& t, const uint8_t* out, bool compact, const
   OutputCheck c;
   c.name = t.name;
   c.gate = gate.describe();
-  const int64_t rows = t.shape.empty() ? 1 : t.shape.front();
-  const int64_t cols = rows ? t.elements() / rows : 0;
-  const int64_t n_rows = ref.rows.empty() ? rows : static_cast<int64_t>(ref.rows.size());
   double err_sq = 0, ref_sq = 0;
-  for (int64_t r = 0; r < n_rows; ++r) {
-    const int64_t row = ref.rows.empty() ? r : ref.rows[r];
-    for (int64_t col = 0; col < cols; ++col) {
-      const size_t ri = static_cast<size_t>(r * cols + col);
-      if (ri >= ref.values.size()) continue;
-      const double want = ref.values[ri];
-      const double got = decode_value(out, static_cast<size_t>((compact ? r : row) * cols + col), t.dtype);
-      ++c.compared;
-      if (std::isnan(want)) {  // an element the op must not write: it keeps the NaN poison
-        if (!std::isnan(got)) ++c.gate_failures;
-        continue;
-      }
-      if (std::isinf(want) && got == want) continue;  // an expected infinity (attention's lse of an empty row)
-      if (!std::isfinite(got)) {
-        ++c.nonfinite;
-        continue;
-      }
-      const double err = std::fabs(got - want);
-      c.max_abs_err = std::max(c.max_abs_err, err);
-      c.max_rel_err = std::max(c.max_rel_err, err / std::max(std::fabs(want), 1e-6));
-      if (gate.kind == Gate::Kind::tolerance && err > gate.atol + gate.rtol * std::fabs(want)) ++c.gate_failures;
-      if (gate.kind == Gate::Kind::exact &&
-          std::llabs(code_index(got, t.dtype) - code_index(want, t.dtype)) > gate.max_code_diff)
+  // Reference value ri against the output's element oi.
+  auto one = [&](size_t ri, size_t oi) {
+    if (ri >= ref.values.size()) return;
+    const double want = ref.values[ri];
+    const double got = decode_value(out, oi, t.dtype);
+    ++c.compared;
+    if (std::isnan(want)) {  // an element the op must not write: it keeps the NaN poison
+      if (!std::isnan(got)) ++c.gate_failures;
+      return;
+    }
+    if (std::isinf(want) && got == want) return;  // an expected infinity (attention's lse of an empty row)
+    if (!std::isfinite(got)) {
+      ++c.nonfinite;
+      return;
+    }
+    const double err = std::fabs(got - want);
+    c.max_abs_err = std::max(c.max_abs_err, err);
+    c.max_rel_err = std::max(c.max_rel_err, err / std::max(std::fabs(want), 1e-6));
+    if (gate.kind == Gate::Kind::tolerance && err > gate.atol + gate.rtol * std::fabs(want)) ++c.gate_failures;
+    if (gate.kind == Gate::Kind::exact && std::llabs(code_index(got, t.dtype) - code_index(want, t.dtype)) > gate.max_code_diff)
+      ++c.gate_failures;
+    err_sq += err * err;
+    ref_sq += want * want;
+  };
+  int64_t expected = 0;  // values the comparison must cover
+  if (ref.rows.empty() && !ref.elements.empty()) {
+    // Listed elements (read whole: compact is only for rows); one outside the tensor is a failure.
+    expected = static_cast<int64_t>(ref.elements.size());
+    for (size_t i = 0; i < ref.elements.size(); ++i) {
+      const int64_t e = ref.elements[i];
+      if (e < 0 || e >= t.elements())
         ++c.gate_failures;
-      err_sq += err * err;
-      ref_sq += want * want;
+      else
+        one(i, static_cast<size_t>(e));
+    }
+  } else {
+    const int64_t rows = t.shape.empty() ? 1 : t.shape.front();
+    const int64_t cols = rows ? t.elements() / rows : 0;
+    const int64_t n_rows = ref.rows.empty() ? rows : static_cast<int64_t>(ref.rows.size());
+    expected = n_rows * cols;
+    for (int64_t r = 0; r < n_rows; ++r) {
+      const int64_t row = ref.rows.empty() ? r : ref.rows[r];
+      for (int64_t col = 0; col < cols; ++col)
+        one(static_cast<size_t>(r * cols + col), static_cast<size_t>((compact ? r : row) * cols + col));
     }
   }
   c.rel_frobenius = ref_sq > 0 ? std::sqrt(err_sq / ref_sq) : std::sqrt(err_sq);
   c.snr_db = err_sq > 0 ? 10.0 * std::log10(ref_sq / err_sq) : 999.0;
-  c.pass = c.nonfinite == 0 && c.gate_failures == 0 && c.compared == n_rows * cols;
+  c.pass = c.nonfinite == 0 && c.gate_failures == 0 && c.compared == expected;
   if (gate.kind == Gate::Kind::tolerance && gate.max_rel_fro >= 0) c.pass = c.pass && c.rel_frobenius < gate.max_rel_fro;
   if (gate.kind == Gate::Kind::snr) c.pass = c.pass && c.snr_db > gate.min_snr_db;
   return c;
@@ -315,7 +330,7 @@ Result<std::vector<ReferenceOutput>> reference(const KernelSpec& spec, const std
       if (!t.output) continue;
       if (out.size() >= refs.size()) break;
       RefOutput& ref = refs[out.size()];
-      out.push_back({t.name, std::move(ref.rows), std::move(ref.values)});
+      out.push_back({t.name, std::move(ref.rows), std::move(ref.values), std::move(ref.elements)});
     }
     return out;
   });

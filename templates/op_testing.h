@@ -33,12 +33,16 @@ struct Gate {
   static Gate for_dtype(DType t);
 };
 
-/// The reference values of one output: every element, or the listed rows of its first dimension.
+/// The reference values of one output: every element, the listed rows of its first dimension, or
+/// the listed elements (a sample whose rows are not the first dimension's: attention's tokens of a
+/// [batch, seqlen, heads, dim] tensor, and their lse entries in [heads, tokens]).
 struct RefOutput {
-  std::vector<int64_t> rows;   ///< Rows computed, in order; empty: the whole tensor.
-  std::vector<double> values;  ///< Row after row (or all elements).
-                               ///< NaN: an element the op must leave unwritten (a strided view's
-                               ///< unused columns); check_on_device expects the NaN poison there.
+  std::vector<int64_t> rows;      ///< Rows computed, in order; empty: the whole tensor, or `elements`.
+  std::vector<double> values;     ///< Row after row (or the listed elements, or all elements).
+                                  ///< NaN: an element the op must leave unwritten (a strided view's
+                                  ///< unused columns); check_on_device expects the NaN poison there.
+  std::vector<int64_t> elements;  ///< With `rows` empty: the elements computed (flat row-major
+                                  ///< indices, ascending), one value each; empty: every element.
 };
 
 /// Fills `values` with `n` draws of `draw(generator)` (a float from a std::mt19937_64&), in chunks
@@ -131,8 +135,10 @@ class OpTestHooks : public OpCodegen {
                                                   const TargetInfo& /*target*/, int /*registers_per_lane*/) const {
     return {};
   }
-  /// The row count of the first dimension of the call's row-shaped outputs (for sampling).
-  int64_t sample_dimension(const KernelSpec& spec) const;
+  /// The rows that a sample (reference()'s `rows`, CheckOptions::sample_rows) draws from. Default:
+  /// the first dimension of the first output with a shape. Ops whose outputs' rows are not their
+  /// first dimension override it (attention: tokens, batch x seqlen in the bshd layout).
+  virtual int64_t sample_dimension(const KernelSpec& spec) const;
 };
 
 }  // namespace kiln

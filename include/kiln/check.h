@@ -105,15 +105,21 @@ Result<CheckReport> check_outputs(const KernelSpec& spec, const std::map<std::st
 
 /// One output of the op's CPU reference.
 struct ReferenceOutput {
-  std::string name;            ///< The output tensor ("y").
-  std::vector<int64_t> rows;   ///< Rows of its first dimension computed, in order; empty: all of it.
-  std::vector<double> values;  ///< Row after row (or every element), row-major; NaN: an element the op leaves unwritten.
+  std::string name;               ///< The output tensor ("y").
+  std::vector<int64_t> rows;      ///< Rows of its first dimension computed, in order; empty: all of it, or `elements`.
+  std::vector<double> values;     ///< Row after row (or the elements, or every element), row-major; NaN: an
+                                  ///< element the op leaves unwritten.
+  std::vector<int64_t> elements;  ///< With `rows` empty: the elements computed (flat row-major indices,
+                                  ///< ascending), one value each (attention's sampled tokens); empty: all.
 };
 
 /// The op's CPU reference (float64 or fp32-accumulated), for applications that check their own
 /// results: computes `spec`'s outputs from host copies of its input tensors (in the op's tensor
 /// order, values as float), one ReferenceOutput per output tensor. `rows` (optional) asks for only
-/// those rows of row-shaped outputs (an op may compute more, and reports which).
+/// those rows of row-shaped outputs (an op may compute more, and reports which): rows of the first
+/// dimension, or of what the op samples (attention and attention_bwd: tokens, batch x seqlen in the
+/// bshd layout; attention_bwd takes row r as query token r Tq / N and key token r Tk / N, N the
+/// larger token count), reported as `elements`.
 /// Errors: Errc::not_found (op), invalid_argument (spec, wrong input count/sizes, a row outside, a
 /// host allocation that failed).
 Result<std::vector<ReferenceOutput>> reference(const KernelSpec& spec, const std::map<std::string, float>& scalars,

@@ -247,15 +247,25 @@ void AttentionOp::init_inputs(const KernelSpec& spec, std::span<const TensorInfo
   ah::init_qkv(spec, inputs, values, rng);
 }
 
+// Every row, or with `rows` (a sample of the query tokens, sample_dimension) those tokens' rows of
+// out and their lse entries, every head (the same values as the whole reference's there).
 void AttentionOp::reference(const KernelSpec& spec, const Scalars& scalars, std::span<const std::vector<float>> in,
-                            std::span<const int64_t>, std::vector<RefOutput>& outputs) const {
-  // Every row: lse is compared whole, and each row costs one pass over its keys.
+                            std::span<const int64_t> rows, std::vector<RefOutput>& outputs) const {
   const auto ts = tensors(spec);
+  const double scale = ah::softmax_scale(spec, scalar(scalars, "softmax_scale"));
+  const auto q = ah::input(in, ts, "q"), k = ah::input(in, ts, "k"), v = ah::input(in, ts, "v"),
+             cu_q = ah::input(in, ts, "cu_seqlens_q"), cu_k = ah::input(in, ts, "cu_seqlens_k");
   outputs.assign(2, {});
-  ah::forward(spec, ah::softmax_scale(spec, scalar(scalars, "softmax_scale")), ah::input(in, ts, "q"),
-              ah::input(in, ts, "k"), ah::input(in, ts, "v"), ah::input(in, ts, "cu_seqlens_q"),
-              ah::input(in, ts, "cu_seqlens_k"), outputs[0].values, outputs[1].values);
+  if (!rows.empty()) {
+    const std::vector<int64_t> tokens = ah::sampled_tokens(rows, sample_dimension(spec), ah::tokens_q(spec));
+    ah::forward_tokens(spec, scale, q, k, v, cu_q, cu_k, tokens, outputs[0], outputs[1]);
+    return;
+  }
+  ah::forward(spec, scale, q, k, v, cu_q, cu_k, outputs[0].values, outputs[1].values);
 }
+
+// Samples are of query tokens (bshd: batch x seqlen_q; the tensors' first dimension is the batch).
+int64_t AttentionOp::sample_dimension(const KernelSpec& spec) const { return ah::tokens_q(spec); }
 
 Gate AttentionOp::gate(const KernelSpec&, const TensorInfo& output) const {
   Gate g;

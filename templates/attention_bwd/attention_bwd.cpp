@@ -303,12 +303,16 @@ void AttentionBwdOp::init_inputs_with_scalars(const KernelSpec& spec, const Scal
     }
 }
 
-// fp64, every row (dk and dv need every query): P = exp(S - lse) from the lse input, D from the
-// out input, as the op defines them. Two passes on every core (ah::for_each_ref_item): dq by query
-// rows, then dk and dv by key rows (S and dP computed in both), each element summed in the order
-// of the one-pass loop (keys for dq; query heads, then queries for dk and dv).
+// fp64: P = exp(S - lse) from the lse input, D from the out input, as the op defines them. dq by
+// query rows, then dk and dv by key rows (S and dP computed in both), on every core
+// (ah::for_each_ref_item), each element summed in the order of the one-pass loop (keys for dq;
+// query heads, then queries for dk and dv). With `rows` (a sample of N = max(tokens_q, tokens_k)
+// rows), only the token rows r tokens_q / N of dq and r tokens_k / N of dk and dv, each of them
+// whole and summed as above (bitwise the full reference's values there), reported as elements:
+// a row of dk costs a pass over the queries, so a sample of 256 rows at 8192 tokens costs about
+// 1/32 of the whole.
 void AttentionBwdOp::reference(const KernelSpec& s, const Scalars& scalars, std::span<const std::vector<float>> in,
-                               std::span<const int64_t>, std::vector<RefOutput>& outputs) const {
+                               std::span<const int64_t> rows, std::vector<RefOutput>& outputs) const {
   const auto ts = tensors(s);
   const auto dout = ah::input(in, ts, "dout"), q = ah::input(in, ts, "q"), k = ah::input(in, ts, "k"),
              v = ah::input(in, ts, "v"), out = ah::input(in, ts, "out"), lse = ah::input(in, ts, "lse"),
@@ -318,13 +322,19 @@ void AttentionBwdOp::reference(const KernelSpec& s, const Scalars& scalars, std:
   const int64_t H = s.param("heads"), Hkv = s.param("kv_heads"), D = s.param("head_dim"), Dv = ah::dim_v(s);
   const int64_t Tq = ah::tokens_q(s), Tk = ah::tokens_k(s), group = H / Hkv;
   const int64_t qs = ah::q_stride(s), ks = ah::k_stride(s), vs = ah::v_stride(s);
-  outputs.assign(3, {});
-  std::vector<double>&dq = outputs[0].values, &dk = outputs[1].values, &dv = outputs[2].values;
-  // dq, dk, dv have q, k, v's row strides; columns past the heads stay unwritten (NaN here).
-  dq = ah::strided_zeros(Tq, qs, H * D);
-  dk = ah::strided_zeros(Tk, ks, Hkv * D);
-  dv = ah::strided_zeros(Tk, vs, Hkv * Dv);
-  std::vector<double> dd(static_cast<size_t>(H * Tq), 0.0);  // D = rowsum(dout * out) [heads, tokens_q]
+  // D = rowsum(dout * out) [heads, tokens_q], every row (dk's rows need every query's).
+  std::vector<double> dd(static_cast<size_t>(H * Tq), 0.0);
+  parallel_for(static_cast<size_t>(Tq), 256, [&](size_t begin, size_t end) {
+    for (size_t t = begin; t < end; ++t)
+      for (int64_t h = 0; h < H; ++h) {
+        const float* doi = &dout[(t * static_cast<size_t>(H) + static_cast<size_t>(h)) * static_cast<size_t>(Dv)];
+        const float* oi = &out[(t * static_cast<size_t>(H) + static_cast<size_t>(h)) * static_cast<size_t>(Dv)];
+        double sum = 0;
+        for (int64_t c = 0; c < Dv; ++c) sum += double(doi[c]) * oi[c];
+        dd[static_cast<size_t>(h * Tq) + t] = sum;
+      }
+  });
+  auto no_key = [&](int64_t t, int64_t h) { return std::isinf(lse[static_cast<size_t>(h * Tq + t)]); };
   // p = P and ds = dS of query token t of head h and key token u.
   auto pair = [&](int64_t t, int64_t h, int64_t u, double& p, double& ds) {
     const int64_t hk = h / group;
@@ -344,45 +354,90 @@ void AttentionBwdOp::reference(const KernelSpec& s, const Scalars& scalars, std:
     p = std::exp(x - static_cast<double>(lse[static_cast<size_t>(h * Tq + t)]));
     ds = p * (dp - dd[static_cast<size_t>(h * Tq + t)]) * dcap * scale;
   };
-  ah::for_each_ref_item(ah::ref_items(s, cu_q, cu_k, H, false), 0, [&](const ah::RefItem& it, std::vector<double>&) {
-    const ah::Seq& sq = it.seq;
-    const int64_t h = it.h, hk = h / group;
-    for (int64_t i = it.r0; i < it.r1; ++i) {
-      const int64_t t = sq.q0 + i;
-      if (std::isinf(lse[static_cast<size_t>(h * Tq + t)])) continue;
-      const float* doi = &dout[static_cast<size_t>((t * H + h) * Dv)];
-      const float* oi = &out[static_cast<size_t>((t * H + h) * Dv)];
-      double sum = 0;
-      for (int64_t c = 0; c < Dv; ++c) sum += double(doi[c]) * oi[c];
-      dd[static_cast<size_t>(h * Tq + t)] = sum;
-      for (int64_t j = 0; j < sq.lk; ++j) {
-        if (!ah::visible(s, i, j, sq.lq, sq.lk)) continue;
-        const int64_t u = sq.k0 + j;
+  // dq of query row i of sequence sq and head h, added into row [D] (zeros).
+  auto dq_row = [&](const ah::Seq& sq, int64_t h, int64_t i, double* row) {
+    const int64_t t = sq.q0 + i, hk = h / group;
+    if (no_key(t, h)) return;
+    for (int64_t j = 0; j < sq.lk; ++j) {
+      if (!ah::visible(s, i, j, sq.lq, sq.lk)) continue;
+      const int64_t u = sq.k0 + j;
+      double p, ds;
+      pair(t, h, u, p, ds);
+      const float* kj = &k[static_cast<size_t>(u * ks + hk * D)];
+      for (int64_t c = 0; c < D; ++c) row[c] += ds * kj[c];
+    }
+  };
+  // dk and dv of key row j of sequence sq and kv head hk, added into dk_row [D] and dv_row [Dv].
+  auto dkdv_row = [&](const ah::Seq& sq, int64_t hk, int64_t j, double* dk_row, double* dv_row) {
+    const int64_t u = sq.k0 + j;
+    for (int64_t h = hk * group; h < (hk + 1) * group; ++h)
+      for (int64_t i = 0; i < sq.lq; ++i) {
+        const int64_t t = sq.q0 + i;
+        if (!ah::visible(s, i, j, sq.lq, sq.lk) || no_key(t, h)) continue;
         double p, ds;
         pair(t, h, u, p, ds);
-        const float* kj = &k[static_cast<size_t>(u * ks + hk * D)];
-        for (int64_t c = 0; c < D; ++c) dq[static_cast<size_t>(t * qs + h * D + c)] += ds * kj[c];
+        const float* qi = &q[static_cast<size_t>(t * qs + h * D)];
+        const float* doi = &dout[static_cast<size_t>((t * H + h) * Dv)];
+        for (int64_t c = 0; c < Dv; ++c) dv_row[c] += p * doi[c];
+        for (int64_t c = 0; c < D; ++c) dk_row[c] += ds * qi[c];
       }
-    }
+  };
+  outputs.assign(3, {});
+  if (!rows.empty()) {
+    const int64_t n = sample_dimension(s);
+    const std::vector<int64_t> tq = ah::sampled_tokens(rows, n, Tq), tk = ah::sampled_tokens(rows, n, Tk);
+    const double nan = std::numeric_limits<double>::quiet_NaN();
+    // dq, dk, dv have q, k, v's row strides; columns past the heads stay unwritten (NaN here).
+    ah::token_rows(tq, qs, outputs[0], [&](int64_t t, double* row) {
+      std::fill(row, row + qs, nan);
+      std::fill(row, row + H * D, 0.0);
+      ah::Seq sq;
+      int64_t i;
+      if (ah::locate(s, cu_q, cu_k, t, false, sq, i))
+        for (int64_t h = 0; h < H; ++h) dq_row(sq, h, i, row + h * D);
+    });
+    // dk's and dv's rows in one pass (they share S and dP), then each output's elements.
+    std::vector<double> dkv(tk.size() * static_cast<size_t>(Hkv * (D + Dv)), 0.0);
+    parallel_for(tk.size(), 1, [&](size_t begin, size_t end) {
+      for (size_t m = begin; m < end; ++m) {
+        ah::Seq sq;
+        int64_t j;
+        if (!ah::locate(s, cu_q, cu_k, tk[m], true, sq, j)) continue;
+        double* dk_row = &dkv[m * static_cast<size_t>(Hkv * (D + Dv))];
+        for (int64_t hk = 0; hk < Hkv; ++hk) dkdv_row(sq, hk, j, dk_row + hk * D, dk_row + Hkv * D + hk * Dv);
+      }
+    });
+    auto place = [&](RefOutput& o, int64_t stride, int64_t used, int64_t offset) {
+      ah::token_rows(tk, stride, o, [&](int64_t u, double* row) {
+        const size_t m = static_cast<size_t>(std::lower_bound(tk.begin(), tk.end(), u) - tk.begin());
+        std::fill(row, row + stride, nan);
+        std::copy_n(&dkv[m * static_cast<size_t>(Hkv * (D + Dv)) + static_cast<size_t>(offset)], used, row);
+      });
+    };
+    place(outputs[1], ks, Hkv * D, 0);
+    place(outputs[2], vs, Hkv * Dv, Hkv * D);
+    return;
+  }
+  std::vector<double>&dq = outputs[0].values, &dk = outputs[1].values, &dv = outputs[2].values;
+  // dq, dk, dv have q, k, v's row strides; columns past the heads stay unwritten (NaN here).
+  dq = ah::strided_zeros(Tq, qs, H * D);
+  dk = ah::strided_zeros(Tk, ks, Hkv * D);
+  dv = ah::strided_zeros(Tk, vs, Hkv * Dv);
+  ah::for_each_ref_item(ah::ref_items(s, cu_q, cu_k, H, false), 0, [&](const ah::RefItem& it, std::vector<double>&) {
+    for (int64_t i = it.r0; i < it.r1; ++i) dq_row(it.seq, it.h, i, &dq[static_cast<size_t>((it.seq.q0 + i) * qs + it.h * D)]);
   });
   ah::for_each_ref_item(ah::ref_items(s, cu_q, cu_k, Hkv, true), 0, [&](const ah::RefItem& it, std::vector<double>&) {
-    const ah::Seq& sq = it.seq;
-    const int64_t hk = it.h;
     for (int64_t j = it.r0; j < it.r1; ++j) {
-      const int64_t u = sq.k0 + j;
-      for (int64_t h = hk * group; h < (hk + 1) * group; ++h)
-        for (int64_t i = 0; i < sq.lq; ++i) {
-          const int64_t t = sq.q0 + i;
-          if (!ah::visible(s, i, j, sq.lq, sq.lk) || std::isinf(lse[static_cast<size_t>(h * Tq + t)])) continue;
-          double p, ds;
-          pair(t, h, u, p, ds);
-          const float* qi = &q[static_cast<size_t>(t * qs + h * D)];
-          const float* doi = &dout[static_cast<size_t>((t * H + h) * Dv)];
-          for (int64_t c = 0; c < Dv; ++c) dv[static_cast<size_t>(u * vs + hk * Dv + c)] += p * doi[c];
-          for (int64_t c = 0; c < D; ++c) dk[static_cast<size_t>(u * ks + hk * D + c)] += ds * qi[c];
-        }
+      const int64_t u = it.seq.k0 + j;
+      dkdv_row(it.seq, it.h, j, &dk[static_cast<size_t>(u * ks + it.h * D)], &dv[static_cast<size_t>(u * vs + it.h * Dv)]);
     }
   });
+}
+
+// Samples are of tokens (bshd: batch x seqlen), of both sides: row r of N = max(tokens_q,
+// tokens_k) is query token r tokens_q / N and key token r tokens_k / N.
+int64_t AttentionBwdOp::sample_dimension(const KernelSpec& spec) const {
+  return std::max(ah::tokens_q(spec), ah::tokens_k(spec));
 }
 
 Gate AttentionBwdOp::gate(const KernelSpec&, const TensorInfo&) const {

@@ -43,6 +43,7 @@ class AttentionBwdOp final : public OpTemplate {
                                 std::vector<std::vector<float>>& values, std::mt19937_64& rng) const override;
   void reference(const KernelSpec& spec, const Scalars& scalars, std::span<const std::vector<float>> inputs,
                  std::span<const int64_t> rows, std::vector<RefOutput>& outputs) const override;
+  int64_t sample_dimension(const KernelSpec& spec) const override;
   Gate gate(const KernelSpec& spec, const TensorInfo& output) const override;
   double flops(const KernelSpec& spec) const override;
   std::vector<TestSpec> test_specs(const TargetInfo& target) const override;

@@ -290,51 +290,157 @@ void for_each_ref_item(const std::vector<RefItem>& items, size_t scratch_size, B
   if (failed) throw std::bad_alloc();
 }
 
+// The fp64 forward of query row i of sequence sq and head h: out_row [Dv] and the row's lse
+// (out 0 and lse -inf where no key is visible). scratch: the row's scores [sq.lk], then an
+// accumulator [Dv].
+inline void forward_row(const KernelSpec& s, double scale, std::span<const float> q, std::span<const float> k,
+                        std::span<const float> v, const Seq& sq, int64_t h, int64_t i, double* scratch,
+                        double* out_row, double& lse) {
+  const int64_t H = s.param("heads"), Hkv = s.param("kv_heads"), D = s.param("head_dim"), Dv = dim_v(s);
+  const int64_t hk = h / (H / Hkv), qs = q_stride(s), ks = k_stride(s), vs = v_stride(s);
+  const double cap = static_cast<double>(s.param("softcap"));
+  double* sc = scratch;
+  double* acc = scratch + sq.lk;
+  const float* qi = &q[static_cast<size_t>((sq.q0 + i) * qs + h * D)];
+  double mx = -std::numeric_limits<double>::infinity();
+  for (int64_t j = 0; j < sq.lk; ++j) {
+    if (!visible(s, i, j, sq.lq, sq.lk)) continue;
+    const float* kj = &k[static_cast<size_t>((sq.k0 + j) * ks + hk * D)];
+    double dot = 0;
+    for (int64_t c = 0; c < D; ++c) dot += double(qi[c]) * kj[c];
+    double x = dot * scale;
+    if (cap > 0) x = cap * std::tanh(x / cap);
+    sc[j] = x;
+    mx = std::max(mx, x);
+  }
+  std::fill(out_row, out_row + Dv, 0.0);
+  lse = mx;
+  if (mx == -std::numeric_limits<double>::infinity()) return;  // no visible key: out 0, lse -inf
+  double sum = 0;
+  std::fill(acc, acc + Dv, 0.0);
+  for (int64_t j = 0; j < sq.lk; ++j) {
+    if (!visible(s, i, j, sq.lq, sq.lk)) continue;
+    const double p = std::exp(sc[j] - mx);
+    sum += p;
+    const float* vj = &v[static_cast<size_t>((sq.k0 + j) * vs + hk * Dv)];
+    for (int64_t c = 0; c < Dv; ++c) acc[c] += p * vj[c];
+  }
+  for (int64_t c = 0; c < Dv; ++c) out_row[c] = acc[c] / sum;
+  lse = mx + std::log(sum);
+}
+
+// The longest key sequence (the forward rows' scratch).
+inline int64_t longest_k(const KernelSpec& s, std::span<const float> cu_q, std::span<const float> cu_k) {
+  int64_t longest = 0;
+  for (int64_t b = 0; b < s.param("batch"); ++b) longest = std::max(longest, sequence(s, cu_q, cu_k, b).lk);
+  return longest;
+}
+
 // The fp64 forward of every row: out [tokens_q, heads, dv] and lse [heads, tokens_q].
 inline void forward(const KernelSpec& s, double scale, std::span<const float> q, std::span<const float> k,
                     std::span<const float> v, std::span<const float> cu_q, std::span<const float> cu_k,
                     std::vector<double>& out, std::vector<double>& lse) {
-  const int64_t H = s.param("heads"), Hkv = s.param("kv_heads"), D = s.param("head_dim"), Dv = dim_v(s);
-  const int64_t Tq = tokens_q(s), group = H / Hkv, qs = q_stride(s), ks = k_stride(s), vs = v_stride(s);
-  const double cap = static_cast<double>(s.param("softcap"));
+  const int64_t H = s.param("heads"), Dv = dim_v(s), Tq = tokens_q(s);
   out.assign(static_cast<size_t>(Tq * H * Dv), 0.0);
   lse.assign(static_cast<size_t>(H * Tq), -std::numeric_limits<double>::infinity());
-  int64_t longest = 0;
-  for (int64_t b = 0; b < s.param("batch"); ++b) longest = std::max(longest, sequence(s, cu_q, cu_k, b).lk);
-  // scratch: the row's scores [longest], then its output accumulator [Dv]
+  const int64_t longest = longest_k(s, cu_q, cu_k);
   for_each_ref_item(ref_items(s, cu_q, cu_k, H, false), static_cast<size_t>(longest + Dv),
                     [&](const RefItem& it, std::vector<double>& scratch) {
-    const Seq& sq = it.seq;
-    const int64_t h = it.h, hk = h / group;
-    double* sc = scratch.data();
-    double* acc = scratch.data() + longest;
-    for (int64_t i = it.r0; i < it.r1; ++i) {
-      const float* qi = &q[static_cast<size_t>((sq.q0 + i) * qs + h * D)];
-      double mx = -std::numeric_limits<double>::infinity();
-      for (int64_t j = 0; j < sq.lk; ++j) {
-        if (!visible(s, i, j, sq.lq, sq.lk)) continue;
-        const float* kj = &k[static_cast<size_t>((sq.k0 + j) * ks + hk * D)];
-        double dot = 0;
-        for (int64_t c = 0; c < D; ++c) dot += double(qi[c]) * kj[c];
-        double x = dot * scale;
-        if (cap > 0) x = cap * std::tanh(x / cap);
-        sc[j] = x;
-        mx = std::max(mx, x);
-      }
-      if (mx == -std::numeric_limits<double>::infinity()) continue;  // no visible key: out 0, lse -inf
-      double sum = 0;
-      std::fill(acc, acc + Dv, 0.0);
-      for (int64_t j = 0; j < sq.lk; ++j) {
-        if (!visible(s, i, j, sq.lq, sq.lk)) continue;
-        const double p = std::exp(sc[j] - mx);
-        sum += p;
-        const float* vj = &v[static_cast<size_t>((sq.k0 + j) * vs + hk * Dv)];
-        for (int64_t c = 0; c < Dv; ++c) acc[c] += p * vj[c];
-      }
-      for (int64_t c = 0; c < Dv; ++c) out[static_cast<size_t>(((sq.q0 + i) * H + h) * Dv + c)] = acc[c] / sum;
-      lse[static_cast<size_t>(h * Tq + sq.q0 + i)] = mx + std::log(sum);
+    for (int64_t i = it.r0; i < it.r1; ++i)
+      forward_row(s, scale, q, k, v, it.seq, it.h, i, scratch.data(),
+                  &out[static_cast<size_t>(((it.seq.q0 + i) * H + it.h) * Dv)],
+                  lse[static_cast<size_t>(it.h * Tq + it.seq.q0 + i)]);
+  });
+}
+
+// ---- Sampled references (reference()'s `rows`): a row is a token, b * seqlen + s in the bshd
+// layout (the tensors' first dimension there is the batch, so the check's rows are tokens through
+// sample_dimension). Each sampled token's rows are computed whole (every head), and reported as
+// elements (RefOutput::elements): the token rows of out / dq / dk / dv and the token's entries of
+// lse [heads, tokens_q].
+
+// Where token t (a query token, or with `key` a key token) lies: its sequence and its place in it;
+// false for a thd token past the last offset (no sequence: the full reference leaves it at zero).
+inline bool locate(const KernelSpec& s, std::span<const float> cu_q, std::span<const float> cu_k, int64_t t, bool key,
+                   Seq& seq, int64_t& i) {
+  const int64_t batch = s.param("batch");
+  if (!thd(s)) {
+    const int64_t len = s.param(key ? "seqlen_k" : "seqlen_q");
+    if (len <= 0 || t / len >= batch) return false;
+    seq = sequence(s, cu_q, cu_k, t / len);
+    i = t % len;
+    return true;
+  }
+  const std::span<const float> cu = key ? cu_k : cu_q;
+  // The last sequence that starts at or before t (an empty one holds no token: the next non-empty
+  // one starts at the same offset and is found instead).
+  const auto after = std::upper_bound(cu.begin(), cu.begin() + batch + 1, static_cast<float>(t));
+  const int64_t b = static_cast<int64_t>(after - cu.begin()) - 1;
+  if (b < 0 || b >= batch) return false;
+  seq = sequence(s, cu_q, cu_k, b);
+  i = t - (key ? seq.k0 : seq.q0);
+  return i >= 0 && i < (key ? seq.lk : seq.lq);
+}
+
+// The sampled rows as tokens of a side with `tokens` tokens out of the `n` rows sampled from
+// (sample_dimension): row r is token r tokens / n (the first and last rows map to the first and
+// last tokens), ascending and without repeats.
+inline std::vector<int64_t> sampled_tokens(std::span<const int64_t> rows, int64_t n, int64_t tokens) {
+  std::vector<int64_t> t;
+  for (int64_t r : rows) {
+    const int64_t x = n > 0 ? r * tokens / n : 0;  // below 2^62: both are int32 counts
+    if (x >= 0 && x < tokens && (t.empty() || t.back() != x)) t.push_back(x);
+  }
+  return t;
+}
+
+// The elements of whole token rows `stride` elements long, with the row's values from
+// row_values(token, double* row): ascending when the tokens are.
+template <class RowValues>
+void token_rows(std::span<const int64_t> tokens, int64_t stride, RefOutput& out, RowValues&& row_values) {
+  out.rows.clear();
+  out.elements.resize(tokens.size() * static_cast<size_t>(stride));
+  out.values.resize(tokens.size() * static_cast<size_t>(stride));
+  for (size_t n = 0; n < tokens.size(); ++n)
+    for (int64_t c = 0; c < stride; ++c) out.elements[n * static_cast<size_t>(stride) + static_cast<size_t>(c)] = tokens[n] * stride + c;
+  parallel_for(tokens.size(), 1, [&](size_t begin, size_t end) {
+    for (size_t n = begin; n < end; ++n) row_values(tokens[n], &out.values[n * static_cast<size_t>(stride)]);
+  });
+}
+
+// The fp64 forward of the query tokens `tokens` (ascending): out's token rows and their lse
+// entries (lse [heads, tokens_q]: head-major, so its elements are h * tokens_q + t).
+inline void forward_tokens(const KernelSpec& s, double scale, std::span<const float> q, std::span<const float> k,
+                           std::span<const float> v, std::span<const float> cu_q, std::span<const float> cu_k,
+                           std::span<const int64_t> tokens, RefOutput& out, RefOutput& lse) {
+  const int64_t H = s.param("heads"), Dv = dim_v(s), Tq = tokens_q(s);
+  const size_t n = tokens.size();
+  std::vector<double> lse_of(n * static_cast<size_t>(H), -std::numeric_limits<double>::infinity());  // [token][head]
+  const size_t scratch = static_cast<size_t>(longest_k(s, cu_q, cu_k) + Dv);
+  std::atomic<bool> failed{false};
+  token_rows(tokens, H * Dv, out, [&](int64_t t, double* row) {
+    try {
+      std::fill(row, row + H * Dv, 0.0);
+      Seq sq;
+      int64_t i;
+      if (!locate(s, cu_q, cu_k, t, false, sq, i)) return;
+      std::vector<double> work(scratch);
+      const size_t at = static_cast<size_t>(std::lower_bound(tokens.begin(), tokens.end(), t) - tokens.begin());
+      for (int64_t h = 0; h < H; ++h)
+        forward_row(s, scale, q, k, v, sq, h, i, work.data(), row + h * Dv, lse_of[at * static_cast<size_t>(H) + static_cast<size_t>(h)]);
+    } catch (...) {
+      failed = true;
     }
   });
+  if (failed) throw std::bad_alloc();
+  lse.rows.clear();
+  lse.elements.clear();
+  lse.values.clear();
+  for (int64_t h = 0; h < H; ++h)
+    for (size_t m = 0; m < n; ++m) {
+      lse.elements.push_back(h * Tq + tokens[m]);
+      lse.values.push_back(lse_of[m * static_cast<size_t>(H) + static_cast<size_t>(h)]);
+    }
 }
 
 // Zeros for an output view of `tokens` rows `stride` elements apart with `used` columns written,

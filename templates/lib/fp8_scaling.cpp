@@ -88,7 +88,7 @@ void fp8_fused_reference(const KernelSpec& spec, int64_t cols, std::span<const s
   if (g == kTensorwise) scale.values.push_back(delayed);
   outputs.push_back(std::move(q));
   outputs.push_back(std::move(scale));
-  if (g == kTensorwise) outputs.push_back({{}, fp8_history_pushed(history, amax_all)});
+  if (g == kTensorwise) outputs.push_back({{}, fp8_history_pushed(history, amax_all), {}});
 }
 
 namespace {

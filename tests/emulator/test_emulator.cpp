@@ -509,6 +509,28 @@ TEST(EmulatorCheck, SampledRowsAreReadBackAloneAndStillCompared) {
   EXPECT_GE(report->compared, 2 * 64 + 2) << "the first and last row at least";
 }
 
+// Attention's samples are tokens (a bshd tensor's first dimension is the batch: a sample of it was
+// the whole reference, minutes at a model size): the check compares the sampled tokens' rows of
+// out, dq, dk and dv and their lse entries, read whole and compared element by element. bshd, one
+// sequence of 40 queries and 72 keys, GQA, causal.
+TEST(EmulatorCheck, AttentionSamplesTokensOfABshdBatch) {
+  KILN_EMULATOR_OR_SKIP(rt, "gfx950");
+  for (const char* op : {"attention", "attention_bwd"}) {
+    const KernelSpec spec{op, DType::bf16, DType::bf16,
+                          {{"batch", 1}, {"seqlen_q", 40}, {"seqlen_k", 72}, {"heads", 2}, {"kv_heads", 1},
+                           {"head_dim", 64}, {"causal", 1}}};
+    CheckOptions options;
+    options.sample_rows = 5;
+    auto report = check_on_device(*rt, spec, options);
+    ASSERT_TRUE(report.ok()) << report.error().message;
+    EXPECT_TRUE(report->pass) << format_report(*report);
+    // At most 5 tokens: out 2 x 64 values and 2 lse entries each; dq 128, dk and dv 64 each.
+    const int64_t per_token = std::string(op) == "attention" ? 2 * 64 + 2 : 2 * 64 + 64 + 64;
+    EXPECT_LE(report->compared, 5 * per_token) << format_report(*report);
+    EXPECT_GE(report->compared, 2 * per_token) << "the first and last token at least";
+  }
+}
+
 TEST(EmulatorBackend, Gfx942Fp8NeedsTheFnuzDecoding) {
   KILN_REQUIRE_LLVM();
   const KernelSpec spec{"gemm_fp8", DType::e4m3fnuz, DType::f32,

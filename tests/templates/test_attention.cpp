@@ -184,6 +184,98 @@ TEST(Attention, ReferencesWithRowStridesMatchTheContiguousOnes) {
   }
 }
 
+// A sample of rows (reference()'s `rows`, the check path's sample_rows) is a sample of tokens: in
+// the bshd layout the tensors' first dimension is the batch, and a row of dk costs a pass over the
+// queries. The sampled references give, for each sampled token, its whole rows of out / dq / dk /
+// dv and its lse entries, bitwise the whole reference's values there: bshd with two sequences,
+// seqlen_q != seqlen_k (the backward maps row r to query token r Tq / N and key token r Tk / N),
+// GQA, causal and a softcap; thd with an empty sequence and strided q, k, v.
+TEST(Attention, SampledReferencesAreTheWholeOnesAtTheSampledTokens) {
+  std::vector<KernelSpec> specs;
+  for (const char* name : {"attention", "attention_bwd"}) {
+    KernelSpec b = bshd(name, 2, 7, 11, 4, 2, 64);
+    b.params.insert({{"causal", 1}, {"softcap", 3}});
+    specs.push_back(b);
+    specs.push_back({name, DType::bf16, DType::bf16,
+                     {{"layout", 1}, {"batch", 4}, {"total_q", 13}, {"total_k", 12}, {"max_seqlen_q", 7},
+                      {"max_seqlen_k", 7}, {"heads", 2}, {"kv_heads", 1}, {"head_dim", 64}, {"q_row_stride", 192},
+                      {"k_row_stride", 192}, {"v_row_stride", 192}}});
+  }
+  for (const KernelSpec& spec : specs) {
+    SCOPED_TRACE(to_string(spec));
+    const OpTemplate* op = *find_op(spec.op);
+    const KernelSpec full = op->with_defaults(spec);
+    ASSERT_TRUE(op->validate(full, target("gfx950")).ok());
+    std::vector<TensorInfo> ins, outs;
+    for (const TensorInfo& t : op->tensors(full)) (t.output ? outs : ins).push_back(t);
+    std::mt19937_64 rng(3);
+    std::vector<std::vector<float>> in;
+    op->init_inputs(full, ins, in, rng);
+    const int64_t n = op->sample_dimension(full);
+    EXPECT_EQ(n, spec.op == "attention" ? (full.param("layout") ? 13 : 14) : (full.param("layout") ? 13 : 22));
+    std::vector<RefOutput> whole, sampled;
+    op->reference(full, {}, in, {}, whole);
+    const std::vector<int64_t> rows = {0, 5, 6, n - 1};
+    op->reference(full, {}, in, rows, sampled);
+    ASSERT_EQ(sampled.size(), whole.size());
+    for (size_t o = 0; o < outs.size(); ++o) {
+      SCOPED_TRACE(outs[o].name);
+      const RefOutput& r = sampled[o];
+      EXPECT_TRUE(r.rows.empty());
+      ASSERT_EQ(r.elements.size(), r.values.size());
+      ASSERT_FALSE(r.elements.empty());
+      EXPECT_LT(r.elements.size(), whole[o].values.size()) << "a sample, not the whole output";
+      EXPECT_TRUE(std::is_sorted(r.elements.begin(), r.elements.end()));
+      int64_t finite = 0;
+      for (size_t e = 0; e < r.elements.size(); ++e) {
+        ASSERT_GE(r.elements[e], 0);
+        ASSERT_LT(r.elements[e], outs[o].elements());
+        const double want = whole[o].values[size_t(r.elements[e])], got = r.values[e];
+        if (std::isnan(want)) {
+          EXPECT_TRUE(std::isnan(got)) << "element " << r.elements[e];
+        } else {
+          EXPECT_EQ(got, want) << "element " << r.elements[e];
+          finite += std::isfinite(got) && got != 0.0;
+        }
+      }
+      EXPECT_GT(finite, 0);
+      // Whole token rows: the tokens' count times the row length (lse: one entry per head).
+      const bool thd = full.param("layout") == 1, key = outs[o].name == "dk" || outs[o].name == "dv";
+      const int64_t tq = thd ? full.param("total_q") : full.param("batch") * full.param("seqlen_q");
+      const int64_t tk = thd ? full.param("total_k") : full.param("batch") * full.param("seqlen_k");
+      const int64_t row = outs[o].name == "lse" ? full.param("heads") : outs[o].elements() / (key ? tk : tq);
+      EXPECT_EQ(int64_t(r.elements.size()) % row, 0);
+      EXPECT_GE(int64_t(r.elements.size()) / row, 3) << "tokens sampled";
+    }
+  }
+}
+
+// At a model size a sample of the backward's rows takes seconds, where the whole reference (every
+// key row a pass over 8192 queries of 4 heads) takes minutes on this 2-core machine.
+TEST(Attention, ASampleOfTheBackwardAtModelSizeIsQuick) {
+  const OpTemplate* op = *find_op("attention_bwd");
+  KernelSpec s = op->with_defaults(bshd("attention_bwd", 1, 8192, 8192, 8, 2, 128));
+  s.params["causal"] = 1;
+  std::vector<TensorInfo> ins;
+  for (const TensorInfo& t : op->tensors(s))
+    if (!t.output) ins.push_back(t);
+  std::mt19937_64 rng(9);
+  std::vector<std::vector<float>> v;
+  op->init_inputs(s, ins, v, rng);
+  std::vector<RefOutput> refs;
+  const auto t0 = std::chrono::steady_clock::now();
+  op->reference(s, {}, v, std::vector<int64_t>{0, 1000, 4095, 8191}, refs);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 20.0);
+  ASSERT_EQ(refs.size(), 3u);
+  EXPECT_EQ(refs[0].elements.size(), 4u * 8 * 128);  // dq: 4 tokens x 8 heads x 128
+  EXPECT_EQ(refs[1].elements.size(), 4u * 2 * 128);  // dk: 4 tokens x 2 kv heads x 128
+  for (const RefOutput& r : refs) {
+    double norm = 0;
+    for (double x : r.values) norm += x * x;
+    EXPECT_GT(norm, 0.0);
+  }
+}
+
 // attention_bwd's inputs at a model size (the tuner's, bench_attention --tune's) come without the
 // fp64 forward, which took minutes per spec there: lse bounds every visible score, so P = exp(S -
 // lse) lies in (0, 1]. A small spec keeps the exact lse (a row's P sums to 1).
