@@ -20,6 +20,14 @@ KernelSpec bshd(std::string op, int64_t b, int64_t sq, int64_t sk, int64_t h, in
           {{"batch", b}, {"seqlen_q", sq}, {"seqlen_k", sk}, {"heads", h}, {"kv_heads", hkv}, {"head_dim", d}}};
 }
 
+// The op's input tensors, in signature order.
+std::vector<TensorInfo> inputs_of(const OpTemplate& op, const KernelSpec& s) {
+  std::vector<TensorInfo> ins;
+  for (const TensorInfo& t : op.tensors(s))
+    if (!t.output) ins.push_back(t);
+  return ins;
+}
+
 void expect_error(const KernelSpec& s, const std::string& needle) {
   const OpTemplate* op = *find_op(s.op);
   auto r = op->validate(s, target("sm_90a"));
@@ -256,12 +264,9 @@ TEST(Attention, ASampleOfTheBackwardAtModelSizeIsQuick) {
   const OpTemplate* op = *find_op("attention_bwd");
   KernelSpec s = op->with_defaults(bshd("attention_bwd", 1, 8192, 8192, 8, 2, 128));
   s.params["causal"] = 1;
-  std::vector<TensorInfo> ins;
-  for (const TensorInfo& t : op->tensors(s))
-    if (!t.output) ins.push_back(t);
   std::mt19937_64 rng(9);
   std::vector<std::vector<float>> v;
-  op->init_inputs(s, ins, v, rng);
+  op->init_inputs(s, inputs_of(*op, s), v, rng);
   std::vector<RefOutput> refs;
   const auto t0 = std::chrono::steady_clock::now();
   op->reference(s, {}, v, std::vector<int64_t>{0, 1000, 4095, 8191}, refs);
@@ -285,13 +290,10 @@ TEST(Attention, BackwardInputsAtModelSizeAreQuickAndBoundP) {
     SCOPED_TRACE(seq);
     KernelSpec s = op->with_defaults(bshd("attention_bwd", 1, seq, seq, 8, 2, 128));
     s.params["causal"] = 1;
-    std::vector<TensorInfo> ins;
-    for (const TensorInfo& t : op->tensors(s))
-      if (!t.output) ins.push_back(t);
     std::mt19937_64 rng(5);
     std::vector<std::vector<float>> v;
     const auto t0 = std::chrono::steady_clock::now();
-    op->init_inputs(s, ins, v, rng);
+    op->init_inputs(s, inputs_of(*op, s), v, rng);
     EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 20.0);
     const double scale = 1.0 / std::sqrt(128.0);
     std::uniform_int_distribution<int64_t> pick(0, seq - 1);
