@@ -23,7 +23,8 @@ namespace kiln {
 
 struct CheckOptions {
   uint64_t seed = 0;          ///< 0: a fresh seed from std::random_device.
-  int64_t sample_rows = 0;    ///< Output rows compared with the reference (0: all rows).
+  int64_t sample_rows = 0;    ///< Output rows compared with the reference (0: all rows): rows of the
+                              ///< outputs' first dimension, or of the op's own (attention: tokens).
   std::map<std::string, float> scalars;
   /// > 0: also time this many launches, each alone after writing twice Device::cache_bytes (so
   /// that no input is found cached; where that memory cannot be had, with the caches warm and
