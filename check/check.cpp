@@ -177,7 +177,8 @@ Result<CheckReport> check_unguarded(Runtime& rt, const KernelSpec& spec, const C
     const double held = elements * static_cast<double>(dtype_size(t.dtype));
     // With the op's own comparison every output is held at once, with its values as doubles.
     readback = op->compares_outputs() ? readback + held + elements * sizeof(double) : std::max(readback, held);
-    reference_bytes += elements * sampled * sizeof(double);
+    // A sample's values may come with their element indices (RefOutput::elements: attention).
+    reference_bytes += elements * sampled * static_cast<double>(sizeof(double) + (sampled < 1.0 ? sizeof(int64_t) : 0));
   }
   const double extra_host = readback + reference_bytes;
   const char* extra_what = "an output read back and the fp64 reference of the rows compared";
