@@ -388,12 +388,12 @@ void AttentionBwdOp::reference(const KernelSpec& s, const Scalars& scalars, std:
     const std::vector<int64_t> tq = ah::sampled_tokens(rows, n, Tq), tk = ah::sampled_tokens(rows, n, Tk);
     const double nan = std::numeric_limits<double>::quiet_NaN();
     // dq, dk, dv have q, k, v's row strides; columns past the heads stay unwritten (NaN here).
-    ah::token_rows(tq, qs, outputs[0], [&](int64_t t, double* row) {
+    ah::token_rows(tq, qs, outputs[0], [&](size_t m, double* row) {
       std::fill(row, row + qs, nan);
       std::fill(row, row + H * D, 0.0);
       ah::Seq sq;
       int64_t i;
-      if (ah::locate(s, cu_q, cu_k, t, false, sq, i))
+      if (ah::locate(s, cu_q, cu_k, tq[m], false, sq, i))
         for (int64_t h = 0; h < H; ++h) dq_row(sq, h, i, row + h * D);
     });
     // dk's and dv's rows in one pass (they share S and dP), then each output's elements.
@@ -408,8 +408,7 @@ void AttentionBwdOp::reference(const KernelSpec& s, const Scalars& scalars, std:
       }
     });
     auto place = [&](RefOutput& o, int64_t stride, int64_t used, int64_t offset) {
-      ah::token_rows(tk, stride, o, [&](int64_t u, double* row) {
-        const size_t m = static_cast<size_t>(std::lower_bound(tk.begin(), tk.end(), u) - tk.begin());
+      ah::token_rows(tk, stride, o, [&](size_t m, double* row) {
         std::fill(row, row + stride, nan);
         std::copy_n(&dkv[m * static_cast<size_t>(Hkv * (D + Dv)) + static_cast<size_t>(offset)], used, row);
       });

@@ -394,18 +394,26 @@ inline std::vector<int64_t> sampled_tokens(std::span<const int64_t> rows, int64_
   return t;
 }
 
-// The elements of whole token rows `stride` elements long, with the row's values from
-// row_values(token, double* row): ascending when the tokens are.
+// The elements of whole token rows `stride` elements long, with the values of row n (token
+// tokens[n]) from row_values(n, double* row), on every core: ascending when the tokens are. An
+// allocation failure in a worker is rethrown here as std::bad_alloc (as for_each_ref_item).
 template <class RowValues>
 void token_rows(std::span<const int64_t> tokens, int64_t stride, RefOutput& out, RowValues&& row_values) {
+  const size_t w = static_cast<size_t>(stride);
   out.rows.clear();
-  out.elements.resize(tokens.size() * static_cast<size_t>(stride));
-  out.values.resize(tokens.size() * static_cast<size_t>(stride));
+  out.elements.resize(tokens.size() * w);
+  out.values.resize(tokens.size() * w);
   for (size_t n = 0; n < tokens.size(); ++n)
-    for (int64_t c = 0; c < stride; ++c) out.elements[n * static_cast<size_t>(stride) + static_cast<size_t>(c)] = tokens[n] * stride + c;
+    for (size_t c = 0; c < w; ++c) out.elements[n * w + c] = tokens[n] * stride + static_cast<int64_t>(c);
+  std::atomic<bool> failed{false};
   parallel_for(tokens.size(), 1, [&](size_t begin, size_t end) {
-    for (size_t n = begin; n < end; ++n) row_values(tokens[n], &out.values[n * static_cast<size_t>(stride)]);
+    try {
+      for (size_t n = begin; n < end; ++n) row_values(n, &out.values[n * w]);
+    } catch (...) {
+      failed = true;
+    }
   });
+  if (failed) throw std::bad_alloc();
 }
 
 // The fp64 forward of the query tokens `tokens` (ascending): out's token rows and their lse
@@ -414,32 +422,25 @@ inline void forward_tokens(const KernelSpec& s, double scale, std::span<const fl
                            std::span<const float> v, std::span<const float> cu_q, std::span<const float> cu_k,
                            std::span<const int64_t> tokens, RefOutput& out, RefOutput& lse) {
   const int64_t H = s.param("heads"), Dv = dim_v(s), Tq = tokens_q(s);
-  const size_t n = tokens.size();
-  std::vector<double> lse_of(n * static_cast<size_t>(H), -std::numeric_limits<double>::infinity());  // [token][head]
+  const size_t n = tokens.size(), heads = static_cast<size_t>(H);
+  std::vector<double> lse_of(n * heads, -std::numeric_limits<double>::infinity());  // [token][head]
   const size_t scratch = static_cast<size_t>(longest_k(s, cu_q, cu_k) + Dv);
-  std::atomic<bool> failed{false};
-  token_rows(tokens, H * Dv, out, [&](int64_t t, double* row) {
-    try {
-      std::fill(row, row + H * Dv, 0.0);
-      Seq sq;
-      int64_t i;
-      if (!locate(s, cu_q, cu_k, t, false, sq, i)) return;
-      std::vector<double> work(scratch);
-      const size_t at = static_cast<size_t>(std::lower_bound(tokens.begin(), tokens.end(), t) - tokens.begin());
-      for (int64_t h = 0; h < H; ++h)
-        forward_row(s, scale, q, k, v, sq, h, i, work.data(), row + h * Dv, lse_of[at * static_cast<size_t>(H) + static_cast<size_t>(h)]);
-    } catch (...) {
-      failed = true;
-    }
+  token_rows(tokens, H * Dv, out, [&](size_t m, double* row) {
+    std::fill(row, row + H * Dv, 0.0);
+    Seq sq;
+    int64_t i;
+    if (!locate(s, cu_q, cu_k, tokens[m], false, sq, i)) return;
+    std::vector<double> work(scratch);
+    for (int64_t h = 0; h < H; ++h)
+      forward_row(s, scale, q, k, v, sq, h, i, work.data(), row + h * Dv, lse_of[m * heads + static_cast<size_t>(h)]);
   });
-  if (failed) throw std::bad_alloc();
   lse.rows.clear();
   lse.elements.clear();
   lse.values.clear();
-  for (int64_t h = 0; h < H; ++h)
+  for (size_t h = 0; h < heads; ++h)
     for (size_t m = 0; m < n; ++m) {
-      lse.elements.push_back(h * Tq + tokens[m]);
-      lse.values.push_back(lse_of[m * static_cast<size_t>(H) + static_cast<size_t>(h)]);
+      lse.elements.push_back(static_cast<int64_t>(h) * Tq + tokens[m]);
+      lse.values.push_back(lse_of[m * heads + h]);
     }
 }
 
