@@ -15,7 +15,10 @@ namespace ah = attention_params;
 
 const std::vector<ParamInfo> kBwdParams = [] {
   std::vector<ParamInfo> p(std::begin(ah::kParams), std::end(ah::kParams));
-  p.push_back({"deterministic", "bitwise equal dq, dk, dv across runs (today's kernels always are)", true, true, 0, 1,
+  p.push_back({"deterministic",
+               "bitwise equal dq, dk, dv across runs (0 lets Runtime::tune pick sm_90a's atomic-dQ kernels at head "
+               "dim 64)",
+               true, true, 0, 1,
                {}, 0});
   return p;
 }();
@@ -51,9 +54,17 @@ bool mfma(const KernelConfig& c) { return c.count("MFMA") && c.at("MFMA") != 0; 
 // The Hopper kernels; L2_GROUP_MIB, L2_MIN_MIB: the launch order's L2 groups
 // (attention_bwd_sm90.kernel, longest_first), about L2_GROUP_MIB of streamed tiles per group once
 // a launch streams more than L2_MIN_MIB (0, 0: one group).
-KernelConfig sm90_config(int64_t group_mib, int64_t min_mib) {
-  return {{"WGMMA", 1}, {"STAGES", 3}, {"THREADS", 256}, {"L2_GROUP_MIB", group_mib}, {"L2_MIN_MIB", min_mib}};
+// ATOMIC_DQ: the dK/dV kernel also computes dQ and adds it into an fp32 workspace
+// (FlashAttention-3's five GEMMs per tile pair; attention_bwd_sm90.kernel), head dim 64 with
+// deterministic = 0. A tuning candidate, not the heuristic's choice: on the H200 (2026-11-28) it
+// ran 2-5% behind the deterministic kernels on the models' GQA causal shapes, even without a
+// mask at 64 / 8 heads, and 4% ahead at 32 / 32 heads without a mask (docs/attention.md).
+KernelConfig sm90_config(int64_t group_mib, int64_t min_mib, bool atomic_dq = false) {
+  return {{"WGMMA", 1},           {"STAGES", 3},           {"THREADS", 256}, {"L2_GROUP_MIB", group_mib},
+          {"L2_MIN_MIB", min_mib}, {"ATOMIC_DQ", atomic_dq}};
 }
+bool atomic_dq(const KernelConfig& c) { return c.count("ATOMIC_DQ") && c.at("ATOMIC_DQ") != 0; }
+bool wants_atomic_dq(const KernelSpec& spec) { return spec.param("head_dim") == 64 && spec.param("deterministic") == 0; }
 // The MFMA kernels serve head dims up to 128 (both of q/k and v): K, V (or Q, dO) resident for
 // 64 rows and Q, dO (or K, V) streamed for 32 keep LDS at 52 KiB at 128/128; the accumulators
 // dK^T and dV^T take 128 VGPRs there. Above 128 the portable kernels serve.
@@ -70,14 +81,21 @@ bool has_wgmma(const KernelSpec& spec, const TargetInfo& t) {
 // queries' lse and D (2 x 64 fp32).
 int64_t sm90_shared_bytes(const KernelSpec& spec, const KernelConfig& c) {
   const int64_t d = spec.param("head_dim"), stages = c.at("STAGES");
-  return 1024 + 2 * 128 * d * 2 + 2 * stages * 64 * d * 2 + 8 * (1 + 3 * stages) + stages * 2 * 64 * 4;
+  const int64_t atomic = atomic_dq(c) ? 1024 + 4 * 64 * 128 + 4 * 64 * 64 * 4 : 0;  // dS^T, P^T, dQ staging
+  return 1024 + 2 * 128 * d * 2 + 2 * stages * 64 * d * 2 + 8 * (1 + 3 * stages) + stages * 2 * 64 * 4 + atomic;
 }
+// ATOMIC_DQ's fp32 workspace: per 64-query tile and query head 64 x head_dim; sequence b's tiles
+// start at tile cu_seqlens_q[b] / 64 + b (attention_bwd_sm90.kernel), so tokens / 64 + batch + 1
+// tiles hold every sequence's.
+int64_t dq_workspace_tiles(const KernelSpec& call) { return ah::tokens_q(call) / 64 + call.param("batch") + 1; }
 }  // namespace
 
 // Tuning on sm_90a times the launch order's L2 groups always (the default), above 160 MiB, and never.
 std::vector<KernelConfig> AttentionBwdOp::tuning_candidates(const KernelSpec& spec, const TargetInfo& target) const {
   if (!has_wgmma(spec, target)) return {choose_config(spec, target)};
-  return {sm90_config(24, 0), sm90_config(24, 160), sm90_config(0, 0)};  // 24: lib/attention_sm90 kL2GroupMib
+  std::vector<KernelConfig> c = {sm90_config(24, 0), sm90_config(24, 160), sm90_config(0, 0)};  // 24: kL2GroupMib
+  if (wants_atomic_dq(spec)) c.push_back(sm90_config(24, 0, true));
+  return c;
 }
 
 std::string_view AttentionBwdOp::device_template(const KernelConfig& c) const {
@@ -119,9 +137,9 @@ std::string AttentionBwdOp::specialize(const KernelSpec& spec, const KernelConfi
   if (wgmma(c))
     return ah::specialize_common(spec) +
            fmt::format("constexpr int STAGES = {}, THREADS = {}, L2_GROUP_MIB = {}, L2_MIN_MIB = {};\n"
-                       "constexpr bool IN_BF16 = {};\n",
+                       "constexpr bool IN_BF16 = {}, ATOMIC_DQ = {};\n",
                        c.at("STAGES"), c.at("THREADS"), c.at("L2_GROUP_MIB"), c.at("L2_MIN_MIB"),
-                       spec.dtype == DType::bf16 ? "true" : "false");
+                       spec.dtype == DType::bf16 ? "true" : "false", atomic_dq(c) ? "true" : "false");
   if (mfma(c))
     return ah::specialize_common(spec) +
            fmt::format("constexpr int WAVES = {}, MFMA_K = {}, DOT_THREADS = {};\nconstexpr bool IN_BF16 = {};\n",
@@ -152,6 +170,11 @@ Plan AttentionBwdOp::plan(const KernelSpec& call, const KernelConfig& c) const {
                                  KernelArg::i32(ah::q_stride(call)), KernelArg::i32(ah::k_stride(call)),
                                  KernelArg::i32(ah::v_stride(call)), KernelArg::scalar(0)});
   };
+  // ATOMIC_DQ: the dQ workspace after D's, 256-byte aligned.
+  const bool atomic = wgmma(c) && atomic_dq(c);
+  const int64_t dq_offset = (static_cast<int64_t>(p.workspace_bytes) + 255) / 256 * 256;
+  const int64_t dq_words = atomic ? dq_workspace_tiles(call) * heads * 64 * call.param("head_dim") / 4 : 0;
+  if (atomic) p.workspace_bytes = static_cast<uint64_t>(dq_offset + 16 * dq_words);
   if (batch == 0) return p;
   if (tq > 0) {
     Launch dot;
@@ -159,6 +182,7 @@ Plan AttentionBwdOp::plan(const KernelSpec& call, const KernelConfig& c) const {
     dot.geometry.grid.x = static_cast<uint32_t>(ceil_div(tq * heads, threads / kDotLanes));
     dot.geometry.block.x = static_cast<uint32_t>(threads);
     dot.args = {KernelArg::tensor(0), KernelArg::tensor(4), KernelArg::workspace(0), KernelArg::i32(tq)};
+    if (wgmma(c)) dot.args.insert(dot.args.end(), {KernelArg::workspace(dq_offset), KernelArg::i64(dq_words)});
     p.launches.push_back(std::move(dot));
   }
   if (wgmma(c)) {
@@ -187,7 +211,8 @@ Plan AttentionBwdOp::plan(const KernelSpec& call, const KernelConfig& c) const {
       l.args.insert(l.args.end(), {KernelArg::tensor(dk), KernelArg::tensor(dv), KernelArg::workspace(0),
                                    KernelArg::i32(call.param("seqlen_q")), KernelArg::i32(call.param("seqlen_k")),
                                    KernelArg::i32(k_blocks), KernelArg::i32(tq), KernelArg::i32(ah::k_stride(call)),
-                                   KernelArg::i32(ah::v_stride(call)), KernelArg::scalar(0)});
+                                   KernelArg::i32(ah::v_stride(call)), KernelArg::scalar(0),
+                                   KernelArg::workspace(dq_offset)});
       l.geometry.grid.x = static_cast<uint32_t>(k_blocks * batch);
       l.geometry.grid.y = static_cast<uint32_t>(call.param("kv_heads"));
       // Programmatic dependent launch: after the D launch, and the dq launch after this one (the
@@ -195,7 +220,20 @@ Plan AttentionBwdOp::plan(const KernelSpec& call, const KernelConfig& c) const {
       l.geometry.programmatic_dependent_launch = tq > 0;
       p.launches.push_back(std::move(l));
     }
-    if (tq > 0 && ah::max_len_q(call) > 0) {
+    if (atomic && tq > 0 && ah::max_len_q(call) > 0) {  // dq from the workspace, after the dK/dV launch
+      const int64_t q_tiles = ceil_div(ah::max_len_q(call), 64);
+      Launch l;
+      l.kernel = "kiln_attention_bwd_dq_convert";
+      l.args = {KernelArg::workspace(dq_offset)};
+      if (thd) l.args.insert(l.args.end(), {KernelArg::tensor(6), KernelArg::tensor(7)});
+      l.args.insert(l.args.end(), {KernelArg::tensor(dq), KernelArg::i32(call.param("seqlen_q")),
+                                   KernelArg::i32(call.param("seqlen_k")), KernelArg::i32(q_tiles),
+                                   KernelArg::i32(ah::q_stride(call))});
+      l.geometry.grid.x = static_cast<uint32_t>(q_tiles * batch);
+      l.geometry.grid.y = static_cast<uint32_t>(heads);
+      l.geometry.block.x = 128;
+      p.launches.push_back(std::move(l));
+    } else if (tq > 0 && ah::max_len_q(call) > 0) {
       const int64_t q_blocks = ceil_div(ah::max_len_q(call), 128);
       Launch l;
       l.kernel = "kiln_attention_bwd_dq";

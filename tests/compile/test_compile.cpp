@@ -395,6 +395,50 @@ TEST(Compile, AttentionBackwardKeepsFewCopiesOfItsPasses) {
   }
 }
 
+// The atomic-dQ backward (ATOMIC_DQ, FlashAttention-3's five GEMMs: the dK/dV kernel adds dQ into
+// an fp32 workspace) is a tuning candidate at head dim 64 with deterministic = 0 only, and with
+// NVRTC its dK/dV kernel neither spills nor has its WGMMAs serialized (with dS^T as a register
+// operand ptxas serialized every WGMMA; all of dQ beside P^T in registers spilled 772 bytes).
+TEST(Compile, AttentionBackwardAtomicDqIsACandidateThatFitsTheRegisters) {
+  const TargetInfo& target = **find_target("sm_90a");
+  const OpTemplate& op = **find_op("attention_bwd");
+  auto atomic = [](const KernelConfig& c) { return c.count("ATOMIC_DQ") && c.at("ATOMIC_DQ") != 0; };
+  auto spec = [](int64_t d, int64_t causal, int64_t det, DType t) {
+    return KernelSpec{"attention_bwd", t, t,
+                      {{"batch", 2}, {"seqlen_q", 333}, {"seqlen_k", 400}, {"heads", 4}, {"kv_heads", 2},
+                       {"head_dim", d}, {"causal", causal}, {"deterministic", det}}};
+  };
+  auto has_atomic = [&](const KernelSpec& s, const TargetInfo& t) {
+    const auto cs = op.tuning_candidates(op.with_defaults(s), t);
+    return std::any_of(cs.begin(), cs.end(), atomic);
+  };
+  EXPECT_TRUE(has_atomic(spec(64, 1, 0, DType::bf16), target));
+  EXPECT_FALSE(has_atomic(spec(64, 1, 1, DType::bf16), target)) << "deterministic = 1 keeps the ordered dq";
+  EXPECT_FALSE(has_atomic(spec(128, 1, 0, DType::bf16), target)) << "written for head dim 64";
+  EXPECT_FALSE(has_atomic(spec(64, 1, 0, DType::bf16), **find_target("gfx942")));
+  const auto v = op.variants(op.with_defaults(spec(64, 1, 0, DType::bf16)), target);
+  EXPECT_FALSE(atomic(v.front())) << "not the heuristic's choice";
+  auto compiler = compiler_for(target, "nvrtc");
+  if (!compiler && compiler.error().code == Errc::driver_unavailable) GTEST_SKIP() << compiler.error().message;
+  ASSERT_TRUE(compiler.ok()) << compiler.error().message;
+  for (const KernelSpec& s : {spec(64, 1, 0, DType::bf16), spec(64, 0, 0, DType::f16)}) {
+    SCOPED_TRACE(to_string(s));
+    const auto cs = op.tuning_candidates(op.with_defaults(s), target);
+    const auto c = std::find_if(cs.begin(), cs.end(), atomic);
+    ASSERT_NE(c, cs.end());
+    auto src = generate(s, target, &*c);
+    ASSERT_TRUE(src.ok()) << src.error().message;
+    auto out = (*compiler)->compile(*src);
+    ASSERT_TRUE(out.ok()) << out.error().message;
+    EXPECT_EQ(out->info.spill_stores, 0);
+    expect_wgmma_not_serialized(out->log);
+    const Plan plan = op.plan(op.with_defaults(s), *c);  // D, dK/dV (with dQ), then dq from the workspace
+    ASSERT_EQ(plan.launches.size(), 3u);
+    EXPECT_EQ(plan.launches[2].kernel, "kiln_attention_bwd_dq_convert");
+    EXPECT_GT(plan.workspace_bytes, uint64_t{2 * 4 * 333 * 4} + uint64_t{4 * 333 * 64 * 4});
+  }
+}
+
 // The logit softcap's tanh is one tanh.approx.f32 (MUFU.TANH), without IEEE division (div.rn.f32,
 // whose out-of-line slow path ptxas kept in every pass). H200, heads 32/8, head dim 128, s8192,
 // causal, softcap 30, forward / backward: 2.92 / 7.03 ms with div.rn in tanh's exp form, 1.52 / 4.41

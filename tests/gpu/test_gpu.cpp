@@ -572,6 +572,20 @@ TEST_F(GpuTuning, EveryCandidateMatchesTheReference) {
                                  KernelSpec{"attention", DType::bf16, DType::bf16,
                                             {{"batch", 2}, {"seqlen_q", 300}, {"seqlen_k", 300}, {"heads", 4},
                                              {"kv_heads", 2}, {"head_dim", 128}}},
+                                 // attention_bwd at head dim 64: the atomic-dQ candidate (ATOMIC_DQ) among the
+                                 // item orders; queries of a sequence in several 64-row workspace tiles, causal
+                                 // bottom-right with seqlen_q < seqlen_k, GQA; thd with its own tile offsets;
+                                 // fp16 MQA without a mask
+                                 KernelSpec{"attention_bwd", DType::bf16, DType::bf16,
+                                            {{"batch", 2}, {"seqlen_q", 333}, {"seqlen_k", 400}, {"heads", 4},
+                                             {"kv_heads", 2}, {"head_dim", 64}, {"causal", 1}}},
+                                 KernelSpec{"attention_bwd", DType::bf16, DType::bf16,
+                                            {{"layout", 1 /* thd */}, {"batch", 4}, {"total_q", 700},
+                                             {"total_k", 900}, {"max_seqlen_q", 300}, {"max_seqlen_k", 400},
+                                             {"heads", 4}, {"kv_heads", 1}, {"head_dim", 64}, {"causal", 1}}},
+                                 KernelSpec{"attention_bwd", DType::f16, DType::f16,
+                                            {{"batch", 1}, {"seqlen_q", 200}, {"seqlen_k", 130}, {"heads", 4},
+                                             {"kv_heads", 1}, {"head_dim", 64}}},
                                  // cross_entropy's fused form: the row on chip in clusters of 2, 4 and 8 with 1, 3 or
                                  // 6 blocks per SM, rows looping (300 rows over 66-99 clusters), and the row kernels
                                  KernelSpec{"cross_entropy", DType::bf16, DType::bf16,
