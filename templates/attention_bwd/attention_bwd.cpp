@@ -16,8 +16,8 @@ namespace ah = attention_params;
 const std::vector<ParamInfo> kBwdParams = [] {
   std::vector<ParamInfo> p(std::begin(ah::kParams), std::end(ah::kParams));
   p.push_back({"deterministic",
-               "bitwise equal dq, dk, dv across runs (0 lets Runtime::tune pick sm_90a's atomic-dQ kernels at head "
-               "dim 64)",
+               "bitwise equal dq, dk, dv across runs (0: sm_90a's head-dim-64 backward adds dq with fp32 atomics, "
+               "0-13% faster)",
                true, true, 0, 1,
                {}, 0});
   return p;
@@ -56,9 +56,8 @@ bool mfma(const KernelConfig& c) { return c.count("MFMA") && c.at("MFMA") != 0; 
 // a launch streams more than L2_MIN_MIB (0, 0: one group).
 // ATOMIC_DQ: the dK/dV kernel also computes dQ and adds it into an fp32 workspace
 // (FlashAttention-3's five GEMMs per tile pair; attention_bwd_sm90.kernel), head dim 64 with
-// deterministic = 0. A tuning candidate, not the heuristic's choice: on the H200 (2026-11-28) it
-// ran 2-5% behind the deterministic kernels on the models' GQA causal shapes, even without a
-// mask at 64 / 8 heads, and 4% ahead at 32 / 32 heads without a mask (docs/attention.md).
+// deterministic = 0: the heuristic's choice there (H200, 2026-11-28: from 0.5% behind to 13% ahead
+// of the deterministic kernels over six rows, docs/attention.md), which stay a tuning candidate.
 KernelConfig sm90_config(int64_t group_mib, int64_t min_mib, bool atomic_dq = false) {
   return {{"WGMMA", 1},           {"STAGES", 3},           {"THREADS", 256}, {"L2_GROUP_MIB", group_mib},
           {"L2_MIN_MIB", min_mib}, {"ATOMIC_DQ", atomic_dq}};
@@ -81,7 +80,7 @@ bool has_wgmma(const KernelSpec& spec, const TargetInfo& t) {
 // queries' lse and D (2 x 64 fp32).
 int64_t sm90_shared_bytes(const KernelSpec& spec, const KernelConfig& c) {
   const int64_t d = spec.param("head_dim"), stages = c.at("STAGES");
-  const int64_t atomic = atomic_dq(c) ? 1024 + 4 * 64 * 128 + 4 * 64 * 64 * 4 : 0;  // dS^T, P^T, dQ staging
+  const int64_t atomic = atomic_dq(c) ? 1024 + 4 * 64 * 128 : 0;  // dS^T and P^T of each consumer
   return 1024 + 2 * 128 * d * 2 + 2 * stages * 64 * d * 2 + 8 * (1 + 3 * stages) + stages * 2 * 64 * 4 + atomic;
 }
 // ATOMIC_DQ's fp32 workspace: per 64-query tile and query head 64 x head_dim; sequence b's tiles
@@ -90,11 +89,13 @@ int64_t sm90_shared_bytes(const KernelSpec& spec, const KernelConfig& c) {
 int64_t dq_workspace_tiles(const KernelSpec& call) { return ah::tokens_q(call) / 64 + call.param("batch") + 1; }
 }  // namespace
 
-// Tuning on sm_90a times the launch order's L2 groups always (the default), above 160 MiB, and never.
+// Tuning on sm_90a times the launch order's L2 groups always (the default), above 160 MiB, and never;
+// at head dim 64 with deterministic = 0 those of the atomic-dQ kernels, then the deterministic ones.
 std::vector<KernelConfig> AttentionBwdOp::tuning_candidates(const KernelSpec& spec, const TargetInfo& target) const {
   if (!has_wgmma(spec, target)) return {choose_config(spec, target)};
-  std::vector<KernelConfig> c = {sm90_config(24, 0), sm90_config(24, 160), sm90_config(0, 0)};  // 24: kL2GroupMib
-  if (wants_atomic_dq(spec)) c.push_back(sm90_config(24, 0, true));
+  const bool a = wants_atomic_dq(spec);
+  std::vector<KernelConfig> c = {sm90_config(24, 0, a), sm90_config(24, 160, a), sm90_config(0, 0, a)};  // 24: kL2GroupMib
+  if (a) c.push_back(sm90_config(24, 0));  // the deterministic kernels
   return c;
 }
 
@@ -117,8 +118,9 @@ Result<void> AttentionBwdOp::validate_rules(const KernelSpec& spec, const Target
 // static shared memory (36 KiB at 256/256; 43 KiB with 32 x 32 tiles at 128/128).
 // sm_90a, head dims 64 and 128 (equal): the TMA + WGMMA kernels (attention_bwd_sm90.kernel),
 // resident tiles of 128 rows, streamed tiles of 64 in a 3-stage ring (165 KiB of shared memory at
-// head dim 128: the dq kernel's pipeline holds two stages while the third loads); THREADS is the D = rowsum(dO O) launch's. The portable kernels follow as the
-// fallback and serve every other case.
+// head dim 128: the dq kernel's pipeline holds two stages while the third loads); THREADS is the D = rowsum(dO O) launch's.
+// At head dim 64 with deterministic = 0, ATOMIC_DQ (dQ added into fp32 by the dK/dV kernel, then
+// converted). The portable kernels follow as the fallback and serve every other case.
 // gfx942 and gfx950, head dims up to 128: the MFMA kernels (attention_bwd_mfma.kernel), WAVES = 2
 // wavefronts of 32 resident rows each, streamed tiles of 32 rows; MFMA_K 8 (gfx942's 32x32x8) or
 // 16 (gfx950's 32x32x16); THREADS is the D launch's. The portable kernels follow, as in the
@@ -127,7 +129,7 @@ std::vector<KernelConfig> AttentionBwdOp::variants(const KernelSpec& spec, const
   const int64_t dmax = std::max(spec.param("head_dim"), ah::dim_v(spec));
   const int64_t tile = dmax <= 128 ? 32 : 16;
   KernelConfig portable = {{"QB", tile}, {"KB", tile}, {"THREADS", 256}};
-  if (has_wgmma(spec, target)) return {sm90_config(24, 0), portable};
+  if (has_wgmma(spec, target)) return {sm90_config(24, 0, wants_atomic_dq(spec)), portable};
   if (has_mfma(spec, target))
     return {{{"MFMA", 1}, {"WAVES", 2}, {"MFMA_K", target.name == "gfx950" ? 16 : 8}, {"THREADS", 256}}, portable};
   return {portable};
@@ -170,9 +172,10 @@ Plan AttentionBwdOp::plan(const KernelSpec& call, const KernelConfig& c) const {
                                  KernelArg::i32(ah::q_stride(call)), KernelArg::i32(ah::k_stride(call)),
                                  KernelArg::i32(ah::v_stride(call)), KernelArg::scalar(0)});
   };
-  // ATOMIC_DQ: the dQ workspace after D's, 256-byte aligned.
+  // ATOMIC_DQ: the dQ workspace after D's, 256-byte aligned (without it the kernels' dQ workspace
+  // argument is D's, unused).
   const bool atomic = wgmma(c) && atomic_dq(c);
-  const int64_t dq_offset = (static_cast<int64_t>(p.workspace_bytes) + 255) / 256 * 256;
+  const int64_t dq_offset = atomic ? (static_cast<int64_t>(p.workspace_bytes) + 255) / 256 * 256 : 0;
   const int64_t dq_words = atomic ? dq_workspace_tiles(call) * heads * 64 * call.param("head_dim") / 4 : 0;
   if (atomic) p.workspace_bytes = static_cast<uint64_t>(dq_offset + 16 * dq_words);
   if (batch == 0) return p;

@@ -359,12 +359,13 @@ struct AttentionPtx {
     return n;
   }
 };
-Result<AttentionPtx> attention_ptx(const char* op, int64_t head_dim, int64_t softcap) {
+Result<AttentionPtx> attention_ptx(const char* op, int64_t head_dim, int64_t softcap, int64_t deterministic = 0) {
   const TargetInfo& target = **find_target("sm_90a");
   KILN_ASSIGN_OR_RETURN(auto compiler, compiler_for(target, "nvrtc"));
-  const KernelSpec spec{op, DType::bf16, DType::bf16,
-                        {{"batch", 1}, {"seqlen_q", 300}, {"seqlen_k", 300}, {"heads", 4}, {"kv_heads", 2},
-                         {"head_dim", head_dim}, {"causal", 1}, {"softcap", softcap}}};
+  KernelSpec spec{op, DType::bf16, DType::bf16,
+                  {{"batch", 1}, {"seqlen_q", 300}, {"seqlen_k", 300}, {"heads", 4}, {"kv_heads", 2},
+                   {"head_dim", head_dim}, {"causal", 1}, {"softcap", softcap}}};
+  if (std::string_view(op) == "attention_bwd") spec.params["deterministic"] = deterministic;
   KILN_ASSIGN_OR_RETURN(auto src, generate(spec, target));
   if (!src.config.count("WGMMA")) return make_error(Errc::unsupported, "not the TMA + WGMMA kernels");
   KILN_ASSIGN_OR_RETURN(std::string ptx, compiler->emit(src, Emit::assembly));
@@ -379,6 +380,7 @@ Result<AttentionPtx> attention_ptx(const char* op, int64_t head_dim, int64_t sof
 // pass); the dK/dV kernel five steps at 64 (alternate) without masked copies, and one step with
 // its masked copy at 128. d3d30d3 had 320 in the dq kernel at both head dims and in the dK/dV
 // kernel at 64 (five steps, two copies each); attention_bwd took 1.1-1.2 s to compile there.
+// (deterministic = 1: at head dim 64 the default is otherwise the atomic-dQ dK/dV kernel.)
 TEST(Compile, AttentionBackwardKeepsFewCopiesOfItsPasses) {
   struct Expect {
     int64_t head_dim;
@@ -386,7 +388,7 @@ TEST(Compile, AttentionBackwardKeepsFewCopiesOfItsPasses) {
   };
   for (const Expect& e : {Expect{64, 96, 160}, Expect{128, 192, 64}}) {
     SCOPED_TRACE(fmt::format("head_dim {}", e.head_dim));
-    auto ptx = attention_ptx("attention_bwd", e.head_dim, 0);
+    auto ptx = attention_ptx("attention_bwd", e.head_dim, 0, 1);
     if (!ptx && ptx.error().code == Errc::driver_unavailable) GTEST_SKIP() << ptx.error().message;
     ASSERT_TRUE(ptx.ok()) << ptx.error().message;
     // Exponentials per kernel: from its .entry to the next.
@@ -396,10 +398,11 @@ TEST(Compile, AttentionBackwardKeepsFewCopiesOfItsPasses) {
 }
 
 // The atomic-dQ backward (ATOMIC_DQ, FlashAttention-3's five GEMMs: the dK/dV kernel adds dQ into
-// an fp32 workspace) is a tuning candidate at head dim 64 with deterministic = 0 only, and with
-// NVRTC its dK/dV kernel neither spills nor has its WGMMAs serialized (with dS^T as a register
-// operand ptxas serialized every WGMMA; all of dQ beside P^T in registers spilled 772 bytes).
-TEST(Compile, AttentionBackwardAtomicDqIsACandidateThatFitsTheRegisters) {
+// an fp32 workspace) is the choice at head dim 64 with deterministic = 0 only (the deterministic
+// kernels then a tuning candidate), and with NVRTC its dK/dV kernel has its WGMMAs pipelined and
+// spills at most the 32 bytes allowed the Hopper backward above (with dS^T as a register operand
+// ptxas serialized every WGMMA; all of dQ beside P^T in registers spilled 772 bytes).
+TEST(Compile, AttentionBackwardAtomicDqIsTheChoiceAtHeadDim64AndFitsTheRegisters) {
   const TargetInfo& target = **find_target("sm_90a");
   const OpTemplate& op = **find_op("attention_bwd");
   auto atomic = [](const KernelConfig& c) { return c.count("ATOMIC_DQ") && c.at("ATOMIC_DQ") != 0; };
@@ -416,8 +419,11 @@ TEST(Compile, AttentionBackwardAtomicDqIsACandidateThatFitsTheRegisters) {
   EXPECT_FALSE(has_atomic(spec(64, 1, 1, DType::bf16), target)) << "deterministic = 1 keeps the ordered dq";
   EXPECT_FALSE(has_atomic(spec(128, 1, 0, DType::bf16), target)) << "written for head dim 64";
   EXPECT_FALSE(has_atomic(spec(64, 1, 0, DType::bf16), **find_target("gfx942")));
-  const auto v = op.variants(op.with_defaults(spec(64, 1, 0, DType::bf16)), target);
-  EXPECT_FALSE(atomic(v.front())) << "not the heuristic's choice";
+  EXPECT_TRUE(atomic(op.variants(op.with_defaults(spec(64, 1, 0, DType::bf16)), target).front()));
+  EXPECT_FALSE(atomic(op.variants(op.with_defaults(spec(64, 1, 1, DType::bf16)), target).front()));
+  const auto cands = op.tuning_candidates(op.with_defaults(spec(64, 1, 0, DType::bf16)), target);
+  EXPECT_TRUE(std::any_of(cands.begin(), cands.end(), [&](const KernelConfig& c) { return !atomic(c); }))
+      << "the deterministic kernels stay a tuning candidate";
   auto compiler = compiler_for(target, "nvrtc");
   if (!compiler && compiler.error().code == Errc::driver_unavailable) GTEST_SKIP() << compiler.error().message;
   ASSERT_TRUE(compiler.ok()) << compiler.error().message;
@@ -430,7 +436,7 @@ TEST(Compile, AttentionBackwardAtomicDqIsACandidateThatFitsTheRegisters) {
     ASSERT_TRUE(src.ok()) << src.error().message;
     auto out = (*compiler)->compile(*src);
     ASSERT_TRUE(out.ok()) << out.error().message;
-    EXPECT_EQ(out->info.spill_stores, 0);
+    EXPECT_LE(out->info.spill_stores, 32);
     expect_wgmma_not_serialized(out->log);
     const Plan plan = op.plan(op.with_defaults(s), *c);  // D, dK/dV (with dQ), then dq from the workspace
     ASSERT_EQ(plan.launches.size(), 3u);
