@@ -192,6 +192,13 @@ class KernelImpl final : public Kernel {
     if (plan.workspace_bytes) {
       if (buffers.size() > tensor_count_) {
         workspace = buffers.back();
+        // Kernels read and write their workspace in 16-byte vectors (attention_bwd's fp32 dQ
+        // accumulator); a misaligned one would fault on the device, not fail here.
+        if (reinterpret_cast<uintptr_t>(workspace) % kWorkspaceAlignment != 0)
+          return make_error(Errc::invalid_argument,
+                            fmt::format("{}: the workspace at {} is not {}-byte aligned (pass the start of an "
+                                        "allocation, or a multiple of {} bytes into one)",
+                                        op_->name(), workspace, kWorkspaceAlignment, kWorkspaceAlignment));
       } else {
         KILN_ASSIGN_OR_RETURN(workspace, own_workspace(plan.workspace_bytes));
       }
@@ -268,7 +275,7 @@ class KernelImpl final : public Kernel {
   }
 
  private:
-  static constexpr size_t kMaxArgs = 32, kMaxLaunches = 8;
+  static constexpr size_t kMaxArgs = 32, kMaxLaunches = 8, kWorkspaceAlignment = 16;
   // The plans of every variant for one set of runtime sizes: a call with the sizes of the last
   // call reuses them (no planning, no allocation).
   struct CachedPlans : std::vector<Plan> {

@@ -125,7 +125,8 @@ class Kernel {
   /// kernel's, its runtime parameters (rmsnorm/swiglu `rows`) set the grid; a runtime size of 0
   /// launches nothing. `buffers` are device pointers in the op's tensor order (`kiln ops`: the
   /// signature, inputs first, optional tensors that the spec leaves out omitted), optionally
-  /// followed by one workspace pointer of at least workspace_bytes(call) bytes; without it the
+  /// followed by one workspace pointer of at least workspace_bytes(call) bytes, 16-byte aligned
+  /// (an allocation's start is; else invalid_argument); without it the
   /// kernel uses a workspace of its own, allocated once and reused (calls that share it on several
   /// streams at once race: pass a workspace per stream then). `scalars` are runtime fp32
   /// arguments by name (rmsnorm "eps"; missing ones take their defaults).

@@ -75,6 +75,52 @@ TEST(FakeCuda, TmaGemmEncodesItsTensorMaps) {
   EXPECT_EQ(last.params, 3);
 }
 
+// A caller's workspace must be 16-byte aligned: the attention backward's fp32 dQ accumulator (head
+// dim 64 on sm_90a) is read and written in 16-byte vectors, which fault on the device at a
+// misaligned address. Refused before any launch, with the fix in the message; the kernel's own
+// workspace and an aligned one launch D, dK/dV with dQ, and dq's conversion.
+TEST(FakeCuda, AMisalignedWorkspaceIsRefusedBeforeTheLaunch) {
+  ASSERT_TRUE(kUseFake);
+  KILN_REQUIRE_NVRTC();
+  kiln::testing::TempDir dir;
+  auto rt = testing::fake_runtime(dir.path());
+  ASSERT_TRUE(rt);
+  const KernelSpec spec{"attention_bwd", DType::bf16, DType::bf16,
+                        {{"batch", 1}, {"seqlen_q", 128}, {"seqlen_k", 128}, {"heads", 4}, {"kv_heads", 2},
+                         {"head_dim", 64}, {"causal", 1}}};
+  auto kernel = rt->kernel(spec);
+  ASSERT_TRUE(kernel.ok()) << kernel.error().message;
+  ASSERT_NE((*kernel)->compiled().info().config.find("ATOMIC_DQ=1"), std::string::npos)
+      << (*kernel)->compiled().info().config;
+  const uint64_t q = 128 * 4 * 64 * 2, kv = 128 * 2 * 64 * 2, ws = (*kernel)->workspace_bytes(spec);
+  ASSERT_GT(ws, uint64_t{4 * 4 * 128}) << "D and the dQ accumulator";
+  // dout, q, k, v, out, lse, dq, dk, dv, then a workspace with room for an offset
+  testing::FakeBuffers buffers(rt->device(), {q, q, kv, kv, q, 4 * 128 * 4, q, kv, kv, ws + 16});
+  std::vector<void*> tensors(buffers.pointers.begin(), buffers.pointers.end() - 1);
+  char* const base = static_cast<char*>(buffers.pointers.back());
+
+  const int before = fake_launch_count();
+  auto own = (*kernel)->launch(spec, tensors);
+  ASSERT_TRUE(own.ok()) << own.error().message;
+  EXPECT_EQ(fake_launch_count(), before + 3);
+  EXPECT_STREQ(fake_last_launch().kernel, "kiln_attention_bwd_dq_convert");
+
+  std::vector<void*> with = tensors;
+  with.push_back(base + 4);
+  const int at = fake_launch_count();
+  auto refused = (*kernel)->launch(spec, with);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.error().code, Errc::invalid_argument);
+  EXPECT_NE(refused.error().message.find("workspace"), std::string::npos) << refused.error().message;
+  EXPECT_NE(refused.error().message.find("16-byte aligned"), std::string::npos) << refused.error().message;
+  EXPECT_EQ(fake_launch_count(), at) << "nothing launched";
+
+  with.back() = base + 16;
+  auto aligned = (*kernel)->launch(spec, with);
+  ASSERT_TRUE(aligned.ok()) << aligned.error().message;
+  EXPECT_EQ(fake_launch_count(), at + 3);
+}
+
 // Cluster dimensions and programmatic dependent launch reach cuLaunchKernelEx.
 TEST(FakeCuda, ClusterAndProgrammaticLaunchGoThroughCuLaunchKernelEx) {
   ASSERT_TRUE(kUseFake);
