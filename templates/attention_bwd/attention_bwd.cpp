@@ -63,7 +63,11 @@ KernelConfig sm90_config(int64_t group_mib, int64_t min_mib, bool atomic_dq = fa
           {"L2_MIN_MIB", min_mib}, {"ATOMIC_DQ", atomic_dq}};
 }
 bool atomic_dq(const KernelConfig& c) { return c.count("ATOMIC_DQ") && c.at("ATOMIC_DQ") != 0; }
-bool wants_atomic_dq(const KernelSpec& spec) { return spec.param("head_dim") == 64 && spec.param("deterministic") == 0; }
+// Whether the atomic-dQ kernels are a tuning candidate (deterministic = 0) and the heuristic's
+// choice (head dim 64 only: at 128 they ran 2-7% behind the deterministic kernels on the causal rows
+// and 1.6% ahead without a mask, H200, 2026-11-28, docs/attention.md).
+bool may_atomic_dq(const KernelSpec& spec) { return spec.param("deterministic") == 0; }
+bool wants_atomic_dq(const KernelSpec& spec) { return may_atomic_dq(spec) && spec.param("head_dim") == 64; }
 // The MFMA kernels serve head dims up to 128 (both of q/k and v): K, V (or Q, dO) resident for
 // 64 rows and Q, dO (or K, V) streamed for 32 keep LDS at 52 KiB at 128/128; the accumulators
 // dK^T and dV^T take 128 VGPRs there. Above 128 the portable kernels serve.
@@ -80,7 +84,8 @@ bool has_wgmma(const KernelSpec& spec, const TargetInfo& t) {
 // queries' lse and D (2 x 64 fp32).
 int64_t sm90_shared_bytes(const KernelSpec& spec, const KernelConfig& c) {
   const int64_t d = spec.param("head_dim"), stages = c.at("STAGES");
-  const int64_t atomic = atomic_dq(c) ? 1024 + 4 * 64 * 128 : 0;  // dS^T and P^T of each consumer
+  // dS^T and P^T of each consumer; at head dim 128 dS^T double-buffered
+  const int64_t atomic = atomic_dq(c) ? 1024 + (d == 128 ? 6 : 4) * 64 * 128 : 0;
   return 1024 + 2 * 128 * d * 2 + 2 * stages * 64 * d * 2 + 8 * (1 + 3 * stages) + stages * 2 * 64 * 4 + atomic;
 }
 // ATOMIC_DQ's fp32 workspace: per 64-query tile and query head 64 x head_dim; sequence b's tiles
@@ -90,12 +95,14 @@ int64_t dq_workspace_tiles(const KernelSpec& call) { return ah::tokens_q(call) /
 }  // namespace
 
 // Tuning on sm_90a times the launch order's L2 groups always (the default), above 160 MiB, and never;
-// at head dim 64 with deterministic = 0 those of the atomic-dQ kernels, then the deterministic ones.
+// at head dim 64 with deterministic = 0 those of the atomic-dQ kernels, then the deterministic ones;
+// at head dim 128 with deterministic = 0 the atomic-dQ kernels follow the deterministic ones.
 std::vector<KernelConfig> AttentionBwdOp::tuning_candidates(const KernelSpec& spec, const TargetInfo& target) const {
   if (!has_wgmma(spec, target)) return {choose_config(spec, target)};
   const bool a = wants_atomic_dq(spec);
   std::vector<KernelConfig> c = {sm90_config(24, 0, a), sm90_config(24, 160, a), sm90_config(0, 0, a)};  // 24: kL2GroupMib
   if (a) c.push_back(sm90_config(24, 0));  // the deterministic kernels
+  else if (may_atomic_dq(spec)) c.push_back(sm90_config(24, 0, true));  // head dim 128's atomic dQ
   return c;
 }
 

@@ -563,7 +563,7 @@ TEST_F(GpuTuning, EveryCandidateMatchesTheReference) {
     return KernelSpec{"gemm_fp8", DType::e4m3, out,
                       {{"M", M}, {"N", N}, {"K", K}, {"granularity", gran}, {"b_format", 0}, {"accumulate", 0}}};
   };
-  for (const KernelSpec& spec : {gemm_spec(1000, 2056, 4104, false, true), gemm_spec(3000, 5000, 264, false, false),
+  std::vector<KernelSpec> specs = {gemm_spec(1000, 2056, 4104, false, true), gemm_spec(3000, 5000, 264, false, false),
                                  gemm_spec(1024, 1024, 1024, true, false, DType::f16, DType::f32),
                                  fp8_spec(2048, 1300, 400, kGemmBlock1x128, DType::bf16),
                                  fp8_spec(2000, 1280, 768, kGemmBlockwise, DType::f32),
@@ -572,24 +572,26 @@ TEST_F(GpuTuning, EveryCandidateMatchesTheReference) {
                                  KernelSpec{"attention", DType::bf16, DType::bf16,
                                             {{"batch", 2}, {"seqlen_q", 300}, {"seqlen_k", 300}, {"heads", 4},
                                              {"kv_heads", 2}, {"head_dim", 128}}},
-                                 // attention_bwd at head dim 64: the atomic-dQ candidate (ATOMIC_DQ) among the
-                                 // item orders; queries of a sequence in several 64-row workspace tiles, causal
-                                 // bottom-right with seqlen_q < seqlen_k, GQA; thd with its own tile offsets;
-                                 // fp16 MQA without a mask
-                                 KernelSpec{"attention_bwd", DType::bf16, DType::bf16,
-                                            {{"batch", 2}, {"seqlen_q", 333}, {"seqlen_k", 400}, {"heads", 4},
-                                             {"kv_heads", 2}, {"head_dim", 64}, {"causal", 1}}},
-                                 KernelSpec{"attention_bwd", DType::bf16, DType::bf16,
-                                            {{"layout", 1 /* thd */}, {"batch", 4}, {"total_q", 700},
-                                             {"total_k", 900}, {"max_seqlen_q", 300}, {"max_seqlen_k", 400},
-                                             {"heads", 4}, {"kv_heads", 1}, {"head_dim", 64}, {"causal", 1}}},
-                                 KernelSpec{"attention_bwd", DType::f16, DType::f16,
-                                            {{"batch", 1}, {"seqlen_q", 200}, {"seqlen_k", 130}, {"heads", 4},
-                                             {"kv_heads", 1}, {"head_dim", 64}}},
                                  // cross_entropy's fused form: the row on chip in clusters of 2, 4 and 8 with 1, 3 or
                                  // 6 blocks per SM, rows looping (300 rows over 66-99 clusters), and the row kernels
                                  KernelSpec{"cross_entropy", DType::bf16, DType::bf16,
-                                            {{"tokens", 300}, {"vocab", 128256}, {"grad_inplace", 1}}}}) {
+                                            {{"tokens", 300}, {"vocab", 128256}, {"grad_inplace", 1}}}};
+  // attention_bwd at head dims 64 and 128: the atomic-dQ candidate (ATOMIC_DQ; at 128 dQ's columns
+  // split between the consumers) among the item orders; queries of a sequence in several 64-row
+  // workspace tiles, causal bottom-right with seqlen_q < seqlen_k, GQA; thd with its own tile
+  // offsets; fp16 MQA without a mask.
+  for (int64_t d : {64, 128}) {
+    specs.push_back({"attention_bwd", DType::bf16, DType::bf16,
+                     {{"batch", 2}, {"seqlen_q", 333}, {"seqlen_k", 400}, {"heads", 4}, {"kv_heads", 2},
+                      {"head_dim", d}, {"causal", 1}}});
+    specs.push_back({"attention_bwd", DType::bf16, DType::bf16,
+                     {{"layout", 1 /* thd */}, {"batch", 4}, {"total_q", 700}, {"total_k", 900}, {"max_seqlen_q", 300},
+                      {"max_seqlen_k", 400}, {"heads", 4}, {"kv_heads", 1}, {"head_dim", d}, {"causal", 1}}});
+    specs.push_back({"attention_bwd", DType::f16, DType::f16,
+                     {{"batch", 1}, {"seqlen_q", 200}, {"seqlen_k", 130}, {"heads", 4}, {"kv_heads", 1},
+                      {"head_dim", d}}});
+  }
+  for (const KernelSpec& spec : specs) {
     const OpTemplate& gemm = **find_op(spec.op);
     for (const KernelConfig& c : gemm.tuning_candidates(spec, probe->device()->target())) {
       SCOPED_TRACE(to_string(spec) + ": " + config_string(c));
