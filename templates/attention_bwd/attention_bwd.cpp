@@ -58,16 +58,26 @@ bool mfma(const KernelConfig& c) { return c.count("MFMA") && c.at("MFMA") != 0; 
 // (FlashAttention-3's five GEMMs per tile pair; attention_bwd_sm90.kernel), head dim 64 with
 // deterministic = 0: the heuristic's choice there (H200, 2026-11-28: from 0.5% behind to 13% ahead
 // of the deterministic kernels over six rows, docs/attention.md), which stay a tuning candidate.
-KernelConfig sm90_config(int64_t group_mib, int64_t min_mib, bool atomic_dq = false) {
-  return {{"WGMMA", 1},           {"STAGES", 3},           {"THREADS", 256}, {"L2_GROUP_MIB", group_mib},
-          {"L2_MIN_MIB", min_mib}, {"ATOMIC_DQ", atomic_dq}};
+// KV_SPLIT 2 (with ATOMIC_DQ, an even group): two blocks per (128 keys, kv head), each over half of
+// the group's query heads, adding dK and dV into an fp32 workspace (attention_bwd_sm90.kernel).
+KernelConfig sm90_config(int64_t group_mib, int64_t min_mib, bool atomic_dq = false, int64_t kv_split = 1) {
+  return {{"WGMMA", 1},           {"STAGES", 3},           {"THREADS", 256},     {"L2_GROUP_MIB", group_mib},
+          {"L2_MIN_MIB", min_mib}, {"ATOMIC_DQ", atomic_dq}, {"KV_SPLIT", kv_split}};
 }
 bool atomic_dq(const KernelConfig& c) { return c.count("ATOMIC_DQ") && c.at("ATOMIC_DQ") != 0; }
+int64_t kv_split(const KernelConfig& c) { return c.count("KV_SPLIT") ? c.at("KV_SPLIT") : 1; }
 // Whether the atomic-dQ kernels are a tuning candidate (deterministic = 0) and the heuristic's
 // choice (head dim 64 only: at 128 they ran 2-7% behind the deterministic kernels on the causal rows
 // and 1.6% ahead without a mask, H200, 2026-11-28, docs/attention.md).
 bool may_atomic_dq(const KernelSpec& spec) { return spec.param("deterministic") == 0; }
 bool wants_atomic_dq(const KernelSpec& spec) { return may_atomic_dq(spec) && spec.param("head_dim") == 64; }
+bool may_kv_split(const KernelSpec& spec) { return (spec.param("heads") / spec.param("kv_heads")) % 2 == 0; }
+// The heuristic splits the groups of a causal GQA backward (KV_SPLIT 2) where the atomic dQ is the
+// choice: the first key blocks of each kv head see every query of the group (without a mask the
+// blocks are equal and twice as many only add the workspace's traffic; a tuning candidate there).
+int64_t wanted_kv_split(const KernelSpec& spec) {
+  return wants_atomic_dq(spec) && may_kv_split(spec) && spec.param("causal") != 0 ? 2 : 1;
+}
 // The MFMA kernels serve head dims up to 128 (both of q/k and v): K, V (or Q, dO) resident for
 // 64 rows and Q, dO (or K, V) streamed for 32 keep LDS at 52 KiB at 128/128; the accumulators
 // dK^T and dV^T take 128 VGPRs there. Above 128 the portable kernels serve.
@@ -92,17 +102,24 @@ int64_t sm90_shared_bytes(const KernelSpec& spec, const KernelConfig& c) {
 // start at tile cu_seqlens_q[b] / 64 + b (attention_bwd_sm90.kernel), so tokens / 64 + batch + 1
 // tiles hold every sequence's.
 int64_t dq_workspace_tiles(const KernelSpec& call) { return ah::tokens_q(call) / 64 + call.param("batch") + 1; }
+// KV_SPLIT 2's fp32 dK and dV workspace: per 128-key tile and kv head 2 x 128 x head_dim; sequence
+// b's tiles start at tile cu_seqlens_k[b] / 128 + b.
+int64_t dkv_workspace_tiles(const KernelSpec& call) { return ah::tokens_k(call) / 128 + call.param("batch") + 1; }
 }  // namespace
 
 // Tuning on sm_90a times the launch order's L2 groups always (the default), above 160 MiB, and never;
 // at head dim 64 with deterministic = 0 those of the atomic-dQ kernels, then the deterministic ones;
-// at head dim 128 with deterministic = 0 the atomic-dQ kernels follow the deterministic ones.
+// at head dim 128 with deterministic = 0 the atomic-dQ kernels follow the deterministic ones; with
+// an even group, last, the atomic-dQ kernels with the KV_SPLIT that the heuristic did not take.
 std::vector<KernelConfig> AttentionBwdOp::tuning_candidates(const KernelSpec& spec, const TargetInfo& target) const {
   if (!has_wgmma(spec, target)) return {choose_config(spec, target)};
   const bool a = wants_atomic_dq(spec);
-  std::vector<KernelConfig> c = {sm90_config(24, 0, a), sm90_config(24, 160, a), sm90_config(0, 0, a)};  // 24: kL2GroupMib
+  const int64_t split = wanted_kv_split(spec);
+  std::vector<KernelConfig> c = {sm90_config(24, 0, a, split), sm90_config(24, 160, a, split),
+                                 sm90_config(0, 0, a, split)};  // 24: kL2GroupMib
   if (a) c.push_back(sm90_config(24, 0));  // the deterministic kernels
   else if (may_atomic_dq(spec)) c.push_back(sm90_config(24, 0, true));  // head dim 128's atomic dQ
+  if (may_atomic_dq(spec) && may_kv_split(spec)) c.push_back(sm90_config(24, 0, true, 3 - split));  // the other split
   return c;
 }
 
@@ -127,7 +144,9 @@ Result<void> AttentionBwdOp::validate_rules(const KernelSpec& spec, const Target
 // resident tiles of 128 rows, streamed tiles of 64 in a 3-stage ring (165 KiB of shared memory at
 // head dim 128: the dq kernel's pipeline holds two stages while the third loads); THREADS is the D = rowsum(dO O) launch's.
 // At head dim 64 with deterministic = 0, ATOMIC_DQ (dQ added into fp32 by the dK/dV kernel, then
-// converted). The portable kernels follow as the fallback and serve every other case.
+// converted), and for a causal GQA backward with an even group KV_SPLIT 2 (H200, 2026-11-28: 1.3-2.8%
+// faster on the three causal GQA rows, docs/attention.md). The portable kernels follow as the
+// fallback and serve every other case.
 // gfx942 and gfx950, head dims up to 128: the MFMA kernels (attention_bwd_mfma.kernel), WAVES = 2
 // wavefronts of 32 resident rows each, streamed tiles of 32 rows; MFMA_K 8 (gfx942's 32x32x8) or
 // 16 (gfx950's 32x32x16); THREADS is the D launch's. The portable kernels follow, as in the
@@ -136,7 +155,7 @@ std::vector<KernelConfig> AttentionBwdOp::variants(const KernelSpec& spec, const
   const int64_t dmax = std::max(spec.param("head_dim"), ah::dim_v(spec));
   const int64_t tile = dmax <= 128 ? 32 : 16;
   KernelConfig portable = {{"QB", tile}, {"KB", tile}, {"THREADS", 256}};
-  if (has_wgmma(spec, target)) return {sm90_config(24, 0, wants_atomic_dq(spec)), portable};
+  if (has_wgmma(spec, target)) return {sm90_config(24, 0, wants_atomic_dq(spec), wanted_kv_split(spec)), portable};
   if (has_mfma(spec, target))
     return {{{"MFMA", 1}, {"WAVES", 2}, {"MFMA_K", target.name == "gfx950" ? 16 : 8}, {"THREADS", 256}}, portable};
   return {portable};
@@ -146,9 +165,9 @@ std::string AttentionBwdOp::specialize(const KernelSpec& spec, const KernelConfi
   if (wgmma(c))
     return ah::specialize_common(spec) +
            fmt::format("constexpr int STAGES = {}, THREADS = {}, L2_GROUP_MIB = {}, L2_MIN_MIB = {};\n"
-                       "constexpr bool IN_BF16 = {}, ATOMIC_DQ = {};\n",
+                       "constexpr bool IN_BF16 = {}, ATOMIC_DQ = {};\nconstexpr int KV_SPLIT = {};\n",
                        c.at("STAGES"), c.at("THREADS"), c.at("L2_GROUP_MIB"), c.at("L2_MIN_MIB"),
-                       spec.dtype == DType::bf16 ? "true" : "false", atomic_dq(c) ? "true" : "false");
+                       spec.dtype == DType::bf16 ? "true" : "false", atomic_dq(c) ? "true" : "false", kv_split(c));
   if (mfma(c))
     return ah::specialize_common(spec) +
            fmt::format("constexpr int WAVES = {}, MFMA_K = {}, DOT_THREADS = {};\nconstexpr bool IN_BF16 = {};\n",
@@ -184,15 +203,22 @@ Plan AttentionBwdOp::plan(const KernelSpec& call, const KernelConfig& c) const {
   const bool atomic = wgmma(c) && atomic_dq(c);
   const int64_t dq_offset = atomic ? (static_cast<int64_t>(p.workspace_bytes) + 255) / 256 * 256 : 0;
   const int64_t dq_words = atomic ? dq_workspace_tiles(call) * heads * 64 * call.param("head_dim") / 4 : 0;
-  if (atomic) p.workspace_bytes = static_cast<uint64_t>(dq_offset + 16 * dq_words);
+  // KV_SPLIT 2: dK and dV's workspace right after dQ's, zeroed with it by the D launch.
+  const bool split = atomic && kv_split(c) > 1;
+  const int64_t dkv_offset = split ? dq_offset + 16 * dq_words : 0;
+  const int64_t dkv_words =
+      split ? dkv_workspace_tiles(call) * call.param("kv_heads") * 2 * 128 * call.param("head_dim") / 4 : 0;
+  if (atomic) p.workspace_bytes = static_cast<uint64_t>(dq_offset + 16 * (dq_words + dkv_words));
   if (batch == 0) return p;
-  if (tq > 0) {
+  const bool dkdv = tk > 0 && ah::max_len_k(call) > 0;
+  if (tq > 0 || (split && dkdv)) {  // without queries, only to zero the dK/dV workspace
     Launch dot;
     dot.kernel = "kiln_attention_bwd_dot";
-    dot.geometry.grid.x = static_cast<uint32_t>(ceil_div(tq * heads, threads / kDotLanes));
+    dot.geometry.grid.x = static_cast<uint32_t>(std::max<int64_t>(1, ceil_div(tq * heads, threads / kDotLanes)));
     dot.geometry.block.x = static_cast<uint32_t>(threads);
     dot.args = {KernelArg::tensor(0), KernelArg::tensor(4), KernelArg::workspace(0), KernelArg::i32(tq)};
-    if (wgmma(c)) dot.args.insert(dot.args.end(), {KernelArg::workspace(dq_offset), KernelArg::i64(dq_words)});
+    if (wgmma(c))
+      dot.args.insert(dot.args.end(), {KernelArg::workspace(dq_offset), KernelArg::i64(dq_words + dkv_words)});
     p.launches.push_back(std::move(dot));
   }
   if (wgmma(c)) {
@@ -212,7 +238,6 @@ Plan AttentionBwdOp::plan(const KernelSpec& call, const KernelConfig& c) const {
       l.geometry.block.x = 384;
       l.geometry.dynamic_shared_bytes = static_cast<uint32_t>(sm90_shared_bytes(call, c));
     };
-    const bool dkdv = tk > 0 && ah::max_len_k(call) > 0;
     if (dkdv) {
       const int64_t k_blocks = ceil_div(ah::max_len_k(call), 128);
       Launch l;
@@ -222,12 +247,26 @@ Plan AttentionBwdOp::plan(const KernelSpec& call, const KernelConfig& c) const {
                                    KernelArg::i32(call.param("seqlen_q")), KernelArg::i32(call.param("seqlen_k")),
                                    KernelArg::i32(k_blocks), KernelArg::i32(tq), KernelArg::i32(ah::k_stride(call)),
                                    KernelArg::i32(ah::v_stride(call)), KernelArg::scalar(0),
-                                   KernelArg::workspace(dq_offset)});
+                                   KernelArg::workspace(dq_offset), KernelArg::workspace(dkv_offset)});
       l.geometry.grid.x = static_cast<uint32_t>(k_blocks * batch);
-      l.geometry.grid.y = static_cast<uint32_t>(call.param("kv_heads"));
+      l.geometry.grid.y = static_cast<uint32_t>(call.param("kv_heads") * (split ? kv_split(c) : 1));
       // Programmatic dependent launch: after the D launch, and the dq launch after this one (the
       // kernels' wait_prior_grid and release_dependents say what each waits for).
       l.geometry.programmatic_dependent_launch = tq > 0;
+      p.launches.push_back(std::move(l));
+    }
+    if (split && dkdv) {  // dk and dv from the workspace, after the dK/dV launch
+      Launch l;
+      l.kernel = "kiln_attention_bwd_dkdv_convert";
+      l.args = {KernelArg::workspace(dkv_offset)};
+      if (thd) l.args.insert(l.args.end(), {KernelArg::tensor(6), KernelArg::tensor(7)});
+      const int64_t k_tiles = ceil_div(ah::max_len_k(call), 128);
+      l.args.insert(l.args.end(), {KernelArg::tensor(dk), KernelArg::tensor(dv), KernelArg::i32(call.param("seqlen_q")),
+                                   KernelArg::i32(call.param("seqlen_k")), KernelArg::i32(k_tiles),
+                                   KernelArg::i32(ah::k_stride(call)), KernelArg::i32(ah::v_stride(call))});
+      l.geometry.grid.x = static_cast<uint32_t>(k_tiles * batch);
+      l.geometry.grid.y = static_cast<uint32_t>(call.param("kv_heads"));
+      l.geometry.block.x = 256;
       p.launches.push_back(std::move(l));
     }
     if (atomic && tq > 0 && ah::max_len_q(call) > 0) {  // dq from the workspace, after the dK/dV launch

@@ -42,6 +42,17 @@ void expect_wgmma_not_serialized(const std::string& nvrtc_log) {
     EXPECT_EQ(nvrtc_log.find(advisory), std::string::npos) << "ptxas serialized the WGMMAs:\n" << nvrtc_log;
 }
 
+// The Hopper backward's register budget (sm_90a, NVRTC): `config` of `spec` compiles with its WGMMAs
+// pipelined and at most 32 bytes of spill stores.
+void expect_fits_the_hopper_backward(Compiler& compiler, const KernelSpec& spec, const KernelConfig& config) {
+  auto src = generate(spec, **find_target("sm_90a"), &config);
+  ASSERT_TRUE(src.ok()) << src.error().message;
+  auto out = compiler.compile(*src);
+  ASSERT_TRUE(out.ok()) << out.error().message;
+  EXPECT_LE(out->info.spill_stores, 32);
+  expect_wgmma_not_serialized(out->log);
+}
+
 // Every op's own test specs for the target (a new op is compiled here without a line in this
 // file), one per distinct baked spec, plus two large GEMMs.
 std::vector<KernelSpec> every_op_and_dtype(const TargetInfo& target) {
@@ -437,16 +448,72 @@ TEST(Compile, AttentionBackwardAtomicDqIsACandidateWithoutDeterminismAndFitsTheR
     const auto cs = op.tuning_candidates(op.with_defaults(s), target);
     const auto c = std::find_if(cs.begin(), cs.end(), atomic);
     ASSERT_NE(c, cs.end());
-    auto src = generate(s, target, &*c);
-    ASSERT_TRUE(src.ok()) << src.error().message;
-    auto out = (*compiler)->compile(*src);
-    ASSERT_TRUE(out.ok()) << out.error().message;
-    EXPECT_LE(out->info.spill_stores, 32);
-    expect_wgmma_not_serialized(out->log);
-    const Plan plan = op.plan(op.with_defaults(s), *c);  // D, dK/dV (with dQ), then dq from the workspace
-    ASSERT_EQ(plan.launches.size(), 3u);
-    EXPECT_EQ(plan.launches[2].kernel, "kiln_attention_bwd_dq_convert");
+    expect_fits_the_hopper_backward(**compiler, s, *c);
+    // D, dK/dV (with dQ), [dk and dv from their workspace,] then dq from the workspace
+    const Plan plan = op.plan(op.with_defaults(s), *c);
+    const bool split = c->count("KV_SPLIT") && c->at("KV_SPLIT") == 2;
+    ASSERT_EQ(plan.launches.size(), split ? 4u : 3u);
+    EXPECT_EQ(plan.launches.back().kernel, "kiln_attention_bwd_dq_convert");
     EXPECT_GT(plan.workspace_bytes, uint64_t{2 * 4 * 333 * 4} + uint64_t(4 * 333 * s.param("head_dim") * 4));
+  }
+}
+
+// KV_SPLIT 2: with the atomic dQ, a causal GQA backward splits each kv head's group of query heads
+// between two blocks per 128 keys (the heuristic's choice at head dim 64; a candidate wherever the
+// group is even), whose dK and dV sums meet in an fp32 workspace that a launch converts: twice the
+// dK/dV blocks, the workspace zeroed by the D launch also without queries, every kernel within the
+// Hopper backward's 32 bytes of spill with NVRTC.
+TEST(Compile, AttentionBackwardSplitsTheGroupsOfACausalGqaBackward) {
+  const TargetInfo& target = **find_target("sm_90a");
+  const OpTemplate& op = **find_op("attention_bwd");
+  auto split = [](const KernelConfig& c) { return c.count("KV_SPLIT") && c.at("KV_SPLIT") == 2; };
+  auto spec = [](int64_t heads, int64_t kv_heads, int64_t d, int64_t causal, int64_t det) {
+    return KernelSpec{"attention_bwd", DType::bf16, DType::bf16,
+                      {{"batch", 2}, {"seqlen_q", 333}, {"seqlen_k", 400}, {"heads", heads}, {"kv_heads", kv_heads},
+                       {"head_dim", d}, {"causal", causal}, {"deterministic", det}}};
+  };
+  auto choice = [&](const KernelSpec& s) { return op.variants(op.with_defaults(s), target).front(); };
+  auto candidates = [&](const KernelSpec& s) { return op.tuning_candidates(op.with_defaults(s), target); };
+  auto has_split = [&](const KernelSpec& s) {
+    const auto cs = candidates(s);
+    return std::any_of(cs.begin(), cs.end(), split);
+  };
+  EXPECT_TRUE(split(choice(spec(8, 2, 64, 1, 0))));
+  EXPECT_FALSE(split(choice(spec(8, 2, 64, 0, 0)))) << "no mask: equal blocks";
+  EXPECT_TRUE(has_split(spec(8, 2, 64, 0, 0)));
+  EXPECT_FALSE(split(choice(spec(4, 4, 64, 1, 0)))) << "no group to split";
+  EXPECT_FALSE(has_split(spec(6, 2, 64, 1, 0))) << "an odd group";
+  EXPECT_FALSE(has_split(spec(8, 2, 64, 1, 1))) << "deterministic = 1 keeps the ordered kernels";
+  EXPECT_FALSE(split(choice(spec(8, 2, 128, 1, 0)))) << "head dim 128: the deterministic kernels";
+  EXPECT_TRUE(has_split(spec(8, 2, 128, 1, 0)));
+
+  const KernelSpec s = op.with_defaults(spec(8, 2, 64, 1, 0));
+  const KernelConfig c = choice(s);
+  KernelConfig unsplit = c;
+  unsplit["KV_SPLIT"] = 1;
+  const Plan plan = op.plan(s, c), plain = op.plan(s, unsplit);
+  ASSERT_EQ(plan.launches.size(), 4u);
+  EXPECT_EQ(plan.launches[2].kernel, "kiln_attention_bwd_dkdv_convert");
+  EXPECT_EQ(plan.launches[1].geometry.grid.y, 2 * plain.launches[1].geometry.grid.y);
+  // dK and dV's workspace: (400 x 2 / 128 + 2 + 1) tiles x 2 kv heads x 2 x 128 x 64 fp32
+  EXPECT_EQ(plan.workspace_bytes - plain.workspace_bytes, uint64_t{9 * 2 * 2 * 128 * 64 * 4});
+  KernelSpec no_queries = s;  // sequences of no queries: dk, dv = 0 from the zeroed workspace
+  no_queries.params["seqlen_q"] = 0;
+  const Plan empty = op.plan(no_queries, c);
+  ASSERT_EQ(empty.launches.size(), 3u);
+  EXPECT_EQ(empty.launches[0].kernel, "kiln_attention_bwd_dot");
+  EXPECT_EQ(empty.launches[0].geometry.grid.x, 1u);
+  EXPECT_EQ(empty.launches[2].kernel, "kiln_attention_bwd_dkdv_convert");
+
+  auto compiler = compiler_for(target, "nvrtc");
+  if (!compiler && compiler.error().code == Errc::driver_unavailable) GTEST_SKIP() << compiler.error().message;
+  ASSERT_TRUE(compiler.ok()) << compiler.error().message;
+  for (const KernelSpec& t : {spec(8, 2, 64, 1, 0), spec(8, 2, 128, 1, 0)}) {
+    SCOPED_TRACE(to_string(t));
+    const auto cs = candidates(t);
+    const auto k = std::find_if(cs.begin(), cs.end(), split);
+    ASSERT_NE(k, cs.end());
+    expect_fits_the_hopper_backward(**compiler, t, *k);
   }
 }
 
