@@ -361,6 +361,17 @@ TEST_F(GpuAttention, TheDeterministicBackwardIsBitwiseReproducible) {
                               {6, 7, 8});  // dq, dk, dv
 }
 
+// With deterministic = 0 on sm_90a (the atomic dQ), dk and dv are still bitwise the same on every
+// run: written once per key row, or (KV_SPLIT 2, the causal GQA head-dim-64 choice) the sum of two
+// fp32 terms added into a zeroed workspace, where 0 + a + b = 0 + b + a. dq is not (the order of
+// its reductions), so it is not compared.
+TEST_F(GpuAttention, TheAtomicBackwardKeepsDkAndDvBitwiseReproducible) {
+  expect_bitwise_reproducible({"attention_bwd", DType::bf16, DType::bf16,
+                               {{"batch", 2}, {"seqlen_q", 700}, {"seqlen_k", 700}, {"heads", 8}, {"kv_heads", 2},
+                                {"head_dim", 64}, {"causal", 1}, {"deterministic", 0}}},
+                              {7, 8});  // dk, dv
+}
+
 // A negative softmax_scale: the row max of the softmax is scale times the raw scores' minimum.
 // The Hopper forward flips Q's signs in shared memory and runs on |scale| (attention_sm90.kernel,
 // negate_q_rows); with the raw maximum, P = 2^((s - max) scale log2 e) overflows at -6 (scores of
