@@ -78,7 +78,8 @@ TEST(FakeCuda, TmaGemmEncodesItsTensorMaps) {
 // A caller's workspace must be 16-byte aligned: the attention backward's fp32 dQ accumulator (head
 // dim 64 on sm_90a) is read and written in 16-byte vectors, which fault on the device at a
 // misaligned address. Refused before any launch, with the fix in the message; the kernel's own
-// workspace and an aligned one launch D, dK/dV with dQ, and dq's conversion.
+// workspace and an aligned one launch D, dK/dV with dQ (causal GQA: KV_SPLIT 2, dK and dV added
+// into the workspace too), dk and dv's conversion, and dq's.
 TEST(FakeCuda, AMisalignedWorkspaceIsRefusedBeforeTheLaunch) {
   ASSERT_TRUE(kUseFake);
   KILN_REQUIRE_NVRTC();
@@ -92,8 +93,10 @@ TEST(FakeCuda, AMisalignedWorkspaceIsRefusedBeforeTheLaunch) {
   ASSERT_TRUE(kernel.ok()) << kernel.error().message;
   ASSERT_NE((*kernel)->compiled().info().config.find("ATOMIC_DQ=1"), std::string::npos)
       << (*kernel)->compiled().info().config;
+  ASSERT_NE((*kernel)->compiled().info().config.find("KV_SPLIT=2"), std::string::npos)
+      << (*kernel)->compiled().info().config;
   const uint64_t q = 128 * 4 * 64 * 2, kv = 128 * 2 * 64 * 2, ws = (*kernel)->workspace_bytes(spec);
-  ASSERT_GT(ws, uint64_t{4 * 4 * 128}) << "D and the dQ accumulator";
+  ASSERT_GT(ws, uint64_t{4 * 4 * 128}) << "D and the dQ, dK and dV accumulators";
   // dout, q, k, v, out, lse, dq, dk, dv, then a workspace with room for an offset
   testing::FakeBuffers buffers(rt->device(), {q, q, kv, kv, q, 4 * 128 * 4, q, kv, kv, ws + 16});
   std::vector<void*> tensors(buffers.pointers.begin(), buffers.pointers.end() - 1);
@@ -102,7 +105,7 @@ TEST(FakeCuda, AMisalignedWorkspaceIsRefusedBeforeTheLaunch) {
   const int before = fake_launch_count();
   auto own = (*kernel)->launch(spec, tensors);
   ASSERT_TRUE(own.ok()) << own.error().message;
-  EXPECT_EQ(fake_launch_count(), before + 3);
+  EXPECT_EQ(fake_launch_count(), before + 4);
   EXPECT_STREQ(fake_last_launch().kernel, "kiln_attention_bwd_dq_convert");
 
   std::vector<void*> with = tensors;
@@ -118,7 +121,7 @@ TEST(FakeCuda, AMisalignedWorkspaceIsRefusedBeforeTheLaunch) {
   with.back() = base + 16;
   auto aligned = (*kernel)->launch(spec, with);
   ASSERT_TRUE(aligned.ok()) << aligned.error().message;
-  EXPECT_EQ(fake_launch_count(), at + 3);
+  EXPECT_EQ(fake_launch_count(), at + 4);
 }
 
 // Cluster dimensions and programmatic dependent launch reach cuLaunchKernelEx.
