@@ -58,15 +58,21 @@ std::string shown(const json& v) {
 
 bool is_comment(const std::string& key) { return !key.empty() && key[0] == '_'; }
 
-/// "line 4, column 7: syntax error ..." out of nlohmann's parse_error text. The patterns end at the
-/// position, and the message is the match's suffix: libstdc++'s regex matches a trailing (.*) by one
-/// recursion per character, and the message quotes the last token read (a long string of a hostile
-/// manifest overflowed the stack: fuzz/regressions/manifest/).
+/// The position in nlohmann's parse_error text ("line 4, column 7: syntax error ..."): line in
+/// [1], column in [2], the message in the match's suffix. The pattern ends at the position:
+/// libstdc++'s regex matches a trailing (.*) by one recursion per character, and the message
+/// quotes the last token read (a long one of a hostile manifest overflowed the stack:
+/// fuzz/regressions/manifest/).
+const std::regex& error_position() {
+  static const std::regex at(R"(line (\d+), column (\d+): )");
+  return at;
+}
+
+/// "line 4, column 7: invalid JSON (...)" out of a parse_error.
 std::string parse_error_text(const json::parse_error& e) {
   const std::string what = e.what();
-  static const std::regex kAt(R"(line (\d+), column (\d+): )");
   std::smatch m;
-  if (std::regex_search(what, m, kAt))
+  if (std::regex_search(what, m, error_position()))
     return fmt::format("line {}, column {}: invalid JSON ({})", m[1].str(), m[2].str(), m.suffix().str());
   // No position in the message: fall back to the byte offset.
   const std::string detail = what.substr(std::min(what.size(), what.find("] ") + 2));
@@ -217,10 +223,9 @@ std::string line_parse_error(std::string_view line, size_t number) {
     return fmt::format("line {}: {}", number, e.what());
   } catch (const json::parse_error& e) {
     const std::string what = e.what();
-    static const std::regex kAt(R"(line \d+, column (\d+): )");  // as parse_error_text's
     std::smatch m;
-    if (std::regex_search(what, m, kAt))
-      return fmt::format("line {}, column {}: invalid JSON ({})", number, m[1].str(), m.suffix().str());
+    if (std::regex_search(what, m, error_position()))
+      return fmt::format("line {}, column {}: invalid JSON ({})", number, m[2].str(), m.suffix().str());
     return fmt::format("line {}: invalid JSON ({})", number, what.substr(std::min(what.size(), what.find("] ") + 2)));
   } catch (const std::exception& e) {
     return fmt::format("line {}: invalid JSON ({})", number, e.what());

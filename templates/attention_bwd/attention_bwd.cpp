@@ -238,8 +238,8 @@ Plan AttentionBwdOp::plan(const KernelSpec& call, const KernelConfig& c) const {
       l.geometry.block.x = 384;
       l.geometry.dynamic_shared_bytes = static_cast<uint32_t>(sm90_shared_bytes(call, c));
     };
+    const int64_t k_blocks = ceil_div(ah::max_len_k(call), 128);  // of the dK/dV launch and of dK/dV's workspace
     if (dkdv) {
-      const int64_t k_blocks = ceil_div(ah::max_len_k(call), 128);
       Launch l;
       l.kernel = "kiln_attention_bwd_dkdv";
       maps(l, k_box);
@@ -249,7 +249,7 @@ Plan AttentionBwdOp::plan(const KernelSpec& call, const KernelConfig& c) const {
                                    KernelArg::i32(ah::v_stride(call)), KernelArg::scalar(0),
                                    KernelArg::workspace(dq_offset), KernelArg::workspace(dkv_offset)});
       l.geometry.grid.x = static_cast<uint32_t>(k_blocks * batch);
-      l.geometry.grid.y = static_cast<uint32_t>(call.param("kv_heads") * (split ? kv_split(c) : 1));
+      l.geometry.grid.y = static_cast<uint32_t>(call.param("kv_heads") * (split ? 2 : 1));
       // Programmatic dependent launch: after the D launch, and the dq launch after this one (the
       // kernels' wait_prior_grid and release_dependents say what each waits for).
       l.geometry.programmatic_dependent_launch = tq > 0;
@@ -260,11 +260,10 @@ Plan AttentionBwdOp::plan(const KernelSpec& call, const KernelConfig& c) const {
       l.kernel = "kiln_attention_bwd_dkdv_convert";
       l.args = {KernelArg::workspace(dkv_offset)};
       if (thd) l.args.insert(l.args.end(), {KernelArg::tensor(6), KernelArg::tensor(7)});
-      const int64_t k_tiles = ceil_div(ah::max_len_k(call), 128);
       l.args.insert(l.args.end(), {KernelArg::tensor(dk), KernelArg::tensor(dv), KernelArg::i32(call.param("seqlen_q")),
-                                   KernelArg::i32(call.param("seqlen_k")), KernelArg::i32(k_tiles),
+                                   KernelArg::i32(call.param("seqlen_k")), KernelArg::i32(k_blocks),
                                    KernelArg::i32(ah::k_stride(call)), KernelArg::i32(ah::v_stride(call))});
-      l.geometry.grid.x = static_cast<uint32_t>(k_tiles * batch);
+      l.geometry.grid.x = static_cast<uint32_t>(k_blocks * batch);
       l.geometry.grid.y = static_cast<uint32_t>(call.param("kv_heads"));
       l.geometry.block.x = 256;
       p.launches.push_back(std::move(l));
