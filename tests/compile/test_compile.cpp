@@ -458,6 +458,46 @@ TEST(Compile, AttentionBackwardAtomicDqIsACandidateWithoutDeterminismAndFitsTheR
   }
 }
 
+// Head dim 128's atomic dK/dV kernel adds its half of dQ as soon as dQ's own WGMMA group completes,
+// under dK and block n + 1's S^T: the reductions (red.global.add.v4.f32) follow a wait for all but
+// one group, not the step's last wait. Issued after the last wait, their source registers held the
+// next step's first product back until the load/store unit had sent them (ncu, H200, 2026-11-29:
+// 10% of the kernel's warp-stall samples); the order below is 3-5% faster (docs/attention.md).
+// 433226d's kernel: none after a wait<1>, 48 after a wait<0>.
+TEST(Compile, AttentionBackwardAddsDqUnderTheNextProducts) {
+  const TargetInfo& target = **find_target("sm_90a");
+  const OpTemplate& op = **find_op("attention_bwd");
+  const KernelSpec spec = op.with_defaults(
+      KernelSpec{"attention_bwd", DType::bf16, DType::bf16,
+                 {{"batch", 1}, {"seqlen_q", 300}, {"seqlen_k", 300}, {"heads", 4}, {"kv_heads", 2}, {"head_dim", 128}, {"causal", 1}}});
+  const auto cs = op.tuning_candidates(spec, target);
+  const auto c = std::find_if(cs.begin(), cs.end(), [](const KernelConfig& k) {
+    return k.count("ATOMIC_DQ") && k.at("ATOMIC_DQ") == 1 && k.count("KV_SPLIT") && k.at("KV_SPLIT") == 2;
+  });
+  ASSERT_NE(c, cs.end());
+  auto compiler = compiler_for(target, "nvrtc");
+  if (!compiler && compiler.error().code == Errc::driver_unavailable) GTEST_SKIP() << compiler.error().message;
+  ASSERT_TRUE(compiler.ok()) << compiler.error().message;
+  auto src = generate(spec, target, &*c);
+  ASSERT_TRUE(src.ok()) << src.error().message;
+  auto ptx = (*compiler)->emit(*src, Emit::assembly);
+  ASSERT_TRUE(ptx.ok()) << ptx.error().message;
+  const std::string& t = *ptx;
+  const size_t from = t.find(".entry kiln_attention_bwd_dkdv("), to = t.find(".entry ", from + 1);
+  ASSERT_NE(from, std::string::npos);
+  int under = 0, after_all = 0;
+  for (size_t i = t.find("red.global.add", from); i != std::string::npos && i < to; i = t.find("red.global.add", i + 1)) {
+    const size_t w = t.rfind("wgmma.wait_group.sync.aligned", i);
+    if (w == std::string::npos || w < from) continue;
+    const char n = t[t.find_first_not_of(" \t", w + std::string_view("wgmma.wait_group.sync.aligned").size())];
+    (n == '1' ? under : after_all) += 1;
+  }
+  // A step's eight reductions of dQ's half after wait_group 1; after the last wait only the 32 of
+  // KV_SPLIT's dK and dV sums once the loop is done.
+  EXPECT_GE(under, 8);
+  EXPECT_EQ(after_all, 32);
+}
+
 // KV_SPLIT 2: with the atomic dQ, a causal GQA backward splits each kv head's group of query heads
 // between two blocks per 128 keys (the heuristic's choice at head dim 64; a candidate wherever the
 // group is even), whose dK and dV sums meet in an fp32 workspace that a launch converts: twice the
