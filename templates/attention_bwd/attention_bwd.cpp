@@ -55,9 +55,8 @@ bool mfma(const KernelConfig& c) { return c.count("MFMA") && c.at("MFMA") != 0; 
 // (attention_bwd_sm90.kernel, longest_first), about L2_GROUP_MIB of streamed tiles per group once
 // a launch streams more than L2_MIN_MIB (0, 0: one group).
 // ATOMIC_DQ: the dK/dV kernel also computes dQ and adds it into an fp32 workspace
-// (FlashAttention-3's five GEMMs per tile pair; attention_bwd_sm90.kernel), head dim 64 with
-// deterministic = 0: the heuristic's choice there (H200, 2026-11-28: from 0.5% behind to 13% ahead
-// of the deterministic kernels over six rows, docs/attention.md), which stay a tuning candidate.
+// (FlashAttention-3's five GEMMs per tile pair; attention_bwd_sm90.kernel), a tuning candidate
+// wherever deterministic = 0 (see wants_atomic_dq for the heuristic's choice).
 // KV_SPLIT 2 (with ATOMIC_DQ, an even group): two blocks per (128 keys, kv head), each over half of
 // the group's query heads, adding dK and dV into an fp32 workspace (attention_bwd_sm90.kernel).
 KernelConfig sm90_config(int64_t group_mib, int64_t min_mib, bool atomic_dq = false, int64_t kv_split = 1) {
@@ -66,11 +65,23 @@ KernelConfig sm90_config(int64_t group_mib, int64_t min_mib, bool atomic_dq = fa
 }
 bool atomic_dq(const KernelConfig& c) { return c.count("ATOMIC_DQ") && c.at("ATOMIC_DQ") != 0; }
 int64_t kv_split(const KernelConfig& c) { return c.count("KV_SPLIT") ? c.at("KV_SPLIT") : 1; }
-// Whether the atomic-dQ kernels are a tuning candidate (deterministic = 0) and the heuristic's
-// choice (head dim 64 only: at 128 they ran 2-7% behind the deterministic kernels on the causal rows
-// and 1.6% ahead without a mask, H200, 2026-11-28, docs/attention.md).
 bool may_atomic_dq(const KernelSpec& spec) { return spec.param("deterministic") == 0; }
-bool wants_atomic_dq(const KernelSpec& spec) { return may_atomic_dq(spec) && spec.param("head_dim") == 64; }
+// The heuristic's choice (the other kernels then a tuning candidate), H200, docs/attention.md:
+// - head dim 64: the atomic dQ, from 0.5% behind to 13% ahead of the deterministic kernels over
+//   six rows (2026-11-28);
+// - head dim 128: the atomic dQ for fixed-length batches that are MHA or without a mask (4% ahead
+//   on MHA s4096 causal, 8% on hq32/8 s8192 without a mask); the deterministic kernels for causal
+//   GQA, where the two were within 2.4% either way over six rows (geomean 0.997: a tie goes to
+//   the bitwise-reproducible dq), and for packed (thd) batches, where the atomic dQ ran 8-15%
+//   behind (2026-11-29; suspected, not measured: the launch order's L2 groups, which bound the
+//   dQ workspace that the reductions touch at once, serve fixed-length batches only).
+bool wants_atomic_dq(const KernelSpec& spec) {
+  if (!may_atomic_dq(spec)) return false;
+  if (spec.param("head_dim") == 64) return true;
+  const bool mha = spec.param("heads") == spec.param("kv_heads");
+  const bool no_mask = spec.param("causal") == 0 && spec.param("window_left") < 0 && spec.param("window_right") < 0;
+  return !ah::thd(spec) && (mha || no_mask);
+}
 bool may_kv_split(const KernelSpec& spec) { return (spec.param("heads") / spec.param("kv_heads")) % 2 == 0; }
 // The heuristic splits the groups of a causal GQA backward (KV_SPLIT 2) where the atomic dQ is the
 // choice: the first key blocks of each kv head see every query of the group (without a mask the
@@ -107,10 +118,10 @@ int64_t dq_workspace_tiles(const KernelSpec& call) { return ah::tokens_q(call) /
 int64_t dkv_workspace_tiles(const KernelSpec& call) { return ah::tokens_k(call) / 128 + call.param("batch") + 1; }
 }  // namespace
 
-// Tuning on sm_90a times the launch order's L2 groups always (the default), above 160 MiB, and never;
-// at head dim 64 with deterministic = 0 those of the atomic-dQ kernels, then the deterministic ones;
-// at head dim 128 with deterministic = 0 the atomic-dQ kernels follow the deterministic ones; with
-// an even group, last, the atomic-dQ kernels with the KV_SPLIT that the heuristic did not take.
+// Tuning on sm_90a times the launch order's L2 groups always (the default), above 160 MiB, and never,
+// of the heuristic's kernels (atomic dQ or deterministic), then with deterministic = 0 the other
+// ones; with an even group, last, the atomic-dQ kernels with the KV_SPLIT that the heuristic did
+// not take.
 std::vector<KernelConfig> AttentionBwdOp::tuning_candidates(const KernelSpec& spec, const TargetInfo& target) const {
   if (!has_wgmma(spec, target)) return {choose_config(spec, target)};
   const bool a = wants_atomic_dq(spec);
@@ -118,7 +129,7 @@ std::vector<KernelConfig> AttentionBwdOp::tuning_candidates(const KernelSpec& sp
   std::vector<KernelConfig> c = {sm90_config(24, 0, a, split), sm90_config(24, 160, a, split),
                                  sm90_config(0, 0, a, split)};  // 24: kL2GroupMib
   if (a) c.push_back(sm90_config(24, 0));  // the deterministic kernels
-  else if (may_atomic_dq(spec)) c.push_back(sm90_config(24, 0, true));  // head dim 128's atomic dQ
+  else if (may_atomic_dq(spec)) c.push_back(sm90_config(24, 0, true));  // the atomic dQ where not the choice
   if (may_atomic_dq(spec) && may_kv_split(spec)) c.push_back(sm90_config(24, 0, true, 3 - split));  // the other split
   return c;
 }
@@ -143,9 +154,10 @@ Result<void> AttentionBwdOp::validate_rules(const KernelSpec& spec, const Target
 // sm_90a, head dims 64 and 128 (equal): the TMA + WGMMA kernels (attention_bwd_sm90.kernel),
 // resident tiles of 128 rows, streamed tiles of 64 in a 3-stage ring (165 KiB of shared memory at
 // head dim 128: the dq kernel's pipeline holds two stages while the third loads); THREADS is the D = rowsum(dO O) launch's.
-// At head dim 64 with deterministic = 0, ATOMIC_DQ (dQ added into fp32 by the dK/dV kernel, then
-// converted), and for a causal GQA backward with an even group KV_SPLIT 2 (H200, 2026-11-28: 1.3-2.8%
-// faster on the three causal GQA rows, docs/attention.md). The portable kernels follow as the
+// With deterministic = 0, ATOMIC_DQ (dQ added into fp32 by the dK/dV kernel, then converted) at
+// head dim 64, and at 128 for fixed-length MHA or unmasked batches (wants_atomic_dq); with it, for
+// a causal GQA backward with an even group, KV_SPLIT 2 (H200, 2026-11-28: 1.3-2.8% faster on the
+// three causal GQA rows at head dim 64, docs/attention.md). The portable kernels follow as the
 // fallback and serve every other case.
 // gfx942 and gfx950, head dims up to 128: the MFMA kernels (attention_bwd_mfma.kernel), WAVES = 2
 // wavefronts of 32 resident rows each, streamed tiles of 32 rows; MFMA_K 8 (gfx942's 32x32x8) or

@@ -15,13 +15,14 @@ namespace kiln {
 /// With P = exp(S - lse) and D = rowsum(dout * out): dV = P^T dO, dS = P (dO V^T - D) (times
 /// 1 - tanh^2 with softcap), dQ = scale dS K, dK = scale dS^T Q.
 /// Three launches (D into an fp32 workspace of 4 x heads x tokens_q bytes; dK/dV per key block;
-/// dQ per query block), no atomics: every output is bitwise deterministic. Except on sm_90a at
-/// head dim 64 with deterministic = 0 (the default): there the atomic-dQ kernels run
+/// dQ per query block), no atomics: every output is bitwise deterministic. Except on sm_90a with
+/// deterministic = 0 (the default), at head dim 64, and at 128 for fixed-length (bshd) batches
+/// that are MHA or unmasked: there the atomic-dQ kernels run
 /// (FlashAttention-3's five GEMMs, Shah et al. 2024): D (which also zeroes a second fp32 workspace
 /// of (tokens_q / 64 + batch + 1) x heads x 64 x head_dim values), dK/dV, whose blocks add dQ into
 /// that workspace with fp32 atomic adds, and a launch that converts it to dq; dq is then not bitwise
 /// reproducible (summation order), dk and dv still are. deterministic = 1 keeps the three ordered
-/// launches (H200: 0-13% slower at head dim 64, docs/attention.md).
+/// launches (H200: up to 13% slower at head dim 64, 4-8% at 128; docs/attention.md).
 /// Kernels (docs/attention.md): MFMA on gfx942/gfx950 for head dims up to 128, TMA + WGMMA on
 /// sm_90a for head dims 64 and 128, portable FlashAttention-2 kernels for every other case.
 class AttentionBwdOp final : public OpTemplate {

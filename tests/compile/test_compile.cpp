@@ -142,8 +142,9 @@ TEST_P(CompileEveryTarget, ProducesAValidCodeObject) {
     // sm_90a at 64 registers (not yet understood; that kernel stands in until the fp8 WGMMA one).
     // Known: the Hopper attention kernels (384 threads, so ptxas gives them 168 registers) spill:
     // the forward (attention_sm90.kernel) up to a few hundred bytes with clang's PTX and none with
-    // NVRTC's (the default NVIDIA compiler); the backward (attention_bwd_sm90.kernel) 16 bytes
-    // with NVRTC at head dim 128 and up to about 1100 with clang. The TMA kernels of the fp8 GEMM
+    // NVRTC's (the default NVIDIA compiler); the backward (attention_bwd_sm90.kernel) up to 32
+    // bytes with NVRTC and up to about 1100 with clang, 1704 in the atomic-dQ dK/dV kernel at head
+    // dim 128 (the choice for MHA and unmasked batches since 2026-11-29). The TMA kernels of the fp8 GEMM
     // and the grouped GEMM (384 or 512 threads) spill nothing with NVRTC and up to about 900
     // bytes with clang's PTX, where ptxas does not give the consumer warpgroups the registers
     // setmaxnreg raises them to. The one-block delayed-scaling history push
@@ -164,7 +165,7 @@ TEST_P(CompileEveryTarget, ProducesAValidCodeObject) {
         std::any_of(plan.launches.begin(), plan.launches.end(),
                     [](const Launch& l) { return l.kernel == "kiln_fp8_amax_history"; });
     const bool ce_grad = target.vendor == Vendor::nvidia && clang && src->config.count("GRAD");
-    const int64_t allowed = warp_specialized ? (clang ? 1536 : spec.op == "attention_bwd" ? 32 : 0)
+    const int64_t allowed = warp_specialized ? (clang ? 2048 : spec.op == "attention_bwd" ? 32 : 0)
                             : history_push    ? 32
                             : ce_grad         ? 128
                             : known_spill     ? 16
@@ -409,8 +410,8 @@ TEST(Compile, AttentionBackwardKeepsFewCopiesOfItsPasses) {
 }
 
 // The atomic-dQ backward (ATOMIC_DQ, FlashAttention-3's five GEMMs: the dK/dV kernel adds dQ into
-// an fp32 workspace) is a tuning candidate with deterministic = 0 only, and the choice at head dim
-// 64 (the deterministic kernels then a candidate); with NVRTC its dK/dV kernel has its WGMMAs
+// an fp32 workspace) is a tuning candidate with deterministic = 0 only, and the choice there at
+// head dims 64 and 128 (the deterministic kernels then a candidate); with NVRTC its dK/dV kernel has its WGMMAs
 // pipelined and spills at most the 32 bytes allowed the Hopper backward above (with dS^T as a
 // register operand ptxas serialized every WGMMA; all of dQ beside P^T in registers spilled 772
 // bytes; at head dim 128, dQ's column halves beside block n + 1's S^T and dP^T spilled 316 bytes,
@@ -431,14 +432,24 @@ TEST(Compile, AttentionBackwardAtomicDqIsACandidateWithoutDeterminismAndFitsTheR
   EXPECT_TRUE(has_atomic(spec(64, 1, 0, DType::bf16), target));
   EXPECT_FALSE(has_atomic(spec(64, 1, 1, DType::bf16), target)) << "deterministic = 1 keeps the ordered dq";
   EXPECT_TRUE(has_atomic(spec(128, 1, 0, DType::bf16), target)) << "head dim 128: dQ's columns split between the consumers";
+  EXPECT_TRUE(atomic(op.variants(op.with_defaults(spec(128, 0, 0, DType::bf16)), target).front()))
+      << "head dim 128 without a mask: the choice";
   EXPECT_FALSE(atomic(op.variants(op.with_defaults(spec(128, 1, 0, DType::bf16)), target).front()))
-      << "head dim 128: a tuning candidate, slower than the deterministic kernels on the causal rows";
+      << "head dim 128, causal GQA: the deterministic kernels (a tie on the H200)";
+  KernelSpec packed = spec(128, 0, 0, DType::bf16);
+  packed.params = {{"layout", 1}, {"batch", 2}, {"total_q", 666}, {"total_k", 800}, {"max_seqlen_q", 333},
+                   {"max_seqlen_k", 400}, {"heads", 4}, {"kv_heads", 2}, {"head_dim", 128}, {"deterministic", 0}};
+  EXPECT_FALSE(atomic(op.variants(op.with_defaults(packed), target).front()))
+      << "head dim 128, packed: the deterministic kernels (8-15% ahead on the H200)";
+  EXPECT_TRUE(has_atomic(packed, target));
   EXPECT_FALSE(has_atomic(spec(64, 1, 0, DType::bf16), **find_target("gfx942")));
   EXPECT_TRUE(atomic(op.variants(op.with_defaults(spec(64, 1, 0, DType::bf16)), target).front()));
   EXPECT_FALSE(atomic(op.variants(op.with_defaults(spec(64, 1, 1, DType::bf16)), target).front()));
-  const auto cands = op.tuning_candidates(op.with_defaults(spec(64, 1, 0, DType::bf16)), target);
-  EXPECT_TRUE(std::any_of(cands.begin(), cands.end(), [&](const KernelConfig& c) { return !atomic(c); }))
-      << "the deterministic kernels stay a tuning candidate";
+  for (int64_t d : {64, 128}) {
+    const auto cands = op.tuning_candidates(op.with_defaults(spec(d, 1, 0, DType::bf16)), target);
+    EXPECT_TRUE(std::any_of(cands.begin(), cands.end(), [&](const KernelConfig& c) { return !atomic(c); }))
+        << "the deterministic kernels stay a tuning candidate";
+  }
   auto compiler = compiler_for(target, "nvrtc");
   if (!compiler && compiler.error().code == Errc::driver_unavailable) GTEST_SKIP() << compiler.error().message;
   ASSERT_TRUE(compiler.ok()) << compiler.error().message;
@@ -524,7 +535,7 @@ TEST(Compile, AttentionBackwardSplitsTheGroupsOfACausalGqaBackward) {
   EXPECT_FALSE(split(choice(spec(4, 4, 64, 1, 0)))) << "no group to split";
   EXPECT_FALSE(has_split(spec(6, 2, 64, 1, 0))) << "an odd group";
   EXPECT_FALSE(has_split(spec(8, 2, 64, 1, 1))) << "deterministic = 1 keeps the ordered kernels";
-  EXPECT_FALSE(split(choice(spec(8, 2, 128, 1, 0)))) << "head dim 128: the deterministic kernels";
+  EXPECT_FALSE(split(choice(spec(8, 2, 128, 1, 0)))) << "head dim 128, causal GQA: the deterministic kernels";
   EXPECT_TRUE(has_split(spec(8, 2, 128, 1, 0)));
 
   const KernelSpec s = op.with_defaults(spec(8, 2, 64, 1, 0));

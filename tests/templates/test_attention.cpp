@@ -407,10 +407,12 @@ TEST(Attention, BackwardReferenceMatchesFiniteDifferences) {
 // The Hopper backward overlaps its dq launch with the dK/dV launch's last blocks (programmatic
 // dependent launch, each kernel waiting for what it reads): dK/dV after D, dq after dK/dV. With no
 // keys the dq launch follows D alone and must wait for it as a plain launch does; AMD has no such
-// launch.
+// launch. (deterministic = 1: the ordered dq launch, which the atomic dQ replaces where it is the
+// choice.)
 TEST(Attention, BackwardOverlapsDqWithTheDkDvLaunchOnHopperOnly) {
   const OpTemplate* op = *find_op("attention_bwd");
-  auto launches = [&](const KernelSpec& s, const char* t) {
+  auto launches = [&](KernelSpec s, const char* t) {
+    s.params["deterministic"] = 1;
     const KernelSpec full = op->with_defaults(s);
     return op->plan(full, op->choose_config(full, target(t))).launches;
   };

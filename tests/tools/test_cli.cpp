@@ -841,8 +841,10 @@ TEST_F(CliTest, InspectMetaReportsEveryKernelOfTheMfmaAttentionBackward) {
 // A launch line names what changes how it launches: the Hopper attention backward's dK/dV and dq
 // launches start as dependents of the previous one (programmatic dependent launch), the cross-entropy
 // gradient's row-on-chip form runs in thread-block clusters; a plain launch says neither.
+// (deterministic = 1: the ordered dq launch, which the atomic dQ of the default replaces.)
 TEST_F(CliTest, InspectMetaNamesDependentAndClusterLaunches) {
-  Output o = kiln_cached({"inspect", "attention_bwd", "-p", "batch=1,seqlen_q=512,seqlen_k=512,heads=8,kv_heads=2,head_dim=128,causal=1",
+  Output o = kiln_cached({"inspect", "attention_bwd", "-p",
+                          "batch=1,seqlen_q=512,seqlen_k=512,heads=8,kv_heads=2,head_dim=128,causal=1,deterministic=1",
                           "--dtype", "bf16", "--arch", "sm_90a", "--emit", "meta"});
   ASSERT_EQ(o.code, 0) << o.err;
   EXPECT_TRUE(std::regex_search(o.out, std::regex(R"(launch\s+kiln_attention_bwd_dot: grid \S+, block \d+, dynamic shared \d+ bytes\n)")))
