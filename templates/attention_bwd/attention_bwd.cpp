@@ -67,20 +67,22 @@ bool atomic_dq(const KernelConfig& c) { return c.count("ATOMIC_DQ") && c.at("ATO
 int64_t kv_split(const KernelConfig& c) { return c.count("KV_SPLIT") ? c.at("KV_SPLIT") : 1; }
 bool may_atomic_dq(const KernelSpec& spec) { return spec.param("deterministic") == 0; }
 // The heuristic's choice (the other kernels then a tuning candidate), H200, docs/attention.md:
-// - head dim 64: the atomic dQ, from 0.5% behind to 13% ahead of the deterministic kernels over
-//   six rows (2026-11-28);
-// - head dim 128: the atomic dQ for fixed-length batches that are MHA or without a mask (4% ahead
-//   on MHA s4096 causal, 8% on hq32/8 s8192 without a mask); the deterministic kernels for causal
-//   GQA, where the two were within 2.4% either way over six rows (geomean 0.997: a tie goes to
-//   the bitwise-reproducible dq), and for packed (thd) batches, where the atomic dQ ran 8-15%
-//   behind (2026-11-29; suspected, not measured: the launch order's L2 groups, which bound the
-//   dQ workspace that the reductions touch at once, serve fixed-length batches only).
+// - packed (thd) batches: the deterministic kernels, at head dim 128 8-15% ahead of the atomic dQ
+//   (16384 tokens in six sequences, causal and not), at 64 2-17% (heads 32/4 and 64/8, causal;
+//   2026-11-29; suspected, not measured: the launch order's L2 groups, which bound the dQ
+//   workspace that the reductions touch at once, serve fixed-length batches only);
+// - fixed-length batches at head dim 64: the atomic dQ, from 0.5% behind to 13% ahead of the
+//   deterministic kernels over six rows (2026-11-28);
+// - at head dim 128: the atomic dQ for MHA or unmasked batches (4% ahead on MHA s4096 causal, 8%
+//   on hq32/8 s8192 without a mask); the deterministic kernels for causal GQA, where the two were
+//   within 2.4% either way over six rows (geomean 0.997: a tie goes to the bitwise-reproducible
+//   dq; 2026-11-29).
 bool wants_atomic_dq(const KernelSpec& spec) {
-  if (!may_atomic_dq(spec)) return false;
+  if (!may_atomic_dq(spec) || ah::thd(spec)) return false;
   if (spec.param("head_dim") == 64) return true;
   const bool mha = spec.param("heads") == spec.param("kv_heads");
   const bool no_mask = spec.param("causal") == 0 && spec.param("window_left") < 0 && spec.param("window_right") < 0;
-  return !ah::thd(spec) && (mha || no_mask);
+  return mha || no_mask;
 }
 bool may_kv_split(const KernelSpec& spec) { return (spec.param("heads") / spec.param("kv_heads")) % 2 == 0; }
 // The heuristic splits the groups of a causal GQA backward (KV_SPLIT 2) where the atomic dQ is the
@@ -154,8 +156,8 @@ Result<void> AttentionBwdOp::validate_rules(const KernelSpec& spec, const Target
 // sm_90a, head dims 64 and 128 (equal): the TMA + WGMMA kernels (attention_bwd_sm90.kernel),
 // resident tiles of 128 rows, streamed tiles of 64 in a 3-stage ring (165 KiB of shared memory at
 // head dim 128: the dq kernel's pipeline holds two stages while the third loads); THREADS is the D = rowsum(dO O) launch's.
-// With deterministic = 0, ATOMIC_DQ (dQ added into fp32 by the dK/dV kernel, then converted) at
-// head dim 64, and at 128 for fixed-length MHA or unmasked batches (wants_atomic_dq); with it, for
+// With deterministic = 0, for fixed-length batches, ATOMIC_DQ (dQ added into fp32 by the dK/dV
+// kernel, then converted) at head dim 64, and at 128 for MHA or unmasked ones (wants_atomic_dq); with it, for
 // a causal GQA backward with an even group, KV_SPLIT 2 (H200, 2026-11-28: 1.3-2.8% faster on the
 // three causal GQA rows at head dim 64, docs/attention.md). The portable kernels follow as the
 // fallback and serve every other case.

@@ -16,8 +16,8 @@ namespace kiln {
 /// 1 - tanh^2 with softcap), dQ = scale dS K, dK = scale dS^T Q.
 /// Three launches (D into an fp32 workspace of 4 x heads x tokens_q bytes; dK/dV per key block;
 /// dQ per query block), no atomics: every output is bitwise deterministic. Except on sm_90a with
-/// deterministic = 0 (the default), at head dim 64, and at 128 for fixed-length (bshd) batches
-/// that are MHA or unmasked: there the atomic-dQ kernels run
+/// deterministic = 0 (the default), for fixed-length (bshd) batches at head dim 64, and at 128
+/// for those that are MHA or unmasked: there the atomic-dQ kernels run
 /// (FlashAttention-3's five GEMMs, Shah et al. 2024): D (which also zeroes a second fp32 workspace
 /// of (tokens_q / 64 + batch + 1) x heads x 64 x head_dim values), dK/dV, whose blocks add dQ into
 /// that workspace with fp32 atomic adds, and a launch that converts it to dq; dq is then not bitwise
