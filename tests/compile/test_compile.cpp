@@ -144,8 +144,8 @@ TEST_P(CompileEveryTarget, ProducesAValidCodeObject) {
     // the forward (attention_sm90.kernel) up to a few hundred bytes with clang's PTX and none with
     // NVRTC's (the default NVIDIA compiler); the backward (attention_bwd_sm90.kernel) up to 32
     // bytes with NVRTC and up to about 1100 with clang, 1704 in the atomic-dQ dK/dV kernel at head
-    // dim 128 (the choice for MHA and unmasked batches since 2026-11-29). The TMA kernels of the fp8 GEMM
-    // and the grouped GEMM (384 or 512 threads) spill nothing with NVRTC and up to about 900
+    // dim 128 (the choice for MHA and unmasked batches since 2026-11-29). The TMA kernels of the
+    // fp8 GEMM and the grouped GEMM (384 or 512 threads) spill nothing with NVRTC and up to about 900
     // bytes with clang's PTX, where ptxas does not give the consumer warpgroups the registers
     // setmaxnreg raises them to. The one-block delayed-scaling history push
     // (kiln_fp8_amax_history, 1024 threads: 64 registers), in the module of every spec whose plan
@@ -410,12 +410,13 @@ TEST(Compile, AttentionBackwardKeepsFewCopiesOfItsPasses) {
 }
 
 // The atomic-dQ backward (ATOMIC_DQ, FlashAttention-3's five GEMMs: the dK/dV kernel adds dQ into
-// an fp32 workspace) is a tuning candidate with deterministic = 0 only, and the choice there at
-// head dims 64 and 128 (the deterministic kernels then a candidate); with NVRTC its dK/dV kernel has its WGMMAs
-// pipelined and spills at most the 32 bytes allowed the Hopper backward above (with dS^T as a
-// register operand ptxas serialized every WGMMA; all of dQ beside P^T in registers spilled 772
-// bytes; at head dim 128, dQ's column halves beside block n + 1's S^T and dP^T spilled 316 bytes,
-// serialized, and the stmatrix addresses per 16-byte chunk held live 28 more).
+// an fp32 workspace) is a tuning candidate with deterministic = 0 only, and the choice there for
+// fixed-length batches at head dim 64 and, at 128, for MHA or unmasked ones (the deterministic
+// kernels then a candidate); with NVRTC its dK/dV kernel has its WGMMAs pipelined and spills at
+// most the 32 bytes allowed the Hopper backward above (with dS^T as a register operand ptxas
+// serialized every WGMMA; all of dQ beside P^T in registers spilled 772 bytes; at head dim 128,
+// dQ's column halves beside block n + 1's S^T and dP^T spilled 316 bytes, serialized, and the
+// stmatrix addresses per 16-byte chunk held live 28 more).
 TEST(Compile, AttentionBackwardAtomicDqIsACandidateWithoutDeterminismAndFitsTheRegisters) {
   const TargetInfo& target = **find_target("sm_90a");
   const OpTemplate& op = **find_op("attention_bwd");
