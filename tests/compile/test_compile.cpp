@@ -4,9 +4,12 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <functional>
+#include <optional>
 #include <set>
 #include <span>
 #include <string>
+#include <string_view>
 
 #include "templates/lib/library.h"
 #include "templates/registry.h"
@@ -358,27 +361,43 @@ TEST(Compile, AttentionTuningCandidatesCompileWithTheirKeyBlocks) {
 }
 
 // The PTX of the Hopper (TMA + WGMMA) kernels of an attention op at heads 4/2, 300 tokens, causal
-// (NVRTC), and the count of `what` in it from `from` (an .entry line; empty: the start) to the
-// next .entry (or the end).
+// (NVRTC): `kernel(name)` the text from an .entry to the next (empty name: all of it), and the
+// count of `what` in it.
 struct AttentionPtx {
   std::string text;
+  std::string_view kernel(const std::string& name = "") const {
+    if (name.empty()) return text;
+    const size_t at = text.find(".entry " + name + "(");
+    if (at == std::string::npos) return {};
+    return std::string_view(text).substr(at, text.find(".entry ", at + 1) - at);
+  }
   int count(const std::string& what, const std::string& from = "") const {
-    const size_t at = from.empty() ? 0 : text.find(".entry " + from + "(");
-    if (at == std::string::npos) return -1;
-    const size_t end = from.empty() ? std::string::npos : text.find(".entry ", at + 1);
+    const std::string_view k = kernel(from);
+    if (k.empty()) return -1;
     int n = 0;
-    for (size_t i = text.find(what, at); i != std::string::npos && i < end; i = text.find(what, i + 1)) ++n;
+    for (size_t i = k.find(what); i != std::string_view::npos; i = k.find(what, i + 1)) ++n;
     return n;
   }
 };
-Result<AttentionPtx> attention_ptx(const char* op, int64_t head_dim, int64_t softcap, int64_t deterministic = 0) {
+// `pick` (optional) chooses the configuration among the op's tuning candidates instead of the
+// heuristic's.
+Result<AttentionPtx> attention_ptx(const char* op, int64_t head_dim, int64_t softcap, int64_t deterministic = 0,
+                                   const std::function<bool(const KernelConfig&)>& pick = {}) {
   const TargetInfo& target = **find_target("sm_90a");
   KILN_ASSIGN_OR_RETURN(auto compiler, compiler_for(target, "nvrtc"));
   KernelSpec spec{op, DType::bf16, DType::bf16,
                   {{"batch", 1}, {"seqlen_q", 300}, {"seqlen_k", 300}, {"heads", 4}, {"kv_heads", 2},
                    {"head_dim", head_dim}, {"causal", 1}, {"softcap", softcap}}};
   if (std::string_view(op) == "attention_bwd") spec.params["deterministic"] = deterministic;
-  KILN_ASSIGN_OR_RETURN(auto src, generate(spec, target));
+  std::optional<KernelConfig> config;
+  if (pick) {
+    const OpTemplate& o = **find_op(op);
+    const auto cs = o.tuning_candidates(o.with_defaults(spec), target);
+    const auto c = std::find_if(cs.begin(), cs.end(), pick);
+    if (c == cs.end()) return make_error(Errc::unsupported, "no tuning candidate of that kind");
+    config = *c;
+  }
+  KILN_ASSIGN_OR_RETURN(auto src, generate(spec, target, config ? &*config : nullptr));
   if (!src.config.count("WGMMA")) return make_error(Errc::unsupported, "not the TMA + WGMMA kernels");
   KILN_ASSIGN_OR_RETURN(std::string ptx, compiler->emit(src, Emit::assembly));
   return AttentionPtx{std::move(ptx)};
@@ -479,31 +498,19 @@ TEST(Compile, AttentionBackwardAtomicDqIsACandidateWithoutDeterminismAndFitsTheR
 // 10% of the kernel's warp-stall samples); the order below is 3-5% faster (docs/attention.md).
 // 433226d's kernel: none after a wait<1>, 48 after a wait<0>.
 TEST(Compile, AttentionBackwardAddsDqUnderTheNextProducts) {
-  const TargetInfo& target = **find_target("sm_90a");
-  const OpTemplate& op = **find_op("attention_bwd");
-  const KernelSpec spec = op.with_defaults(
-      KernelSpec{"attention_bwd", DType::bf16, DType::bf16,
-                 {{"batch", 1}, {"seqlen_q", 300}, {"seqlen_k", 300}, {"heads", 4}, {"kv_heads", 2}, {"head_dim", 128}, {"causal", 1}}});
-  const auto cs = op.tuning_candidates(spec, target);
-  const auto c = std::find_if(cs.begin(), cs.end(), [](const KernelConfig& k) {
+  auto ptx = attention_ptx("attention_bwd", 128, 0, 0, [](const KernelConfig& k) {  // the atomic dQ, KV_SPLIT 2
     return k.count("ATOMIC_DQ") && k.at("ATOMIC_DQ") == 1 && k.count("KV_SPLIT") && k.at("KV_SPLIT") == 2;
   });
-  ASSERT_NE(c, cs.end());
-  auto compiler = compiler_for(target, "nvrtc");
-  if (!compiler && compiler.error().code == Errc::driver_unavailable) GTEST_SKIP() << compiler.error().message;
-  ASSERT_TRUE(compiler.ok()) << compiler.error().message;
-  auto src = generate(spec, target, &*c);
-  ASSERT_TRUE(src.ok()) << src.error().message;
-  auto ptx = (*compiler)->emit(*src, Emit::assembly);
+  if (!ptx && ptx.error().code == Errc::driver_unavailable) GTEST_SKIP() << ptx.error().message;
   ASSERT_TRUE(ptx.ok()) << ptx.error().message;
-  const std::string& t = *ptx;
-  const size_t from = t.find(".entry kiln_attention_bwd_dkdv("), to = t.find(".entry ", from + 1);
-  ASSERT_NE(from, std::string::npos);
+  const std::string_view t = ptx->kernel("kiln_attention_bwd_dkdv");
+  ASSERT_FALSE(t.empty());
   int under = 0, after_all = 0;
-  for (size_t i = t.find("red.global.add", from); i != std::string::npos && i < to; i = t.find("red.global.add", i + 1)) {
-    const size_t w = t.rfind("wgmma.wait_group.sync.aligned", i);
-    if (w == std::string::npos || w < from) continue;
-    const char n = t[t.find_first_not_of(" \t", w + std::string_view("wgmma.wait_group.sync.aligned").size())];
+  constexpr std::string_view wait = "wgmma.wait_group.sync.aligned";
+  for (size_t i = t.find("red.global.add"); i != std::string_view::npos; i = t.find("red.global.add", i + 1)) {
+    const size_t w = t.rfind(wait, i);
+    if (w == std::string_view::npos) continue;
+    const char n = t[t.find_first_not_of(" \t", w + wait.size())];
     (n == '1' ? under : after_all) += 1;
   }
   // A step's eight reductions of dQ's half after wait_group 1; after the last wait only the 32 of
