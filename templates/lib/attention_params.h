@@ -534,6 +534,8 @@ inline std::vector<TestSpec> test_specs(std::string_view op, bool backward) {
   bshd(DType::bf16, 1, 40, 40, 2, 1, 64, {{"window_left", 7}, {"window_right", 3}}, "sliding window 7/3");
   bshd(DType::f16, 1, 37, 37, 2, 2, 128, {{"causal", 1}, {"window_left", 9}}, "causal sliding window 9, head_dim 128");
   bshd(DType::bf16, 1, 30, 50, 2, 1, 64, {{"softcap", 2}}, "logit softcap 2");
+  bshd(DType::f16, 1, 40, 24, 4, 1, 128, none,
+       "MQA without a mask at head_dim 128 (sm_90a's backward: the atomic dQ, dQ's columns split between the consumers)");
   std::map<std::string, int64_t> thd_causal = causal;
   thd_causal.insert(det.begin(), det.end());
   thd_spec(DType::bf16, 4, 70, 90, 40, 50, 4, 2, 64, thd_causal, "thd varlen with an empty sequence, GQA, causal");

@@ -74,6 +74,32 @@ TEST(Templates, TensorShapesFollowTheLayouts) {
   EXPECT_EQ(sw[1].shape, (std::vector<int64_t>{4, 6}));
 }
 
+// The heuristics read a parameter left out of a spec as its default: a spec written without its
+// optional parameters (as a caller, or a test, may hand it to choose_config or tuning_candidates
+// directly) gets the same kernels as the spec with_defaults() completes. attention_bwd's
+// wants_atomic_dq read an absent window_left as 0 (a window), so a test's MQA spec without a mask
+// got the deterministic kernels' candidates while the runtime compiled the atomic dQ's (found by
+// GpuTuning on the H200, 2026-11-29).
+TEST(Templates, HeuristicsReadAbsentParametersAsTheirDefaults) {
+  int checked = 0;
+  for (const OpTemplate* op : all_ops())
+    for (const char* t : {"gfx942", "gfx950", "sm_90a"})
+      for (const TestSpec& ts : op->test_specs(target(t))) {
+        const KernelSpec full = op->with_defaults(ts.spec);
+        KernelSpec bare = full;
+        for (const ParamInfo& p : op->params())
+          if (p.default_value && full.param(std::string(p.name), *p.default_value + 1) == *p.default_value)
+            bare.params.erase(std::string(p.name));
+        if (bare.params.size() == full.params.size()) continue;
+        SCOPED_TRACE(fmt::format("{} on {}: {}", to_string(full), t, ts.why));
+        EXPECT_EQ(op->variants(bare, target(t)), op->variants(full, target(t)));
+        EXPECT_EQ(op->choose_config(bare, target(t)), op->choose_config(full, target(t)));
+        EXPECT_EQ(op->tuning_candidates(bare, target(t)), op->tuning_candidates(full, target(t)));
+        ++checked;
+      }
+  EXPECT_GT(checked, 100);
+}
+
 TEST(Templates, GeometryCoversEveryOutput) {
   const OpTemplate* gemm = *find_op("gemm");
   for (const char* t : {"gfx942", "sm_90a"}) {
