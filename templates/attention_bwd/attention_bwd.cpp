@@ -81,9 +81,7 @@ bool wants_atomic_dq(const KernelSpec& spec) {
   if (!may_atomic_dq(spec) || ah::thd(spec)) return false;
   if (spec.param("head_dim") == 64) return true;
   const bool mha = spec.param("heads") == spec.param("kv_heads");
-  // -1 (no window) where the spec leaves the windows out (a spec without with_defaults).
-  const bool no_mask =
-      spec.param("causal") == 0 && spec.param("window_left", -1) < 0 && spec.param("window_right", -1) < 0;
+  const bool no_mask = spec.param("causal") == 0 && ah::window_left(spec) < 0 && ah::window_right(spec) < 0;
   return mha || no_mask;
 }
 bool may_kv_split(const KernelSpec& spec) { return (spec.param("heads") / spec.param("kv_heads")) % 2 == 0; }

@@ -206,7 +206,7 @@ std::string CrossEntropyOp::specialize(const KernelSpec& spec, const KernelConfi
       "constexpr int VOCAB = {};\nconstexpr int THREADS = {}, VEC = {}, UNROLL = {}, SPLIT = {};\n"
       "constexpr long long IGNORE_INDEX = {};\n#define SMOOTHING {}\n#define Z_LOSS {}\n"
       "typedef {} in_t;\ntypedef {} target_t;\n{}",
-      spec.param("vocab"), c.at("THREADS"), c.at("VEC"), c.at("UNROLL"), c.at("SPLIT"), spec.param("ignore_index"),
+      spec.param("vocab"), c.at("THREADS"), c.at("VEC"), c.at("UNROLL"), c.at("SPLIT"), cp::ignore_index(spec),
       spec.param("smoothing"), spec.param("z_loss"), device_type_name(spec.dtype),
       device_type_name(spec.param("target_dtype") == 0 ? DType::i64 : DType::i32),
       c.count("ROW_CLUSTER") ? fmt::format("constexpr int ROW_CLUSTER = {};\n", c.at("ROW_CLUSTER")) : "");
@@ -268,7 +268,7 @@ void CrossEntropyOp::init_inputs(const KernelSpec& spec, std::span<const TensorI
 
 void CrossEntropyOp::reference(const KernelSpec& spec, const Scalars& scalars, std::span<const std::vector<float>> in,
                                std::span<const int64_t> sample, std::vector<RefOutput>& outputs) const {
-  const int64_t n = spec.param("tokens"), V = spec.param("vocab"), ignore = spec.param("ignore_index");
+  const int64_t n = spec.param("tokens"), V = spec.param("vocab"), ignore = cp::ignore_index(spec);
   const double s = spec.param("smoothing") ? scalar(scalars, "label_smoothing") : 0.0;
   const double z = spec.param("z_loss") ? scalar(scalars, "z_loss_weight") : 0.0;
   const bool grad = with_grad(with_defaults(spec));

@@ -85,7 +85,7 @@ std::string CrossEntropyBwdOp::specialize(const KernelSpec& spec, const KernelCo
       "constexpr int VOCAB = {};\nconstexpr int THREADS = {}, VEC = {}, ITEMS = {};\n"
       "constexpr long long IGNORE_INDEX = {};\n#define SMOOTHING {}\n#define Z_LOSS {}\n#define INPLACE {}\n"
       "typedef {} in_t;\ntypedef {} target_t;\n",
-      spec.param("vocab"), c.at("THREADS"), c.at("VEC"), c.at("ITEMS"), spec.param("ignore_index"),
+      spec.param("vocab"), c.at("THREADS"), c.at("VEC"), c.at("ITEMS"), cp::ignore_index(spec),
       spec.param("smoothing"), spec.param("z_loss"), spec.param("inplace"), device_type_name(spec.dtype),
       device_type_name(spec.param("target_dtype") == 0 ? DType::i64 : DType::i32));
 }
@@ -126,7 +126,7 @@ void CrossEntropyBwdOp::init_inputs(const KernelSpec& spec, std::span<const Tens
 void CrossEntropyBwdOp::reference(const KernelSpec& spec, const Scalars& scalars,
                                   std::span<const std::vector<float>> in, std::span<const int64_t> sample,
                                   std::vector<RefOutput>& outputs) const {
-  const int64_t n = spec.param("tokens"), V = spec.param("vocab"), ignore = spec.param("ignore_index");
+  const int64_t n = spec.param("tokens"), V = spec.param("vocab"), ignore = cp::ignore_index(spec);
   const double s = spec.param("smoothing") ? scalar(scalars, "label_smoothing") : 0.0;
   const double z = spec.param("z_loss") ? scalar(scalars, "z_loss_weight") : 0.0;
   outputs.assign(1, {});

@@ -25,6 +25,7 @@ namespace kiln::attention_params {
 inline constexpr std::string_view kLayouts[] = {"bshd", "thd"};
 enum Layout : int64_t { kBshd = 0, kThd = 1 };
 inline constexpr int64_t kInt32Max = (int64_t{1} << 31) - 1;
+inline constexpr int64_t kNoWindow = -1;  // window_left / window_right: every key on that side
 
 // The parameters shared by attention and attention_bwd, in `kiln ops` order.
 inline const ParamInfo kParams[] = {
@@ -42,8 +43,10 @@ inline const ParamInfo kParams[] = {
     {"head_dim", "D of q and k: 64, 128, 192 or 256", true, false, 1, 256},
     {"head_dim_v", "D of v and out (0 = head_dim): 64, 128, 192 or 256", true, false, 0, 256, {}, 0},
     {"causal", "bottom-right aligned causal mask (FlashAttention 2.1+)", true, true, 0, 1, {}, 0},
-    {"window_left", "sliding window: keys before the diagonal a query sees (-1 = all)", true, false, -1, kInt32Max, {}, -1},
-    {"window_right", "sliding window: keys after the diagonal a query sees (-1 = all)", true, false, -1, kInt32Max, {}, -1},
+    {"window_left", "sliding window: keys before the diagonal a query sees (-1 = all)", true, false, -1, kInt32Max, {},
+     kNoWindow},
+    {"window_right", "sliding window: keys after the diagonal a query sees (-1 = all)", true, false, -1, kInt32Max, {},
+     kNoWindow},
     {"softcap", "logit softcap (an integer; 0 = none): score = softcap * tanh(score / softcap)", true, false, 0, 100000,
      {}, 0},
     {"q_row_stride",
@@ -69,6 +72,11 @@ inline bool thd(const KernelSpec& s) { return s.param("layout") == kThd; }
 inline int64_t tokens_q(const KernelSpec& s) { return thd(s) ? s.param("total_q") : s.param("batch") * s.param("seqlen_q"); }
 inline int64_t tokens_k(const KernelSpec& s) { return thd(s) ? s.param("total_k") : s.param("batch") * s.param("seqlen_k"); }
 inline int64_t dim_v(const KernelSpec& s) { return s.param("head_dim_v") ? s.param("head_dim_v") : s.param("head_dim"); }
+// The sliding window's limits, kNoWindow where the spec leaves them out (a spec that has not been
+// through with_defaults, or a baked one: KernelSpec::param reads an absent parameter as 0, a window
+// of no key).
+inline int64_t window_left(const KernelSpec& s) { return s.param("window_left", kNoWindow); }
+inline int64_t window_right(const KernelSpec& s) { return s.param("window_right", kNoWindow); }
 // The longest sequence (the grid's extent).
 inline int64_t max_len_q(const KernelSpec& s) { return thd(s) ? s.param("max_seqlen_q") : s.param("seqlen_q"); }
 inline int64_t max_len_k(const KernelSpec& s) { return thd(s) ? s.param("max_seqlen_k") : s.param("seqlen_k"); }
@@ -153,10 +161,10 @@ inline Result<void> validate_rules(std::string_view op, const KernelSpec& given,
   if (s.param("head_dim_v") != 0 && !supported_dim(s.param("head_dim_v")))
     return bad(fmt::format("head_dim_v = {} is not supported; use 0 (= head_dim), 64, 128, 192 or 256",
                            s.param("head_dim_v")));
-  if (s.param("causal") && s.param("window_right") > 0)
+  if (s.param("causal") && window_right(s) > 0)
     return bad(fmt::format("causal with window_right = {}: a causal query sees no key after the diagonal; use "
                            "window_right = 0 or -1 with causal, or causal = 0 for a two-sided window",
-                           s.param("window_right")));
+                           window_right(s)));
   const std::pair<const char*, int64_t> strides[] = {{"q_row_stride", h * s.param("head_dim")},
                                                      {"k_row_stride", hkv * s.param("head_dim")},
                                                      {"v_row_stride", hkv * dim_v(s)}};
@@ -216,8 +224,8 @@ inline Seq sequence(const KernelSpec& s, std::span<const float> cu_q, std::span<
 inline bool visible(const KernelSpec& s, int64_t i, int64_t j, int64_t lq, int64_t lk) {
   const int64_t d = j - (i + lk - lq);
   if (s.param("causal") && d > 0) return false;
-  if (s.param("window_right") >= 0 && d > s.param("window_right")) return false;
-  if (s.param("window_left") >= 0 && d < -s.param("window_left")) return false;
+  if (window_right(s) >= 0 && d > window_right(s)) return false;
+  if (window_left(s) >= 0 && d < -window_left(s)) return false;
   return true;
 }
 
@@ -500,7 +508,7 @@ inline std::string specialize_common(const KernelSpec& s) {
       "constexpr bool CAUSAL = {};\nconstexpr int WINDOW_LEFT = {}, WINDOW_RIGHT = {};\n"
       "constexpr float SOFTCAP = {}.0f;\nconstexpr float DEFAULT_SCALE = {:.9e}f;\ntypedef {} in_t;\n",
       s.param("heads"), s.param("kv_heads"), s.param("head_dim"), dim_v(s), thd(s) ? 1 : 0,
-      s.param("causal") ? "true" : "false", s.param("window_left"), s.param("window_right"), s.param("softcap"), scale,
+      s.param("causal") ? "true" : "false", window_left(s), window_right(s), s.param("softcap"), scale,
       device_type_name(s.dtype));
 }
 

@@ -37,10 +37,14 @@ constexpr ParamInfo target_dtype_param() {
   return {"target_dtype", "dtype of the targets: int64 (PyTorch's) or int32", true, false, 0, 1, kTargetDTypes,
           kTargets64};
 }
+inline constexpr int64_t kIgnoreIndex = -100;  // PyTorch's default
 constexpr ParamInfo ignore_index_param(std::string_view doc) {
   return {"ignore_index", doc, true, false, std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max(),
-          {}, -100};
+          {}, kIgnoreIndex};
 }
+// The target value left out of the loss, kIgnoreIndex where the spec leaves it out (KernelSpec::param
+// reads an absent parameter as 0, a class).
+inline int64_t ignore_index(const KernelSpec& spec) { return spec.param("ignore_index", kIgnoreIndex); }
 constexpr ParamInfo smoothing_param() {
   return {"smoothing", "label smoothing with weight label_smoothing (PyTorch's definition)", true, true, 0, 1, {}, 0};
 }
@@ -91,7 +95,7 @@ inline void init_logits(std::vector<float>& logits, int64_t elements, DType t, s
 /// test-sized calls and one in 128 in benchmark-sized ones (above 64 tokens), so that a
 /// benchmark moves nearly every byte that its GB/s counts (an ignored row's logits are not read).
 inline void init_targets(const KernelSpec& spec, std::vector<float>& targets, std::mt19937_64& rng) {
-  const int64_t n = spec.param("tokens"), vocab = spec.param("vocab"), ignore = spec.param("ignore_index");
+  const int64_t n = spec.param("tokens"), vocab = spec.param("vocab"), ignore = ignore_index(spec);
   std::uniform_int_distribution<int64_t> cls(1, std::max<int64_t>(vocab - 1, 1));
   std::uniform_int_distribution<int> one_in(0, n > 64 ? 127 : 5);
   targets.resize(static_cast<size_t>(n));
