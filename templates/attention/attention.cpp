@@ -85,9 +85,7 @@ int64_t sm90_shared_bytes(const KernelSpec& spec, const KernelConfig& c) {
 // alternate the direction of each round of items, and group the (sequence, kv head) pairs for L2
 // once the launch's K and V exceed L2_MIN_MIB: 160 under a mask or for packed batches, whose items
 // differ in length, 0 (always) for dense batches without a mask, whose items are all alike.
-bool masked(const KernelSpec& spec) {
-  return spec.param("causal") || ah::window_left(spec) >= 0 || ah::window_right(spec) >= 0;
-}
+using ah::masked;
 int64_t l2_min_mib(const KernelSpec& spec) { return masked(spec) || ah::thd(spec) ? 160 : 0; }
 KernelConfig sm90_config(const KernelSpec& spec, bool pingpong, int64_t stages, bool persistent, int64_t consumers = 2,
                          bool snake = true) {

@@ -80,9 +80,7 @@ bool may_atomic_dq(const KernelSpec& spec) { return spec.param("deterministic") 
 bool wants_atomic_dq(const KernelSpec& spec) {
   if (!may_atomic_dq(spec) || ah::thd(spec)) return false;
   if (spec.param("head_dim") == 64) return true;
-  const bool mha = spec.param("heads") == spec.param("kv_heads");
-  const bool no_mask = spec.param("causal") == 0 && ah::window_left(spec) < 0 && ah::window_right(spec) < 0;
-  return mha || no_mask;
+  return spec.param("heads") == spec.param("kv_heads") || !ah::masked(spec);  // MHA or no mask
 }
 bool may_kv_split(const KernelSpec& spec) { return (spec.param("heads") / spec.param("kv_heads")) % 2 == 0; }
 // The heuristic splits the groups of a causal GQA backward (KV_SPLIT 2) where the atomic dQ is the

@@ -77,6 +77,9 @@ inline int64_t dim_v(const KernelSpec& s) { return s.param("head_dim_v") ? s.par
 // of no key).
 inline int64_t window_left(const KernelSpec& s) { return s.param("window_left", kNoWindow); }
 inline int64_t window_right(const KernelSpec& s) { return s.param("window_right", kNoWindow); }
+// Whether some query sees only part of the keys: causal, or a sliding window on either side (the
+// kernel heuristics of both ops: item orders, key blocks, the backward's atomic dQ).
+inline bool masked(const KernelSpec& s) { return s.param("causal") || window_left(s) >= 0 || window_right(s) >= 0; }
 // The longest sequence (the grid's extent).
 inline int64_t max_len_q(const KernelSpec& s) { return thd(s) ? s.param("max_seqlen_q") : s.param("seqlen_q"); }
 inline int64_t max_len_k(const KernelSpec& s) { return thd(s) ? s.param("max_seqlen_k") : s.param("seqlen_k"); }
